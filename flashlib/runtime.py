@@ -1,0 +1,71 @@
+"""Where the kernels run: device detection, the Triton interpreter switch, size presets.
+
+Triton reads TRITON_INTERPRET when ``@triton.jit`` runs (not at ``import triton``), so this
+module must be imported before any kernel is defined; ``flashlib/__init__.py`` imports it first.
+On a machine without a CUDA GPU it turns the interpreter on, and every kernel then runs on the
+CPU, one program after another, on CPU tensors: slow (about 5 ms per program per loop step) but
+exact enough to learn from and to test. Limits of the interpreter that the kernels respect:
+bfloat16 arithmetic and ``tl.dot`` are wrong there, ``do_bench`` and autotuning need a GPU, and
+races cannot show because programs never overlap.
+"""
+import os
+
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+DEVICE = torch.device("cuda" if HAS_CUDA and not INTERPRET else "cpu")
+
+
+def gpu_name() -> str:
+    """Short name of the GPU ("h100", "t4", ...) or "cpu"; used for benchmark folders."""
+    if not HAS_CUDA:
+        return "cpu"
+    name = torch.cuda.get_device_name().lower()
+    for known in ("h200", "h100", "a100", "a10g", "l40s", "l4", "t4", "v100", "4090", "3090"):
+        if known in name:
+            return known
+    return name.replace("nvidia", "").strip().replace(" ", "_")
+
+
+def preset(cpu, gpu):
+    """Pick a size for this machine: small through the interpreter, real on a GPU."""
+    return cpu if DEVICE.type == "cpu" else gpu
+
+
+def is_interpreted(kernel) -> bool:
+    """True if ``kernel`` (a ``@triton.jit`` function) was defined with the interpreter on."""
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
+def check_kernel(kernel, name: str | None = None) -> None:
+    """Raise a clear error, instead of Triton's "0 active drivers", for a kernel that cannot run.
+
+    On a CPU-only machine a kernel works only if it was defined after TRITON_INTERPRET=1 was set,
+    which ``import flashlib`` does. A kernel defined in a notebook cell before that import fails
+    at launch; the fix is to re-run the cell that defines it.
+    """
+    if DEVICE.type == "cpu" and not is_interpreted(kernel):
+        name = name or getattr(kernel, "__name__", "this kernel")
+        raise RuntimeError(
+            f"{name} was defined before Triton's interpreter was turned on, and this machine has "
+            "no CUDA GPU. Run `import flashlib` (it sets TRITON_INTERPRET=1) before defining "
+            "kernels, then re-run the cell that defines it; or set TRITON_INTERPRET=1 before "
+            "starting Python.")
+
+
+def check_device(name: str, t: torch.Tensor) -> None:
+    """Kernels run on CUDA tensors, or on CPU tensors through the interpreter."""
+    if t.device.type == "cuda":
+        if INTERPRET:
+            raise ValueError(f"{name} is on {t.device} but TRITON_INTERPRET=1 is set: "
+                             "use CPU tensors with the interpreter, or unset it")
+        return
+    if t.device.type == "cpu" and INTERPRET:
+        return
+    raise ValueError(f"{name} is on {t.device}: flashlib's kernels need a CUDA tensor, or a CPU "
+                     "tensor with Triton's interpreter on (TRITON_INTERPRET=1, set by "
+                     "`import flashlib` on machines without a GPU)")
