@@ -18,6 +18,9 @@ if not HAS_CUDA:
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 DEVICE = torch.device("cuda" if HAS_CUDA and not INTERPRET else "cpu")
+# GPU kernels autotune over a few block configs; FLASHLIB_AUTOTUNE=0 uses the first config only
+# (quick compiles for tests). The interpreter always uses one small fixed config.
+AUTOTUNE = DEVICE.type == "cuda" and os.environ.get("FLASHLIB_AUTOTUNE", "1") != "0"
 
 
 def gpu_name() -> str:

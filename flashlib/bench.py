@@ -1,0 +1,260 @@
+"""Benchmark harness: flashlib against PyTorch's attention kernels, checked before it is timed.
+
+``python -m flashlib.bench [--suite forward backward paper memory] [--quick]`` on a CUDA GPU:
+1. every implementation is checked against ``attention_ref`` (float64) on a slice of the very
+   inputs it is timed on, with the tolerance rule of ``flashlib.testing``; a wrong one is
+   reported and not timed;
+2. each is timed with ``triton.testing.do_bench`` (median, CUDA events);
+3. records go to ``benchmarks/results/<gpu>/<suite>.json`` (format in DESIGN.md) with a PNG beside.
+
+Implementations: flashlib; SDPA with each backend forced (flash, cudnn, efficient); naive PyTorch
+(materialises the N x N scores); FlexAttention (torch.compile'd) where it imports.
+FLOPs: 4 * B * Hq * Nq * Nk * D for the forward (halved for causal), 2.5x that for the backward.
+"""
+import argparse
+import datetime
+import json
+import math
+import pathlib
+
+import torch
+import torch.nn.functional as F
+
+from . import runtime
+from .ops import flash_attention
+from .reference import attention_naive, attention_ref
+from .testing import tolerance, max_error
+
+# (D, N, causal) with batch x seqlen = 32k tokens and heads x headdim = 2048 (DESIGN.md)
+FORWARD_SHAPES = [(64, 4096, False), (64, 16384, False), (64, 4096, True),
+                  (128, 4096, False), (128, 16384, False), (128, 16384, True)]
+PAPER_SHAPE = dict(B=64, H=16, N=1024, D=64)     # FlashAttention paper, fwd + bwd
+
+
+def shape_for(D, N, *, tokens=32768, width=2048):
+    return dict(B=max(1, tokens // N), Hq=width // D, Hkv=width // D, Nq=N, Nk=N, D=D)
+
+
+def _sdpa(backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    chosen = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+              "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
+
+    def run(q, k, v, causal):
+        with sdpa_kernel([chosen]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                  enable_gqa=q.shape[1] != k.shape[1])
+    return run
+
+
+def _flex():
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    compiled = torch.compile(flex_attention, dynamic=False)
+    masks = {}
+
+    def run(q, k, v, causal):
+        block_mask = None
+        if causal:
+            key = (q.shape[2], k.shape[2])
+            if key not in masks:
+                off = k.shape[2] - q.shape[2]
+                masks[key] = create_block_mask(lambda b, h, i, j: j <= i + off, None, None,
+                                               q.shape[2], k.shape[2], device=q.device)
+            block_mask = masks[key]
+        return compiled(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+    return run
+
+
+def implementations(names=None):
+    impls = {"flashlib": lambda q, k, v, causal: flash_attention(q, k, v, causal=causal),
+             "naive": lambda q, k, v, causal: attention_naive(q, k, v, causal=causal)}
+    if runtime.DEVICE.type == "cuda":
+        for b in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"):
+            impls[b] = _sdpa(b)
+        try:
+            impls["flex"] = _flex()
+        except Exception:  # FlexAttention needs torch >= 2.5
+            pass
+    return {n: f for n, f in impls.items() if names is None or n in names}
+
+
+def make_inputs(B, Hq, Hkv, Nq, Nk, D, dtype, device, requires_grad=False):
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(B, Hq, Nq, D, dtype=dtype, device=device, generator=g)
+    k = torch.randn(B, Hkv, Nk, D, dtype=dtype, device=device, generator=g)
+    v = torch.randn(B, Hkv, Nk, D, dtype=dtype, device=device, generator=g)
+    return [t.requires_grad_(requires_grad) for t in (q, k, v)]
+
+
+def check(fn, q, k, v, causal, *, heads=2):
+    """Error of ``fn`` on the first batch element and ``heads`` heads, and whether it passes."""
+    group = q.shape[1] // k.shape[1]
+    hq = min(heads, q.shape[1])
+    hkv = max(1, hq // group)
+    qs, ks, vs = (t[:1, :h].detach() for t, h in ((q, hq), (k, hkv), (v, hkv)))
+    out = fn(qs, ks, vs, causal)
+    ref, _ = attention_ref(qs, ks, vs, causal=causal)
+    base = attention_naive(qs, ks, vs, causal=causal)
+    err, tol = max_error(out, ref), tolerance(ref, base, q.dtype)
+    return err, err <= tol
+
+
+def _time(fn):
+    import triton.testing
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def run_case(name, fn, shape, causal, dtype, ops):
+    """Check, then time the requested ops; returns records (ms None with a note on failure)."""
+    B, Hq, Nq, Nk, D = shape["B"], shape["Hq"], shape["Nq"], shape["Nk"], shape["D"]
+    flops = 4 * B * Hq * Nq * Nk * D * (0.5 if causal else 1.0)
+    scale = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
+    base = dict(dtype=str(dtype).replace("torch.", ""), B=B, Hq=Hq, Hkv=shape["Hkv"], Nq=Nq, Nk=Nk,
+                D=D, causal=causal, density=1.0, gbps=None, peak_mem_gb=None)
+    records = []
+    try:
+        q, k, v = make_inputs(B, Hq, shape["Hkv"], Nq, Nk, D, dtype, runtime.DEVICE, requires_grad=True)
+        err, ok = check(fn, q, k, v, causal)
+        note = None if ok else f"wrong: max error {err:.3g} over tolerance"
+    except torch.cuda.OutOfMemoryError:
+        note = "out of memory"
+    except Exception as e:  # a backend that refuses this shape (e.g. cuDNN on an old GPU)
+        note = f"unsupported: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    for op in ops:
+        ms = None
+        if note is None:
+            try:
+                torch.cuda.reset_peak_memory_stats()
+                if op == "fwd":
+                    with torch.no_grad():
+                        ms = _time(lambda: fn(q, k, v, causal))
+                else:
+                    out = fn(q, k, v, causal)
+                    dout = torch.randn_like(out)
+                    if op == "bwd":
+                        ms = _time(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+                    else:
+                        ms = _time(lambda: torch.autograd.grad(fn(q, k, v, causal), (q, k, v), dout))
+                    del out
+                peak = torch.cuda.max_memory_allocated() / 1e9
+            except torch.cuda.OutOfMemoryError:
+                note = "out of memory"
+            except Exception as e:
+                note = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        rec = dict(op=op, impl=name, **base, ms=ms,
+                   tflops=None if ms is None else flops * scale[op] / ms / 1e9,
+                   ratio_vs_sdpa_flash=None)
+        if ms is not None:
+            rec["peak_mem_gb"] = round(peak, 3)
+        if note:
+            rec["note"] = note
+        records.append(rec)
+    torch.cuda.empty_cache()
+    return records
+
+
+def add_ratios(records):
+    key = lambda r: (r["op"], r["dtype"], r["B"], r["Hq"], r["Hkv"], r["Nq"], r["Nk"], r["D"], r["causal"])
+    flash = {key(r): r["ms"] for r in records if r["impl"] == "sdpa_flash" and r["ms"]}
+    for r in records:
+        if r["ms"] and key(r) in flash:
+            r["ratio_vs_sdpa_flash"] = round(flash[key(r)] / r["ms"], 3)
+    return records
+
+
+def environment():
+    props = torch.cuda.get_device_properties(0)
+    import triton
+    return dict(gpu=props.name, sm_count=props.multi_processor_count, torch=torch.__version__,
+                triton=triton.__version__, cuda=torch.version.cuda,
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+
+
+def suite_cases(suite, quick):
+    """(impl names, shape, causal, ops) for each case of a suite."""
+    shapes = FORWARD_SHAPES[:1] + FORWARD_SHAPES[2:4] if quick else FORWARD_SHAPES
+    everything = ["flashlib", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex", "naive"]
+    if suite == "forward":
+        return [(everything, shape_for(D, N), c, ["fwd"]) for D, N, c in shapes]
+    if suite == "backward":
+        return [(everything, shape_for(D, N), c, ["bwd", "fwd_bwd"]) for D, N, c in shapes]
+    if suite == "paper":
+        p = PAPER_SHAPE
+        return [(["flashlib", "sdpa_flash", "naive"],
+                 dict(B=p["B"], Hq=p["H"], Hkv=p["H"], Nq=p["N"], Nk=p["N"], D=p["D"]), False, ["fwd_bwd"])]
+    if suite == "memory":
+        return [(["flashlib", "naive"], dict(B=1, Hq=16, Hkv=16, Nq=n, Nk=n, D=64), False, ["fwd_bwd"])
+                for n in (1024, 2048, 4096, 8192, 16384, 32768)]
+    raise ValueError(f"unknown suite {suite!r}")
+
+
+def plot(records, path, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ops = sorted({r["op"] for r in records})
+    fig, axes = plt.subplots(1, len(ops), figsize=(7 * len(ops), 4.5), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        rs = [r for r in records if r["op"] == op]
+        labels = list(dict.fromkeys(f"d{r['D']} N{r['Nq']}{' causal' if r['causal'] else ''}" for r in rs))
+        impls = list(dict.fromkeys(r["impl"] for r in rs))
+        width = 0.8 / len(impls)
+        for i, impl in enumerate(impls):
+            vals = []
+            for lab in labels:
+                hit = [r for r in rs if r["impl"] == impl and
+                       f"d{r['D']} N{r['Nq']}{' causal' if r['causal'] else ''}" == lab]
+                metric = "peak_mem_gb" if title.endswith("memory") else "tflops"
+                vals.append((hit[0][metric] or 0) if hit else 0)
+            ax.bar([x + i * width for x in range(len(labels))], vals, width, label=impl)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(labels))], labels, rotation=20)
+        ax.set_ylabel("peak memory (GB)" if title.endswith("memory") else "TFLOP/s")
+        ax.set_title(f"{title}: {op}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m flashlib.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", nargs="+", default=["forward", "backward", "paper", "memory"],
+                        choices=["forward", "backward", "paper", "memory"])
+    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    parser.add_argument("--impl", nargs="+", default=None, help="only these implementations")
+    parser.add_argument("--quick", action="store_true", help="three forward shapes only")
+    parser.add_argument("--out", default=None, help="folder (default benchmarks/results/<gpu>)")
+    args = parser.parse_args(argv)
+    if runtime.DEVICE.type != "cuda":
+        parser.error("benchmarks need a CUDA GPU (the interpreter is for correctness, not speed)")
+    from tqdm.auto import tqdm
+    dtype = getattr(torch, args.dtype)
+    out_dir = pathlib.Path(args.out or pathlib.Path("benchmarks/results") / runtime.gpu_name())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for suite in args.suite:
+        cases = suite_cases(suite, args.quick)
+        impls = implementations(args.impl)
+        records = []
+        work = [(n, s, c, ops) for names, s, c, ops in cases for n in names if n in impls]
+        for name, shape, causal, ops in tqdm(work, desc=suite):
+            records += run_case(name, impls[name], shape, causal, dtype, ops)
+        add_ratios(records)
+        name = f"{suite}_{args.dtype}"
+        (out_dir / f"{name}.json").write_text(json.dumps(
+            dict(env=environment(), records=records), indent=1))
+        plot(records, out_dir / f"{name}.png", f"{suite} {args.dtype}")
+        print_table(records)
+
+
+def print_table(records):
+    print(f"{'op':8}{'impl':16}{'shape':28}{'ms':>9}{'TFLOP/s':>9}{'vs flash':>9}{'GB':>7}  note")
+    for r in records:
+        shape = f"B{r['B']} H{r['Hq']} N{r['Nq']} d{r['D']}{' c' if r['causal'] else ''}"
+        fmt = lambda x, f: "-" if x is None else format(x, f)
+        print(f"{r['op']:8}{r['impl']:16}{shape:28}{fmt(r['ms'], '9.3f')}{fmt(r['tflops'], '9.1f')}"
+              f"{fmt(r['ratio_vs_sdpa_flash'], '9.2f')}{fmt(r['peak_mem_gb'], '7.2f')}  {r.get('note', '')}")
+
+
+if __name__ == "__main__":
+    main()

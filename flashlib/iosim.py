@@ -1,0 +1,207 @@
+"""An HBM/SRAM traffic simulator: how many elements move between HBM and a small SRAM.
+
+FlashAttention's claim is about IO, not flops (arXiv 2205.14135, section 3.2, Theorem 2): with
+an SRAM of M elements, head dim d and sequence length N, standard attention needs
+Theta(N d + N^2) HBM accesses and FlashAttention Theta(N^2 d^2 / M). This module checks that by
+*walking the loops* of each algorithm and counting every tile it loads from or stores to HBM,
+so the numbers can be trusted and compared with the closed forms (tests/test_iosim.py does).
+
+Units: sizes and counts are in *elements* (the paper's convention); multiply by the bytes per
+element (2 for float16) for bytes, as ``sweep_sram`` does. ``sram`` is the SRAM size M in
+elements, and every walk records the most elements it held on chip at once (``sram_peak``).
+The matmuls always fit in M; FA1 with the paper's block sizes B_c = ceil(M / 4d),
+B_r = min(B_c, d) may hold up to about 1.25 M (K_j, V_j: M/2; Q_i, O_i: up to M/2;
+S_ij: up to M/4): the paper's constants are asymptotic, and ``sram_peak`` shows it.
+
+Limits: one head, one sequence (multiply by batch x heads); N_q = N_k = N; no causal masking;
+registers, caches and the L2 are not modelled; counts only, no timing.
+"""
+import math
+from dataclasses import dataclass
+
+
+@dataclass
+class Traffic:
+    """Elements read from / written to HBM, and the most elements held in SRAM at once."""
+    reads: int = 0
+    writes: int = 0
+    sram_peak: int = 0
+    sram: int = 0        # capacity M the walk was given
+
+    @property
+    def total(self) -> int:
+        return self.reads + self.writes
+
+    def bytes(self, itemsize: int = 2) -> int:
+        return self.total * itemsize
+
+
+class Chip:
+    """The counter the walks drive: HBM reads/writes, and what is resident in SRAM."""
+
+    def __init__(self, sram: int, *, strict: bool = True):
+        self.traffic, self.used, self.strict = Traffic(sram=sram), 0, strict
+
+    def read(self, rows: int, cols: int = 1) -> None:
+        """Load a rows x cols tile from HBM into SRAM."""
+        self.traffic.reads += rows * cols
+        self.hold(rows, cols)
+
+    def hold(self, rows: int, cols: int = 1) -> None:
+        """Occupy SRAM without HBM traffic (an accumulator, a score tile computed on chip)."""
+        self.used += rows * cols
+        self.traffic.sram_peak = max(self.traffic.sram_peak, self.used)
+        if self.strict and self.used > self.traffic.sram:
+            raise ValueError(f"working set of {self.used} elements does not fit in an SRAM of "
+                             f"sram={self.traffic.sram} elements")
+
+    def write(self, rows: int, cols: int = 1) -> None:
+        """Store a rows x cols tile (already on chip) to HBM."""
+        self.traffic.writes += rows * cols
+
+    def free(self, rows: int, cols: int = 1) -> None:
+        self.used -= rows * cols
+
+
+def blocks(n: int, size: int):
+    """(start, length) of each block of ``size`` along ``n``; the last may be shorter."""
+    return [(start, min(size, n - start)) for start in range(0, n, size)]
+
+
+# ---- matmul C = A B, A (m x k), B (k x n) --------------------------------------------------
+
+def matmul_naive(m: int, k: int, n: int, *, sram: int) -> Traffic:
+    """Each C[i, j] reads row i of A and column j of B afresh: reads 2mnk, writes mn."""
+    chip = Chip(sram)
+    for _ in range(m):
+        for _ in range(n):
+            chip.read(1, k)          # row i of A
+            chip.read(k, 1)          # column j of B
+            chip.hold(1)             # C[i, j]
+            chip.write(1)
+            chip.free(1, 2 * k + 1)
+    return chip.traffic
+
+
+def matmul_row_reuse(m: int, k: int, n: int, *, sram: int) -> Traffic:
+    """Row i of A stays in SRAM while every column of B streams past: reads mk + mnk."""
+    chip = Chip(sram)
+    for _ in range(m):
+        chip.read(1, k)              # row i of A, read once
+        for _ in range(n):
+            chip.read(k, 1)          # column j of B
+            chip.hold(1)
+            chip.write(1)
+            chip.free(1, k + 1)
+        chip.free(1, k)
+    return chip.traffic
+
+
+def walk_matmul_tiled(chip: Chip, m: int, k: int, n: int, tile: int) -> None:
+    for _, rows in blocks(m, tile):
+        for _, cols in blocks(n, tile):
+            chip.hold(rows, cols)                  # C tile accumulates on chip
+            for _, depth in blocks(k, tile):
+                chip.read(rows, depth)             # A tile
+                chip.read(depth, cols)             # B tile
+                chip.free(rows, depth)
+                chip.free(depth, cols)
+            chip.write(rows, cols)
+            chip.free(rows, cols)
+
+
+def square_tile(sram: int) -> int:
+    """Largest T with three T x T tiles (A, B, C) in SRAM."""
+    tile = math.isqrt(sram // 3)
+    if tile < 1:
+        raise ValueError(f"sram={sram} elements cannot hold three 1 x 1 tiles")
+    return tile
+
+
+def matmul_tiled(m: int, k: int, n: int, *, sram: int, tile: int | None = None) -> Traffic:
+    """Square T x T tiles, 3 T^2 <= M: reads mk ceil(n/T) + kn ceil(m/T), writes mn."""
+    chip = Chip(sram)
+    walk_matmul_tiled(chip, m, k, n, square_tile(sram) if tile is None else tile)
+    return chip.traffic
+
+
+# ---- attention, one head: Q, K, V, O are N x d ---------------------------------------------
+
+def attention_standard(N: int, d: int, *, sram: int) -> Traffic:
+    """Algorithm 0 of the paper: S = Q K^T and P = softmax(S) go through HBM.
+
+    The two matmuls are tiled (``matmul_tiled``); the softmax reads each row of S once and
+    writes P if the row fits in SRAM, else it streams the row twice (online max/sum, then
+    normalise). Theta(N d + N^2) once M >= 3 d^2, more below that.
+    """
+    chip = Chip(sram)
+    tile = square_tile(sram)
+    walk_matmul_tiled(chip, N, d, N, tile)         # S = Q K^T, written to HBM
+    chunk = N if N <= sram else sram - 2           # room for the running (max, sum)
+    for _ in range(N):                             # P = softmax(S), row by row
+        if chunk == N:
+            chip.read(1, N)
+            chip.write(1, N)
+            chip.free(1, N)
+            continue
+        chip.hold(2)
+        for _, length in blocks(N, chunk):         # pass 1: running max and sum
+            chip.read(1, length)
+            chip.free(1, length)
+        for _, length in blocks(N, chunk):         # pass 2: normalise and write P
+            chip.read(1, length)
+            chip.write(1, length)
+            chip.free(1, length)
+        chip.free(2)
+    walk_matmul_tiled(chip, N, N, d, tile)         # O = P V
+    return chip.traffic
+
+
+def fa1_block_sizes(sram: int, d: int) -> tuple[int, int]:
+    """The paper's choice (Algorithm 1, line 1): B_c = ceil(M / 4d), B_r = min(B_c, d)."""
+    block_k = math.ceil(sram / (4 * d))
+    return min(block_k, d), block_k
+
+
+def attention_flash(N: int, d: int, *, sram: int, block_q: int | None = None,
+                    block_k: int | None = None) -> Traffic:
+    """FlashAttention-1, Algorithm 1: KV blocks outer; O, l, m read and written every step.
+
+    Reads 2Nd + T_c (2Nd + 2N) and writes (T_c + 1)(Nd + 2N), T_c = ceil(N / B_c): about
+    12 N^2 d^2 / M in all. Block sizes default to ``fa1_block_sizes(sram, d)``.
+    """
+    default_q, default_k = fa1_block_sizes(sram, d)
+    block_q = default_q if block_q is None else block_q
+    block_k = default_k if block_k is None else block_k
+    chip = Chip(sram, strict=False)                # the paper's blocks overshoot M a little
+    chip.write(N, d)                               # line 2: O = 0, l = 0, m = -inf in HBM
+    chip.write(N, 2)
+    for _, cols in blocks(N, block_k):
+        chip.read(cols, d)                         # K_j
+        chip.read(cols, d)                         # V_j
+        for _, rows in blocks(N, block_q):
+            chip.read(rows, d)                     # Q_i
+            chip.read(rows, d)                     # O_i
+            chip.read(rows, 2)                     # l_i, m_i
+            chip.hold(rows, cols)                  # S_ij, then P~_ij, on chip
+            chip.write(rows, d)                    # O_i
+            chip.write(rows, 2)                    # l_i, m_i
+            chip.free(rows, cols)
+            chip.free(rows, 2 * d + 2)
+        chip.free(cols, 2 * d)
+    return chip.traffic
+
+
+def sweep_sram(N: int, d: int, srams, *, itemsize: int = 2) -> dict:
+    """HBM bytes of standard vs FlashAttention for each SRAM size (elements) in ``srams``.
+
+    Returns lists keyed "sram", "standard", "flash" (bytes) and "theorem2" (N^2 d^2 / M in
+    bytes, the shape of Theorem 2's bound), ready for a log-log plot against "sram".
+    """
+    result = {"sram": [], "standard": [], "flash": [], "theorem2": []}
+    for sram in srams:
+        result["sram"].append(sram)
+        result["standard"].append(attention_standard(N, d, sram=sram).bytes(itemsize))
+        result["flash"].append(attention_flash(N, d, sram=sram).bytes(itemsize))
+        result["theorem2"].append(N * N * d * d / sram * itemsize)
+    return result

@@ -1,0 +1,243 @@
+"""FlashAttention-2 backward in Triton: recompute P from the saved lse, never store it.
+
+Follows Dao, "FlashAttention-2" (2023), section 3.1 and Algorithm 2, as three launches:
+1. ``_delta_kernel``: D_i = rowsum(dO_i * O_i)  (equals rowsum(P_i * dP_i), one pass over O);
+2. ``_dkdv_kernel``: one program per key/value block (KV outer), streaming query blocks:
+   P^T = exp2(K Q^T * scale*log2e - lse*log2e), dV += P^T dO, dP^T = V dO^T,
+   dS^T = P^T * (dP^T - D), dK += scale * dS^T Q. With grouped-query heads the program also loops
+   over the query heads of its group, so dK/dV are summed without atomics;
+3. ``_dq_kernel``: one program per query block, streaming key blocks: dQ += scale * dS K.
+Memory stays O(N): only lse (B, H, N) and D are saved besides q, k, v, out.
+
+Causal blocks are skipped and split into masked (diagonal band / ragged tail) and unmasked runs,
+as in the forward. Padded rows and columns load as zeros; lse of padded or empty rows is read as
++inf, so their P is exactly 0.
+"""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from .config import size_bucket, tuned
+from .tile import LOG2E
+
+
+@triton.jit
+def _delta_kernel(Out, dOut, Delta, stride_ob, stride_oh, stride_om,
+                  stride_db, stride_dh, stride_dm, Hq, Nq, D,
+                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    off_bh = tl.program_id(1)
+    off_b, off_h = off_bh // Hq, off_bh % Hq
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m[:, None] < Nq) & (offs_d[None, :] < D)
+    o = tl.load(Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+                + offs_m[:, None] * stride_om + offs_d[None, :], mask=mask, other=0.0)
+    do = tl.load(dOut + off_b.to(tl.int64) * stride_db + off_h.to(tl.int64) * stride_dh
+                 + offs_m[:, None] * stride_dm + offs_d[None, :], mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)       # (BM,)
+    tl.store(Delta + off_bh.to(tl.int64) * Nq + offs_m, delta, mask=offs_m < Nq)
+
+
+@triton.jit
+def _load_lse2(Lse, offs, N):
+    """lse in base 2; padded (offs >= N) and empty (-inf) rows become +inf so that P = 0."""
+    lse = tl.load(Lse + offs, mask=offs < N, other=float("inf"))
+    return tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+
+
+@triton.jit
+def _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                       start_n, lo, hi, Nq, causal_offset, qk_scale, offs_n, offs_d, D,
+                       MASKED: tl.constexpr, BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Accumulate dK, dV of one key block over query blocks [lo, hi)."""
+    for start_m in range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        offs_m = start_m + tl.arange(0, BLOCK_M)                                      # (BM,)
+        row_ok = (offs_m[None, :] < Nq) & (offs_d[:, None] < D)
+        qt = tl.load(q_base + offs_m[None, :] * stride_qm + offs_d[:, None], mask=row_ok, other=0.0)
+        dot_ = tl.load(do_base + offs_m[None, :] * stride_dom + offs_d[:, None], mask=row_ok, other=0.0)
+        lse2 = _load_lse2(lse_base, offs_m, Nq)                                       # (BM,)
+        delta = tl.load(delta_base + offs_m, mask=offs_m < Nq, other=0.0)             # (BM,)
+        st = tl.dot(k, qt, input_precision=DOT_PRECISION) * qk_scale                  # (BN, BM)
+        pt = tl.math.exp2(st - lse2[None, :])                                         # (BN, BM)
+        if MASKED:
+            pt = tl.where(offs_n[:, None] <= offs_m[None, :] + causal_offset, pt, 0.0)
+        dv = tl.dot(pt.to(dot_.dtype), tl.trans(dot_), dv, input_precision=DOT_PRECISION)  # (BN, BD)
+        dpt = tl.dot(v, dot_, input_precision=DOT_PRECISION)                          # (BN, BM)
+        dst = pt * (dpt - delta[None, :])                                             # (BN, BM)
+        dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=DOT_PRECISION)  # (BN, BD)
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV,
+                 stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+                 stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+                 stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                 Hq, Hkv, Nq, Nk, D, scale, qk_scale, n_bucket,
+                 GROUP: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    off_bkv = tl.program_id(1)
+    off_b, off_hkv = off_bkv // Hkv, off_bkv % Hkv
+    start_n = tl.program_id(0) * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)                                          # (BN,)
+    offs_d = tl.arange(0, BLOCK_D)
+    kv_ok = (offs_n[:, None] < Nk) & (offs_d[None, :] < D)
+    k = tl.load(K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
+                + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_ok, other=0.0)  # (BN, BD)
+    v = tl.load(V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
+                + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_ok, other=0.0)  # (BN, BD)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    # query rows that see this key block: [lo, Nq); rows >= mid see all of it (no mask needed)
+    causal_offset = Nk - Nq
+    if CAUSAL:
+        lo = tl.minimum(tl.maximum(start_n - causal_offset, 0), Nq) // BLOCK_M * BLOCK_M
+        mid = tl.minimum(tl.maximum(start_n + BLOCK_N - 1 - causal_offset, lo), Nq)
+        mid = tl.cdiv(mid, BLOCK_M) * BLOCK_M
+    else:
+        lo = 0
+        mid = 0
+    for g in range(GROUP):                         # the query heads that share this K/V head
+        off_h = off_hkv * GROUP + g
+        off_bh = off_b * Hq + off_h
+        q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+        do_base = dOut + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+        lse_base = Lse + off_bh.to(tl.int64) * Nq
+        delta_base = Delta + off_bh.to(tl.int64) * Nq
+        dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                                    stride_qm, stride_dom, start_n, lo, mid, Nq, causal_offset,
+                                    qk_scale, offs_n, offs_d, D, True, BLOCK_M, DOT_PRECISION)
+        dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                                    stride_qm, stride_dom, start_n, mid, Nq, Nq, causal_offset,
+                                    qk_scale, offs_n, offs_d, D, False, BLOCK_M, DOT_PRECISION)
+    dk = dk * scale
+    tl.store(dK + off_b.to(tl.int64) * stride_dkb + off_hkv.to(tl.int64) * stride_dkh
+             + offs_n[:, None] * stride_dkn + offs_d[None, :], dk.to(dK.dtype.element_ty), mask=kv_ok)
+    tl.store(dV + off_b.to(tl.int64) * stride_dvb + off_hkv.to(tl.int64) * stride_dvh
+             + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(dV.dtype.element_ty), mask=kv_ok)
+
+
+@triton.jit
+def _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, lo, hi, Nk,
+                   causal_offset, qk_scale, offs_m, offs_d, D,
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                   BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Accumulate dQ of one query block over key blocks [lo, hi)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + tl.arange(0, BLOCK_N)                                          # (BN,)
+        col_ok = (cols[None, :] < Nk) & (offs_d[:, None] < D)
+        kt = tl.load(k_base + cols[None, :] * stride_kn + offs_d[:, None], mask=col_ok, other=0.0)
+        vt = tl.load(v_base + cols[None, :] * stride_vn + offs_d[:, None], mask=col_ok, other=0.0)
+        s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale                    # (BM, BN)
+        p = tl.math.exp2(s - lse2[:, None])                                             # (BM, BN)
+        if MASKED:
+            visible = cols[None, :] < Nk
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
+            p = tl.where(visible, p, 0.0)
+        dp = tl.dot(do, vt, input_precision=DOT_PRECISION)                              # (BM, BN)
+        ds = p * (dp - delta[:, None])                                                  # (BM, BN)
+        dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=DOT_PRECISION)  # (BM, BD)
+    return dq
+
+
+@triton.jit
+def _dq_kernel(Q, K, V, dOut, Lse, Delta, dQ,
+               stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+               stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+               stride_dqb, stride_dqh, stride_dqm,
+               Hq, Nq, Nk, D, scale, qk_scale, n_bucket,
+               GROUP: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
+    off_bh = tl.program_id(1)
+    off_b, off_h = off_bh // Hq, off_bh % Hq
+    off_hkv = off_h // GROUP
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = (offs_m[:, None] < Nq) & (offs_d[None, :] < D)
+    q = tl.load(Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+                + offs_m[:, None] * stride_qm + offs_d[None, :], mask=row_ok, other=0.0)      # (BM, BD)
+    do = tl.load(dOut + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+                 + offs_m[:, None] * stride_dom + offs_d[None, :], mask=row_ok, other=0.0)   # (BM, BD)
+    lse2 = _load_lse2(Lse + off_bh.to(tl.int64) * Nq, offs_m, Nq)
+    delta = tl.load(Delta + off_bh.to(tl.int64) * Nq + offs_m, mask=offs_m < Nq, other=0.0)
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    causal_offset = Nk - Nq        # same key partition as the forward
+    if CAUSAL:
+        hi = tl.minimum(Nk, tl.maximum(start_m + BLOCK_M + causal_offset, 0))
+        n_full = tl.minimum(tl.maximum(start_m + causal_offset + 1, 0), Nk) // BLOCK_N * BLOCK_N
+    else:
+        hi = Nk
+        n_full = Nk // BLOCK_N * BLOCK_N
+    dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, 0, n_full,
+                        Nk, causal_offset, qk_scale, offs_m, offs_d, D,
+                        False, CAUSAL, BLOCK_N, DOT_PRECISION)
+    dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, n_full, hi,
+                        Nk, causal_offset, qk_scale, offs_m, offs_d, D,
+                        True, CAUSAL, BLOCK_N, DOT_PRECISION)
+    dq = dq * scale
+    tl.store(dQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
+             + offs_m[:, None] * stride_dqm + offs_d[None, :], dq.to(dQ.dtype.element_ty), mask=row_ok)
+
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages); the first is used when autotuning is off
+DKDV_CONFIGS = [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3), (32, 64, 4, 2),
+                (64, 128, 4, 2)]
+DQ_CONFIGS = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2),
+              (128, 64, 4, 2)]
+_dkdv, DKDV_FIXED = tuned(_dkdv_kernel, DKDV_CONFIGS)
+_dq, DQ_FIXED = tuned(_dq_kernel, DQ_CONFIGS)
+
+
+def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf32=False):
+    """Gradients of attention from the saved (q, k, v, out, lse). Returns ``(dq, dk, dv)``.
+
+    Shapes as ``fa2_forward``: q, out, dout (B, Hq, Nq, D); k, v (B, Hkv, Nk, D);
+    lse (B, Hq, Nq) float32 natural log. dk, dv are summed over each group of query heads.
+    """
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    grad_dtype = q.dtype
+    q, k, v, out, dout = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, out, dout))
+    if dout.dtype != q.dtype:
+        dout = dout.to(q.dtype)
+    if runtime.INTERPRET and q.dtype == torch.bfloat16:
+        # the interpreter computes bfloat16 dots wrongly: run the same kernels in float32 on CPU
+        q, k, v, out, dout = (t.float() for t in (q, k, v, out, dout))
+    lse = lse.contiguous()
+    block_d = max(16, triton.next_power_of_2(D))
+    precision = "tf32" if allow_tf32 else "ieee"
+    n_bucket = size_bucket(Nq, Nk)
+
+    delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
+    _delta_kernel[(triton.cdiv(Nq, 64), B * Hq)](
+        out, dout, delta, out.stride(0), out.stride(1), out.stride(2),
+        dout.stride(0), dout.stride(1), dout.stride(2), Hq, Nq, D, BLOCK_M=64, BLOCK_D=block_d)
+
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    common = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+              v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2))
+    _dkdv[lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]), B * Hkv)](
+        q, k, v, dout, lse, delta, dk, dv, *common,
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        Hq, Hkv, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
+        GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, DOT_PRECISION=precision, **DKDV_FIXED)
+    _dq[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq)](
+        q, k, v, dout, lse, delta, dq, *common, dq.stride(0), dq.stride(1), dq.stride(2),
+        Hq, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
+        GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, DOT_PRECISION=precision, **DQ_FIXED)
+    return dq.to(grad_dtype), dk.to(grad_dtype), dv.to(grad_dtype)

@@ -1,0 +1,163 @@
+"""FlashAttention-2 forward in Triton: the kernel behind ``flashlib.flash_attention``.
+
+Follows Dao, "FlashAttention-2" (2023), section 3.1 and Algorithm 1:
+- the grid runs over query blocks x (batch, head): each program owns BLOCK_M query rows, keeps
+  their running max, sum and output in registers, and streams K/V blocks through SRAM;
+- normalisation is deferred to the end, and the lse (natural log) is written for the backward;
+- scores use exp2 with ``scale * log2(e)`` folded into one multiply;
+- causal (bottom-right: query i sees key j <= i + Nk - Nq): key blocks entirely above the diagonal
+  are never loaded, blocks entirely below it run without a mask, only the diagonal band is masked.
+  The same split handles the ragged tail of the keys, so a full block never pays for masking.
+
+Layout (batch, heads, seqlen, headdim) with any strides; grouped-query heads (Hq % Hkv == 0);
+head dims up to 256, padded inside to a power of two (>= 16) and masked; float16, bfloat16 and
+float32 (exact ``ieee`` dots unless ``allow_tf32``). On a GPU it autotunes over a few block
+configs; through the interpreter it uses one fixed 64x64 config.
+"""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from .config import size_bucket, tuned
+from .tile import LOG2E, finalize, tile_update
+
+
+@triton.jit
+def _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
+                       start_m, lo, hi, Nk, causal_offset, qk_scale,
+                       offs_m, offs_n, offs_d, D,
+                       MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
+                       BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Stream key/value blocks [lo, hi) through the tile update; MASKED for ragged/diagonal ones."""
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n                                           # (BN,)
+        kt_ptrs = k_base + cols[None, :] * stride_kn + offs_d[:, None]    # (BD, BN): K^T
+        v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :]     # (BN, BD)
+        if MASKED:
+            kt = tl.load(kt_ptrs, mask=(cols[None, :] < Nk) & (offs_d[:, None] < D), other=0.0)
+            v = tl.load(v_ptrs, mask=(cols[:, None] < Nk) & (offs_d[None, :] < D), other=0.0)
+        elif EVEN_D:
+            kt = tl.load(kt_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            kt = tl.load(kt_ptrs, mask=offs_d[:, None] < D, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
+        s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale      # (BM, BN), base 2
+        if MASKED:
+            visible = cols[None, :] < Nk
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
+            s = tl.where(visible, s, float("-inf"))
+        acc, m_i, l_i = tile_update(acc, m_i, l_i, s, v, DOT_PRECISION)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _fa2_fwd_kernel(Q, K, V, Out, Lse,
+                    stride_qb, stride_qh, stride_qm,
+                    stride_kb, stride_kh, stride_kn,
+                    stride_vb, stride_vh, stride_vn,
+                    stride_ob, stride_oh, stride_om,
+                    Hq, Nq, Nk, D, qk_scale, n_bucket,
+                    GROUP: tl.constexpr, CAUSAL: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    EVEN_M: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # heavy query blocks first: under causal masking the last blocks see the most keys
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
+    off_bh = tl.program_id(1)
+    off_b = off_bh // Hq
+    off_h = off_bh % Hq
+    off_hkv = off_h // GROUP                      # grouped-query: GROUP query heads share K/V
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)      # (BM,)
+    offs_n = tl.arange(0, BLOCK_N)                # (BN,)
+    offs_d = tl.arange(0, BLOCK_D)                # (BD,)
+
+    q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
+    q_ptrs = q_base + offs_m[:, None] * stride_qm + offs_d[None, :]   # (BM, BD)
+    if EVEN_M and EVEN_D:
+        q = tl.load(q_ptrs)
+    else:
+        q = tl.load(q_ptrs, mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < D), other=0.0)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    # key range: [0, n_full) needs no mask; [n_full, hi) is the diagonal band and/or ragged tail
+    causal_offset = Nk - Nq
+    if CAUSAL:
+        hi = tl.minimum(Nk, tl.maximum(start_m + BLOCK_M + causal_offset, 0))
+        n_full = tl.minimum(tl.maximum(start_m + causal_offset + 1, 0), Nk) // BLOCK_N * BLOCK_N
+    else:
+        hi = Nk
+        n_full = Nk // BLOCK_N * BLOCK_N
+    acc, m_i, l_i = _attend_key_blocks(
+        acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, 0, n_full, Nk,
+        causal_offset, qk_scale, offs_m, offs_n, offs_d, D,
+        False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION)
+    acc, m_i, l_i = _attend_key_blocks(
+        acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, n_full, hi, Nk,
+        causal_offset, qk_scale, offs_m, offs_n, offs_d, D,
+        True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION)
+
+    out, lse = finalize(acc, m_i, l_i)
+    o_ptrs = (Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+              + offs_m[:, None] * stride_om + offs_d[None, :])
+    lse_ptrs = Lse + off_bh.to(tl.int64) * Nq + offs_m
+    if EVEN_M and EVEN_D:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty))
+    else:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < D))
+    if EVEN_M:
+        tl.store(lse_ptrs, lse)
+    else:
+        tl.store(lse_ptrs, lse, mask=offs_m < Nq)
+
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages); the first is used when autotuning is off
+CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4),
+           (128, 128, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3)]
+_fa2_fwd, FIXED_CONFIG = tuned(_fa2_fwd_kernel, CONFIGS)
+
+
+def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False):
+    """Launch the FA2 forward kernel. Returns ``(out, lse)``.
+
+    q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D). out: like q; lse: (B, Hq, Nq) float32, natural
+    log, -inf for rows with nothing to attend to. Inputs are validated by ``flashlib.ops``;
+    this launcher only needs the last dim contiguous.
+    """
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    out_dtype = q.dtype
+    if runtime.INTERPRET and q.dtype == torch.bfloat16:
+        # the interpreter computes bfloat16 dots wrongly: run the same kernel in float32 on CPU
+        q, k, v = q.float(), k.float(), v.float()
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
+    block_d = max(16, triton.next_power_of_2(D))
+    even_m = all(Nq % bm == 0 for bm in ([FIXED_CONFIG["BLOCK_M"]] if FIXED_CONFIG else [64, 128]))
+
+    def grid(meta):
+        return (triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq)
+
+    _fa2_fwd[grid](
+        q, k, v, out, lse,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        Hq, Nq, Nk, D, scale * LOG2E, size_bucket(Nq, Nk),
+        GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d,
+        EVEN_M=even_m, EVEN_D=(D == block_d),
+        DOT_PRECISION="tf32" if allow_tf32 else "ieee", **FIXED_CONFIG)
+    return out.to(out_dtype), lse

@@ -1,0 +1,90 @@
+"""Public torch entry points: input checks, the autograd.Function, and ``flash_attention``.
+
+The layers follow flash-attention's Triton file: ``@triton.jit`` kernel (flashlib/kernels) ->
+launcher (``fa2_forward`` / ``fa2_backward``: allocation, grid) -> ``FlashAttention``
+(autograd.Function saving exactly q, k, v, out and lse) -> ``flash_attention`` (checks,
+keyword-only options, this docstring). Bad input raises ValueError/TypeError naming the argument,
+before any kernel is compiled.
+"""
+import math
+import numbers
+
+import torch
+
+from . import runtime
+from .kernels.fa2_fwd import fa2_forward
+from .reference import check_qkv
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEADDIM = 256
+
+
+def check_inputs(q, k, v, *, scale=None, causal=False):
+    """Validate q, k, v for the kernels; return the resolved scale. Errors name the argument."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    B, Hq, Hkv, Nq, Nk, D = check_qkv(q, k, v)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; expected float16, bfloat16 or float32")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}: use one dtype")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+        runtime.check_device(name, t)
+    if D > MAX_HEADDIM:
+        raise ValueError(f"headdim {D} is over the supported maximum {MAX_HEADDIM}")
+    if min(B, Hq, D) == 0:
+        raise ValueError(f"q has an empty dimension: shape {tuple(q.shape)}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    if scale is None:
+        return 1.0 / math.sqrt(D)
+    if not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite real number, got {scale!r}")
+    return float(scale)
+
+
+class FlashAttention(torch.autograd.Function):
+    """FA2 forward and backward as one autograd node; saves q, k, v, out, lse (O(N) memory)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        out, lse = fa2_forward(q, k, v, causal=causal, scale=scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.scale = causal, scale
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        from .kernels.fa2_bwd import fa2_backward
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = fa2_backward(q, k, v, out, lse, dout, causal=ctx.causal, scale=ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def flash_attention(q, k, v, *, causal=False, scale=None, return_lse=False):
+    """Exact attention with FlashAttention-2 kernels, differentiable through torch.autograd.
+
+    q: (batch, heads_q, seqlen_q, headdim); k, v: (batch, heads_kv, seqlen_k, headdim) with
+    heads_q % heads_kv == 0 (grouped-query attention when heads_kv < heads_q). Any seqlens,
+    headdim up to 256, float16 / bfloat16 / float32 (float32 uses exact ``ieee`` dot products).
+    CUDA tensors, or CPU tensors through Triton's interpreter on a machine without a GPU.
+
+    causal: bottom-right aligned like flash-attn (query i sees key j iff j <= i + seqlen_k -
+    seqlen_q), which is SDPA's ``is_causal`` only when seqlen_q == seqlen_k. For 2 queries, 4 keys::
+
+        flashlib causal=True     SDPA is_causal=True
+             x x x .                  x . . .
+             x x x x                  x x . .
+
+    scale: multiplies q k^T; defaults to 1/sqrt(headdim).
+    return_lse: also return lse (batch, heads_q, seqlen_q), float32, natural log.
+    Returns out (like q) or (out, lse). A query row with no key to attend to gets out = 0 and
+    lse = -inf.
+    """
+    scale = check_inputs(q, k, v, scale=scale, causal=causal)
+    out, lse = FlashAttention.apply(q, k, v, causal, scale)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,137 @@
+"""flash_attention (FA2 forward + backward kernels) against the float64 oracle.
+
+CPU: through Triton's interpreter at small, irregular shapes. GPU (marked ``gpu``): real sizes,
+N up to 16k, head dims 64/80/128/256, float16 and bfloat16, causal and not, grouped heads.
+"""
+import pytest
+import torch
+
+from flashlib import runtime
+from flashlib.ops import flash_attention
+from flashlib.reference import attention_naive, attention_ref
+from flashlib.testing import assert_close
+
+gpu = pytest.mark.skipif(runtime.DEVICE.type != "cuda", reason="needs a CUDA GPU")
+DEV = runtime.DEVICE
+
+
+def rand(*shape, dtype, seed=None):
+    return torch.randn(*shape, dtype=dtype, device=DEV)
+
+
+def run_and_check(B, Hq, Hkv, Nq, Nk, D, causal, dtype, *, backward=True, scale=None):
+    q, k, v = rand(B, Hq, Nq, D, dtype=dtype), rand(B, Hkv, Nk, D, dtype=dtype), rand(B, Hkv, Nk, D, dtype=dtype)
+    dout = rand(B, Hq, Nq, D, dtype=dtype)
+    leaves = [t.clone().requires_grad_(backward) for t in (q, k, v)]
+    out, lse = flash_attention(*leaves, causal=causal, scale=scale, return_lse=True)
+    ref_leaves = [t.double().requires_grad_(backward) for t in (q, k, v)]
+    ref, ref_lse = attention_ref(*ref_leaves, causal=causal, scale=scale)
+    base_leaves = [t.clone().requires_grad_(backward) for t in (q, k, v)]
+    base = attention_naive(*base_leaves, causal=causal, scale=scale)
+    assert out.dtype == dtype and out.shape == q.shape and lse.dtype == torch.float32
+    assert not out.isnan().any(), "NaN in output"
+    assert_close(out, ref, baseline=base, dtype=dtype, name="out")
+    # lse: exact -inf on empty rows, and finite rows within float32 rounding of the oracle
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+    assert_close(lse, ref_lse, baseline=ref_lse.float(), dtype=torch.float32, name="lse")
+    if backward:
+        grads = torch.autograd.grad(out, leaves, dout)
+        ref_grads = torch.autograd.grad(ref, ref_leaves, dout.double())
+        base_grads = torch.autograd.grad(base, base_leaves, dout)
+        for name, g, r, b in zip(("dq", "dk", "dv"), grads, ref_grads, base_grads):
+            assert g.shape == r.shape and g.dtype == dtype
+            assert_close(g, r, baseline=b, dtype=dtype, name=name)
+
+
+CPU_CASES = [  # (B, Hq, Hkv, Nq, Nk, D, causal)
+    (1, 2, 2, 128, 128, 64, False),
+    (2, 9, 3, 17, 97, 80, True),     # grouped heads, Nq < Nk, head dim 80
+    (1, 2, 1, 130, 33, 80, True),    # Nq > Nk causal: the first 97 rows attend to nothing
+    (1, 1, 1, 1, 130, 16, False),
+    (1, 3, 3, 97, 97, 40, True),
+]
+
+
+@pytest.mark.parametrize("case", CPU_CASES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_matches_reference(case, dtype):
+    run_and_check(*case, dtype)
+
+
+def test_bfloat16_and_custom_scale():
+    run_and_check(1, 2, 1, 70, 45, 32, True, torch.bfloat16, scale=0.3)
+
+
+def test_non_contiguous_inputs():
+    # (B, N, H, D) storage viewed as (B, H, N, D), as produced by a fused qkv projection
+    q = rand(2, 33, 4, 64, dtype=torch.float32).transpose(1, 2)
+    k = rand(2, 50, 2, 64, dtype=torch.float32).transpose(1, 2)
+    v = rand(2, 50, 2, 64, dtype=torch.float32).transpose(1, 2)
+    out = flash_attention(q, k, v)
+    ref, _ = attention_ref(q, k, v)
+    assert_close(out, ref, baseline=attention_naive(q, k, v), dtype=torch.float32)
+
+
+def test_empty_rows_are_zero_not_nan():
+    q, k, v = (rand(1, 1, n, 16, dtype=torch.float32) for n in (9, 4, 4))
+    q.requires_grad_(); k.requires_grad_(); v.requires_grad_()
+    out, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    assert torch.all(out[0, 0, :5] == 0) and torch.all(lse[0, 0, :5] == float("-inf"))
+    assert torch.isfinite(lse[0, 0, 5:]).all()
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(q=torch.randn(2, 8, 16)), "q must have 4 dims"),
+    (dict(k=torch.randn(1, 3, 8, 16)), "k and v must have the same shape"),
+    (dict(k=torch.randn(1, 3, 8, 16), v=torch.randn(1, 3, 8, 16)), "heads_q=4 is not a multiple of heads_kv=3"),
+    (dict(q=torch.randn(1, 4, 8, 16).double()), "q has dtype torch.float64"),
+    (dict(v=torch.randn(1, 2, 8, 16).half()), "v has dtype torch.float16 but q has torch.float32"),
+    (dict(q=torch.randn(1, 4, 8, 300), k=torch.randn(1, 2, 8, 300), v=torch.randn(1, 2, 8, 300)), "headdim 300"),
+    (dict(q=[[1.0]]), "q must be a torch.Tensor"),
+    (dict(causal="yes"), "causal must be True or False"),
+    (dict(scale=float("nan")), "scale must be a finite real number"),
+])
+def test_bad_input_names_the_argument(bad, match):
+    args = dict(q=torch.randn(1, 4, 8, 16), k=torch.randn(1, 2, 8, 16), v=torch.randn(1, 2, 8, 16))
+    args = {name: t.to(DEV) if isinstance(t, torch.Tensor) else t for name, t in args.items()}
+    opts = {n: bad.pop(n) for n in ("causal", "scale") if n in bad}
+    args.update({n: t.to(DEV) if isinstance(t, torch.Tensor) else t for n, t in bad.items()})
+    with pytest.raises((ValueError, TypeError), match=match):
+        flash_attention(args["q"], args["k"], args["v"], **opts)
+
+
+@pytest.mark.skipif(runtime.DEVICE.type == "cuda", reason="CPU-only check")
+def test_cuda_tensor_without_gpu_or_cpu_tensor_without_interpreter(monkeypatch):
+    monkeypatch.setattr(runtime, "INTERPRET", False)
+    x = torch.randn(1, 1, 4, 16)
+    with pytest.raises(ValueError, match="q is on cpu"):
+        flash_attention(x, x, x)
+
+
+GPU_CASES = [  # (B, Hq, Hkv, Nq, Nk, D, causal): real sizes, ragged lengths, grouped heads
+    (1, 2, 2, 16384, 16384, 128, True),
+    (1, 2, 2, 16384, 16384, 64, False),
+    (2, 4, 1, 4096, 4096, 128, True),
+    (1, 4, 2, 4000, 8195, 80, True),
+    (2, 3, 3, 1023, 2049, 256, False),
+    (1, 8, 2, 3001, 3001, 256, True),
+    (4, 6, 3, 777, 129, 96, True),
+    (1, 2, 2, 1, 16384, 64, False),
+]
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_real_sizes(case, dtype):
+    run_and_check(*case, dtype)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_float32_is_exact(causal):
+    run_and_check(2, 4, 2, 1000, 1500, 64, causal, torch.float32)
