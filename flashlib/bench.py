@@ -49,6 +49,10 @@ def _sdpa(backend):
 
 def _flex():
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    import torch._dynamo
+    # one compiled graph per shape, grad mode and causal flag: the default limit of 8 recompiles
+    # would silently fall back to the unfused (N^2 memory) implementation mid-benchmark
+    torch._dynamo.config.cache_size_limit = 256
     compiled = torch.compile(flex_attention, dynamic=False)
     masks = {}
 

@@ -9,7 +9,7 @@ import triton
 from .. import runtime
 
 INTERPRETER_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64}
-KEY = ["n_bucket", "BLOCK_D", "CAUSAL", "GROUP", "DOT_PRECISION"]
+KEY = ["n_bucket", "BLOCK_D", "CAUSAL", "DOT_PRECISION"]
 
 
 def size_bucket(*lengths) -> int:

@@ -78,7 +78,7 @@ def _dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV,
                  stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                  stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                  Hq, Hkv, Nq, Nk, D, scale, qk_scale, n_bucket,
-                 GROUP: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                 GROUP, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
     off_bkv = tl.program_id(1)
     off_b, off_hkv = off_bkv // Hkv, off_bkv % Hkv
@@ -153,7 +153,7 @@ def _dq_kernel(Q, K, V, dOut, Lse, Delta, dQ,
                stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                stride_dqb, stride_dqh, stride_dqm,
                Hq, Nq, Nk, D, scale, qk_scale, n_bucket,
-               GROUP: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+               GROUP, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
     off_bh = tl.program_id(1)

@@ -63,7 +63,7 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse,
                     stride_vb, stride_vh, stride_vn,
                     stride_ob, stride_oh, stride_om,
                     Hq, Nq, Nk, D, qk_scale, n_bucket,
-                    GROUP: tl.constexpr, CAUSAL: tl.constexpr,
+                    GROUP, CAUSAL: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     EVEN_M: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # heavy query blocks first: under causal masking the last blocks see the most keys
