@@ -65,9 +65,9 @@ def attention_ref(q, k, v, *, causal=False, scale=None, mask=None):
     """
     is_numpy = isinstance(q, np.ndarray)
     if is_numpy:
-        q, k, v = (torch.from_numpy(np.asarray(t)) for t in (q, k, v))
+        q, k, v = (torch.from_numpy(np.ascontiguousarray(t)) for t in (q, k, v))
         if mask is not None:
-            mask = torch.from_numpy(np.asarray(mask))
+            mask = torch.from_numpy(np.ascontiguousarray(mask))
     B, Hq, Hkv, Nq, Nk, D = check_qkv(q, k, v)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     q, k, v = (t.to(torch.float64) for t in (q, k, v))

@@ -1,9 +1,16 @@
-"""Block configs: autotuned on a GPU, one fixed config otherwise.
+"""Block configs: autotuned on a GPU, one fixed config otherwise, always sized to fit SRAM.
 
 Autotuning compiles and times every config once per key (problem size bucket, head dim, causal,
-...), so it only runs on a GPU with ``runtime.AUTOTUNE``. Through the interpreter (no GPU) a kernel
-runs with 64x64 blocks: the interpreter costs per program per loop step, whatever the tile size.
+precision), so it runs only on a GPU with ``runtime.AUTOTUNE``; FLASHLIB_AUTOTUNE=0 takes the first
+config that fits. Through the interpreter (no GPU) kernels use 64x64 blocks: the interpreter's
+cost is per program per loop step, whatever the tile size.
+
+Shared memory: a kernel keeps ``resident`` rows of headdim (e.g. its Q block) and pipelines
+``streamed`` rows per stage (e.g. a K and a V block), so it needs about
+``elem_bytes * BLOCK_D * (resident + num_stages * streamed)`` bytes (this matches what Triton
+reports); configs over the GPU's per-block limit are dropped before compiling.
 """
+import torch
 import triton
 
 from .. import runtime
@@ -17,21 +24,40 @@ def size_bucket(*lengths) -> int:
     return min(triton.next_power_of_2(max(lengths)), 1 << 16)
 
 
-def prune_for_head_dim(configs, named_args, **kwargs):
-    """Large head dims: big tiles with deep pipelines no longer fit in shared memory."""
-    block_d = named_args.get("BLOCK_D", kwargs.get("BLOCK_D", 64))
-    keep = [c for c in configs if block_d <= 128 or c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 128 * 64]
-    return keep or configs
+def _smem_limit() -> int:
+    props = torch.cuda.get_device_properties(0)
+    return getattr(props, "shared_memory_per_block_optin", 0) or 48 * 1024
 
 
-def tuned(kernel, configs):
-    """Return ``(launchable, fixed_kwargs)`` for ``kernel`` given (BLOCK_M, BLOCK_N, warps, stages)."""
+def tuned(kernel, configs, footprint, elem_arg="Q"):
+    """Wrap ``kernel`` for launching; return ``(launchable, pick)``.
+
+    configs: (BLOCK_M, BLOCK_N, num_warps, num_stages) tuples, best guess first.
+    footprint(BLOCK_M, BLOCK_N) -> (resident_rows, streamed_rows_per_stage), see module docstring.
+    pick(block_d, elem_bytes) gives the launch kwargs: the fixed config, or {} when autotuning.
+    """
+    def fits(cfg, block_d, elem_bytes):
+        bm, bn, _, stages = cfg
+        resident, streamed = footprint(bm, bn)
+        return elem_bytes * block_d * (resident + stages * streamed) <= _smem_limit()
+
     if runtime.INTERPRET:
-        return kernel, dict(INTERPRETER_CONFIG)
+        return kernel, lambda block_d, elem_bytes: dict(INTERPRETER_CONFIG)
     if not runtime.AUTOTUNE:
-        bm, bn, warps, stages = configs[0]
-        return kernel, dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+        def pick(block_d, elem_bytes):
+            fitting = [c for c in configs if fits(c, block_d, elem_bytes)] or configs[-1:]
+            bm, bn, warps, stages = fitting[0]
+            return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+        return kernel, pick
+
+    def prune(triton_configs, named_args, **kwargs):
+        block_d = named_args.get("BLOCK_D", kwargs.get("BLOCK_D"))
+        elem_bytes = named_args[elem_arg].element_size()
+        keep = [c for c in triton_configs if fits((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps,
+                                                   c.num_stages), block_d, elem_bytes)]
+        return keep or triton_configs[-1:]
+
     triton_configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
                       for bm, bn, w, s in configs]
-    return triton.autotune(triton_configs, key=KEY,
-                           prune_configs_by={"early_config_prune": prune_for_head_dim})(kernel), {}
+    launchable = triton.autotune(triton_configs, key=KEY, prune_configs_by={"early_config_prune": prune})(kernel)
+    return launchable, lambda block_d, elem_bytes: {}

@@ -193,11 +193,12 @@ def _dq_kernel(Q, K, V, dOut, Lse, Delta, dQ,
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages); the first is used when autotuning is off
 DKDV_CONFIGS = [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3), (32, 64, 4, 2),
-                (64, 128, 4, 2)]
+                (64, 128, 4, 2), (32, 64, 4, 1), (16, 32, 4, 1)]
 DQ_CONFIGS = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2),
-              (128, 64, 4, 2)]
-_dkdv, DKDV_FIXED = tuned(_dkdv_kernel, DKDV_CONFIGS)
-_dq, DQ_FIXED = tuned(_dq_kernel, DQ_CONFIGS)
+              (128, 64, 4, 2), (64, 32, 4, 1), (32, 16, 4, 1)]
+# SRAM: dK/dV keep a K and a V block and stream Q and dO blocks; dQ keeps Q, dO and streams K, V
+_dkdv, _pick_dkdv = tuned(_dkdv_kernel, DKDV_CONFIGS, lambda bm, bn: (2 * bn, 2 * bm))
+_dq, _pick_dq = tuned(_dq_kernel, DQ_CONFIGS, lambda bm, bn: (2 * bm, 2 * bn))
 
 
 def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf32=False):
@@ -235,9 +236,11 @@ def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf3
         q, k, v, dout, lse, delta, dk, dv, *common,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         Hq, Hkv, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
-        GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, DOT_PRECISION=precision, **DKDV_FIXED)
+        GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, DOT_PRECISION=precision,
+        **_pick_dkdv(block_d, q.element_size()))
     _dq[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq)](
         q, k, v, dout, lse, delta, dq, *common, dq.stride(0), dq.stride(1), dq.stride(2),
         Hq, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
-        GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, DOT_PRECISION=precision, **DQ_FIXED)
+        GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, DOT_PRECISION=precision,
+        **_pick_dq(block_d, q.element_size()))
     return dq.to(grad_dtype), dk.to(grad_dtype), dv.to(grad_dtype)

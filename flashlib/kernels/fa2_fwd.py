@@ -123,8 +123,10 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse,
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages); the first is used when autotuning is off
 CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4),
-           (128, 128, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3)]
-_fa2_fwd, FIXED_CONFIG = tuned(_fa2_fwd_kernel, CONFIGS)
+           (128, 128, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3), (64, 64, 4, 2),
+           (64, 32, 4, 2), (32, 32, 4, 1)]
+# SRAM: the Q block stays resident; each pipeline stage holds a K and a V block
+_fa2_fwd, _pick_config = tuned(_fa2_fwd_kernel, CONFIGS, lambda bm, bn: (bm, 2 * bn))
 
 
 def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False):
@@ -145,7 +147,8 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     block_d = max(16, triton.next_power_of_2(D))
-    even_m = all(Nq % bm == 0 for bm in ([FIXED_CONFIG["BLOCK_M"]] if FIXED_CONFIG else [64, 128]))
+    config = _pick_config(block_d, q.element_size())
+    even_m = all(Nq % bm == 0 for bm in ([config["BLOCK_M"]] if config else {c[0] for c in CONFIGS}))
 
     def grid(meta):
         return (triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq)
@@ -159,5 +162,5 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False):
         Hq, Nq, Nk, D, scale * LOG2E, size_bucket(Nq, Nk),
         GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d,
         EVEN_M=even_m, EVEN_D=(D == block_d),
-        DOT_PRECISION="tf32" if allow_tf32 else "ieee", **FIXED_CONFIG)
+        DOT_PRECISION="tf32" if allow_tf32 else "ieee", **config)
     return out.to(out_dtype), lse
