@@ -22,7 +22,8 @@ import triton.language as tl
 
 from .. import runtime
 from .config import size_bucket, tuned
-from .tile import LOG2E, finalize, tile_update
+from .tile import LOG2E, finalize
+from .tile import tile_update as tile_update_fn
 
 
 @triton.jit
@@ -30,7 +31,7 @@ def _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                        start_m, lo, hi, Nk, causal_offset, qk_scale,
                        offs_m, offs_n, offs_d, D,
                        MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
-                       BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                       BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr):
     """Stream key/value blocks [lo, hi) through the tile update; MASKED for ragged/diagonal ones."""
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -52,7 +53,7 @@ def _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
             if CAUSAL:
                 visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
             s = tl.where(visible, s, float("-inf"))
-        acc, m_i, l_i = tile_update(acc, m_i, l_i, s, v, DOT_PRECISION)
+        acc, m_i, l_i = TILE_UPDATE(acc, m_i, l_i, s, v, DOT_PRECISION)
     return acc, m_i, l_i
 
 
@@ -65,7 +66,8 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse,
                     Hq, Nq, Nk, D, qk_scale, n_bucket,
                     GROUP, CAUSAL: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    EVEN_M: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    EVEN_M: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    TILE_UPDATE: tl.constexpr):
     # heavy query blocks first: under causal masking the last blocks see the most keys
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
     off_bh = tl.program_id(1)
@@ -101,11 +103,11 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse,
     acc, m_i, l_i = _attend_key_blocks(
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, 0, n_full, Nk,
         causal_offset, qk_scale, offs_m, offs_n, offs_d, D,
-        False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION)
+        False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE)
     acc, m_i, l_i = _attend_key_blocks(
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, n_full, hi, Nk,
         causal_offset, qk_scale, offs_m, offs_n, offs_d, D,
-        True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION)
+        True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE)
 
     out, lse = finalize(acc, m_i, l_i)
     o_ptrs = (Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
@@ -129,12 +131,15 @@ CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4),
 _fa2_fwd, _pick_config = tuned(_fa2_fwd_kernel, CONFIGS, lambda bm, bn: (bm, 2 * bn))
 
 
-def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False):
+def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_update=None):
     """Launch the FA2 forward kernel. Returns ``(out, lse)``.
 
     q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D). out: like q; lse: (B, Hq, Nq) float32, natural
     log, -inf for rows with nothing to attend to. Inputs are validated by ``flashlib.ops``;
     this launcher only needs the last dim contiguous.
+    allow_tf32: float32 dots on TF32 tensor cores (faster, ~1e-3 relative error) instead of ieee.
+    tile_update: a ``@triton.jit`` function with the signature of ``kernels.tile.tile_update``
+    to use in the inner loop instead (lesson 07's exercise plugs a learner's version in here).
     """
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -162,5 +167,6 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False):
         Hq, Nq, Nk, D, scale * LOG2E, size_bucket(Nq, Nk),
         GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d,
         EVEN_M=even_m, EVEN_D=(D == block_d),
-        DOT_PRECISION="tf32" if allow_tf32 else "ieee", **config)
+        DOT_PRECISION="tf32" if allow_tf32 else "ieee",
+        TILE_UPDATE=tile_update_fn if tile_update is None else tile_update, **config)
     return out.to(out_dtype), lse
