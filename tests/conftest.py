@@ -1,0 +1,71 @@
+"""Shared pytest set-up: the graders' --impl switch, one marker per exercise, one seed per run.
+
+    pytest tests/exercises                       grade your work in exercises/ (the default)
+    pytest tests/exercises --impl=solutions      grade the reference answers (CI)
+    pytest tests/exercises --impl=PATH           grade one exNN_*.py file, or a folder of them
+    pytest tests/exercises -m ex01               one exercise
+    FLASHLIB_SEED=1234 pytest tests/exercises    replay the inputs of a failing run
+"""
+from pathlib import Path
+
+import pytest
+
+from flashlib import grading
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED = grading.default_seed()
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("flashlib exercises")
+    group.addoption("--impl", default="exercises",
+                    help="what the graders in tests/exercises test: 'exercises' (your work, the "
+                         "default), 'solutions' (the answers, as CI does), or the path of one "
+                         "exNN_*.py file or of a folder holding them")
+
+
+def pytest_configure(config):
+    for name in grading.list_exercises(ROOT):
+        config.addinivalue_line("markers", f"{grading.short(name)}: grader of exercise {name}")
+
+
+def pytest_report_header(config):
+    return (f"exercise graders: --impl={config.getoption('--impl')}, seed {SEED} "
+            f"(replay with FLASHLIB_SEED={SEED})")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need a CUDA GPU: skip them, saying so, on a machine without one."""
+    from flashlib import runtime
+
+    if runtime.HAS_CUDA and not runtime.INTERPRET:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def grader_seed():
+    return SEED
+
+
+@pytest.fixture
+def exercise_impl(request):
+    """The implementation the current grader tests, freshly loaded from disk."""
+    name = Path(request.module.__file__).stem.removeprefix("test_")   # "ex01_safe_softmax"
+    impl = request.config.getoption("--impl")
+    if impl not in ("exercises", "solutions"):
+        path = Path(impl)
+        if path.is_file() and grading.exercise_number(path.name) != grading.exercise_number(name):
+            pytest.skip(f"--impl={impl} is not exercise {grading.short(name)}")
+    file = grading.implementation_path(name, impl=impl, root=ROOT)
+    if not file.is_file():
+        pytest.fail(f"{file} is missing", pytrace=False)
+    try:
+        return grading.load_module(file)
+    except NotImplementedError:
+        pytest.fail(f"not done yet: replace the NotImplementedError in {file}", pytrace=False)
+    except SyntaxError as e:
+        pytest.fail(f"{file} does not parse: {e.msg} (line {e.lineno})", pytrace=False)

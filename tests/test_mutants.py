@@ -1,0 +1,46 @@
+"""The graders are proven: every mutant (a plausible wrong answer in tests/mutants/) is rejected
+by its exercise's grader with a report containing the words it declares in EXPECTED_HINT, every
+reference solution passes, and every exercise has at least four mutants."""
+from pathlib import Path
+
+import pytest
+
+from flashlib import grading
+
+ROOT = Path(__file__).resolve().parent.parent
+MUTANTS = sorted((ROOT / "tests" / "mutants").glob("ex[0-9]*_*.py"))
+EXERCISES = grading.list_exercises(ROOT)
+MIN_MUTANTS = 4
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda p: p.stem)
+def test_mutant_is_rejected_with_its_hint(mutant, grader_seed):
+    expected = grading.load_module(mutant).EXPECTED_HINT
+    report = grading.run_checks(mutant.stem, path=mutant, seed=grader_seed, root=ROOT)
+    text = grading.format_report(report)
+    assert report.results, f"{mutant.name} was not graded:\n{text}"
+    assert report.status != "passed" and report.passed < report.total, \
+        f"the grader accepts the mutant {mutant.name}:\n{text}"
+    assert expected.lower() in text.lower(), \
+        f"{mutant.name} is rejected, but the report lacks the hint {expected!r}:\n{text}"
+
+
+@pytest.mark.parametrize("exercise", EXERCISES)
+def test_solution_passes(exercise, grader_seed):
+    report = grading.run_checks(exercise, impl="solutions", seed=grader_seed, root=ROOT)
+    assert report.status == "passed", grading.format_report(report)
+
+
+@pytest.mark.parametrize("exercise", EXERCISES)
+def test_every_exercise_has_enough_mutants(exercise):
+    mine = [m.name for m in MUTANTS if grading.short(m.stem) == grading.short(exercise)]
+    assert len(mine) >= MIN_MUTANTS, f"{exercise} has {len(mine)} mutants {mine}, " \
+                                     f"needs at least {MIN_MUTANTS}"
+
+
+def test_every_mutant_belongs_to_an_exercise_and_declares_a_hint():
+    assert MUTANTS, "tests/mutants/ is empty"
+    for mutant in MUTANTS:
+        assert grading.resolve(mutant.stem, ROOT)  # raises for an unknown exercise number
+        hint = getattr(grading.load_module(mutant), "EXPECTED_HINT", None)
+        assert isinstance(hint, str) and hint.strip(), f"{mutant.name} needs EXPECTED_HINT"
