@@ -21,7 +21,7 @@ import triton.language as tl
 
 from .. import runtime
 from .config import size_bucket, tuned
-from .tile import LOG2E
+from .tile import LOG2E, key_range
 
 
 @triton.jit
@@ -173,13 +173,9 @@ def _dq_kernel(Q, K, V, dOut, Lse, Delta, dQ,
     v_base = V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    causal_offset = Nk - Nq        # same key partition as the forward
-    if CAUSAL:
-        hi = tl.minimum(Nk, tl.maximum(start_m + BLOCK_M + causal_offset, 0))
-        n_full = tl.minimum(tl.maximum(start_m + causal_offset + 1, 0), Nk) // BLOCK_N * BLOCK_N
-    else:
-        hi = Nk
-        n_full = Nk // BLOCK_N * BLOCK_N
+    # key range: [0, n_full) needs no mask; [n_full, hi) is the diagonal band and/or ragged tail
+    causal_offset = Nk - Nq
+    n_full, hi = key_range(start_m, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, 0, n_full,
                         Nk, causal_offset, qk_scale, offs_m, offs_d, D,
                         False, CAUSAL, BLOCK_N, DOT_PRECISION)

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .. import runtime
 from .config import size_bucket, tuned
-from .tile import LOG2E, finalize
+from .tile import LOG2E, finalize, key_range
 from .tile import tile_update as tile_update_fn
 
 
@@ -94,12 +94,7 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse,
 
     # key range: [0, n_full) needs no mask; [n_full, hi) is the diagonal band and/or ragged tail
     causal_offset = Nk - Nq
-    if CAUSAL:
-        hi = tl.minimum(Nk, tl.maximum(start_m + BLOCK_M + causal_offset, 0))
-        n_full = tl.minimum(tl.maximum(start_m + causal_offset + 1, 0), Nk) // BLOCK_N * BLOCK_N
-    else:
-        hi = Nk
-        n_full = Nk // BLOCK_N * BLOCK_N
+    n_full, hi = key_range(start_m, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL)
     acc, m_i, l_i = _attend_key_blocks(
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, 0, n_full, Nk,
         causal_offset, qk_scale, offs_m, offs_n, offs_d, D,

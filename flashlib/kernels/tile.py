@@ -38,3 +38,21 @@ def finalize(acc, m_i, l_i):
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
     return out, lse
+
+
+@triton.jit
+def key_range(start_m, Nq, Nk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """Key blocks a query block [start_m, start_m + BLOCK_M) needs, split at ``n_full``.
+
+    Keys [0, n_full) are visible to every row of the block: no mask, whole blocks. Keys
+    [n_full, hi) are the causal diagonal band and/or the ragged tail: masked. Keys >= hi are above
+    the diagonal for every row and are never loaded. Bottom-right causal: row i sees j <= i + Nk - Nq.
+    """
+    if CAUSAL:
+        offset = Nk - Nq
+        hi = tl.minimum(Nk, tl.maximum(start_m + BLOCK_M + offset, 0))
+        n_full = tl.minimum(tl.maximum(start_m + offset + 1, 0), Nk) // BLOCK_N * BLOCK_N
+    else:
+        hi = Nk
+        n_full = Nk // BLOCK_N * BLOCK_N
+    return n_full, hi
