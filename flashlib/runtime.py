@@ -48,10 +48,19 @@ def check_kernel(kernel, name: str | None = None) -> None:
     """Raise a clear error, instead of Triton's "0 active drivers", for a kernel that cannot run.
 
     On a CPU-only machine a kernel works only if it was defined after TRITON_INTERPRET=1 was set,
-    which ``import flashlib`` does. A kernel defined in a notebook cell before that import fails
-    at launch; the fix is to re-run the cell that defines it.
+    which ``import flashlib`` does; so must Triton's own helpers (tl.max, tl.sum, ...), which
+    ``triton.language`` defines with ``@triton.jit`` when it is imported: ``import flashlib``
+    has to come before ``import triton``. The fix for either is to restart and import in order.
     """
-    if DEVICE.type == "cpu" and not is_interpreted(kernel):
+    if DEVICE.type != "cpu":
+        return
+    import triton.language as tl
+    if not is_interpreted(tl.max):
+        raise RuntimeError(
+            "triton was imported before flashlib, so Triton's interpreter cannot run tl.max, "
+            "tl.sum, ...: put `import flashlib` before `import triton` (restart the kernel or "
+            "Python first), or set TRITON_INTERPRET=1 before starting Python")
+    if not is_interpreted(kernel):
         name = name or getattr(kernel, "__name__", "this kernel")
         raise RuntimeError(
             f"{name} was defined before Triton's interpreter was turned on, and this machine has "

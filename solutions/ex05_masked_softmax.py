@@ -16,11 +16,11 @@ library's answer. Then run ``flashlib check ex05``. Without a GPU your kernel ru
 Triton's interpreter, where a load past the end without a mask returns whatever lies in memory
 instead of failing: the grader places rows inside larger buffers to catch that.
 """
+from flashlib import runtime  # first: turns Triton's interpreter on when there is no GPU
+
 import torch
 import triton
 import triton.language as tl
-
-from flashlib import runtime  # first: turns Triton's interpreter on when there is no GPU
 
 
 @triton.jit

@@ -135,3 +135,16 @@ def test_gpu_real_sizes(case, dtype):
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_float32_is_exact(causal):
     run_and_check(2, 4, 2, 1000, 1500, 64, causal, torch.float32)
+
+
+@pytest.mark.skipif(runtime.DEVICE.type == "cuda", reason="CPU-only check")
+def test_triton_imported_first_gives_a_clear_error():
+    import subprocess
+    import sys
+    code = ("import triton, flashlib, torch\n"
+            "x = torch.randn(1, 1, 4, 16)\n"
+            "flashlib.flash_attention(x, x, x)\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode != 0
+    assert "put `import flashlib` before `import triton`" in run.stderr

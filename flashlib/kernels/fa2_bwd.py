@@ -203,6 +203,7 @@ def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf3
     Shapes as ``fa2_forward``: q, out, dout (B, Hq, Nq, D); k, v (B, Hkv, Nk, D);
     lse (B, Hq, Nq) float32 natural log. dk, dv are summed over each group of query heads.
     """
+    runtime.check_kernel(_dkdv_kernel)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)

@@ -136,6 +136,7 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
     tile_update: a ``@triton.jit`` function with the signature of ``kernels.tile.tile_update``
     to use in the inner loop instead (lesson 07's exercise plugs a learner's version in here).
     """
+    runtime.check_kernel(_fa2_fwd_kernel)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)

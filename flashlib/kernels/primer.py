@@ -37,6 +37,8 @@ MAX_COLS = 1 << 17   # one row in one block; beyond this registers spill badly (
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+
+
 # ---------------------------------------------------------------------------------------------
 # fused row softmax
 
@@ -75,6 +77,7 @@ def softmax(x):
     from 1 to MAX_COLS. Returns a new (M, N) tensor of x's dtype; computed in float32.
     """
     _check_2d("x", x)
+    runtime.check_kernel(softmax_kernel)
     M, N = x.shape
     if N > MAX_COLS:
         raise ValueError(f"x has {N} columns, over MAX_COLS={MAX_COLS}: one row must fit in one "
@@ -150,6 +153,7 @@ def matmul(a, b, *, allow_tf32=False):
     """
     _check_2d("a", a)
     _check_2d("b", b)
+    runtime.check_kernel(matmul_kernel)
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"a is {tuple(a.shape)} and b is {tuple(b.shape)}: a's columns "
                          f"({a.shape[1]}) must equal b's rows ({b.shape[0]})")

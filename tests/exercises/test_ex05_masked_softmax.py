@@ -1,0 +1,181 @@
+"""Grader of exercise 05 (lesson 05): the body of ``softmax_kernel``, a masked row softmax in Triton.
+
+The learner's launcher ``masked_softmax(x, out)`` runs their kernel (through Triton's interpreter
+without a GPU). There a load past the end without a mask does not fail: it returns whatever lies
+in memory. So every input row lives inside a larger buffer, with a row stride above BLOCK, and
+the padding after each row holds large values: an unmasked load reads them (deterministically,
+inside the buffer, never past the allocation) and the row's softmax comes out wrong. The output
+too is a view into a buffer filled with NaN, so a store past the row, or into another row, shows.
+Row lengths are not powers of two (1, 17, 97, 130, 1000), every row is compared with the float64
+softmax under flashlib.testing's rule (baseline: a naive softmax in the same dtype), and probes
+name the mistake: no mask on the load, other=0 instead of -inf, no max subtraction, no mask on
+the store, a wrong row stride.
+"""
+import numpy as np
+import pytest
+import torch
+import triton
+
+from flashlib import grading, runtime
+
+pytestmark = pytest.mark.ex05
+
+DEV = runtime.DEVICE
+LENGTHS = (1, 17, 97, 130, 1000)
+
+HINT_LOAD_MASK = ("your kernel reads past the end of the row (its result changes with what lies "
+                  "in memory after the row): load with mask=cols < n_cols and "
+                  "other=float(\"-inf\")")
+HINT_OTHER = ("rows are right when n_cols is a power of two but not otherwise: the tail lanes "
+              "(cols >= n_cols) must load as other=float(\"-inf\"), so that they add nothing to "
+              "the max and exp(-inf) = 0 adds nothing to the sum; other=0.0 adds exp(0 - max) "
+              "per padded lane")
+HINT_MAX = ("matches only for small inputs: exp(x) overflows past 88.72 in float32 (and "
+            "underflows to 0 for very negative rows, giving 0/0): subtract the row max, "
+            "z = x - tl.max(x, axis=0), before tl.exp")
+HINT_STORE_MASK = ("your kernel writes past the end of the row, into memory it does not own: "
+                   "store with the same mask as the load, tl.store(ptrs, y, mask=cols < n_cols)")
+HINT_STRIDE = ("a wrong row stride: row 0 is right but the other rows are not. Row r starts at in_ptr + r * "
+               "in_row_stride (and out_ptr + r * out_row_stride), not at r * n_cols; rows need "
+               "not be contiguous")
+
+
+def _softmax64(x):
+    x = np.asarray(x, np.float64)
+    z = np.exp(x - x.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
+def _naive(x):
+    """The baseline: exp(x - max) / sum in x's own dtype (torch, same device)."""
+    z = (x - x.max(dim=-1, keepdim=True).values).exp()
+    return z / z.sum(dim=-1, keepdim=True)
+
+
+def _run(impl, x, *, pad=40.0, dtype=torch.float32, seed=0):
+    """Run the learner's launcher on the rows of x (NumPy, (rows, n_cols)) placed in padded
+    buffers. Returns (result as float64 NumPy, the whole output buffer, the output view)."""
+    rows, n_cols = x.shape
+    block = triton.next_power_of_2(n_cols)
+    extra = np.random.default_rng(seed).integers(3, 11, size=2)
+    # input: row stride > BLOCK, so an unmasked load reads this row's own padding (pad), in bounds
+    src = torch.full((rows + 1, block + int(extra[0])), pad, dtype=dtype, device=DEV)
+    src[:rows, :n_cols] = torch.as_tensor(x, dtype=dtype, device=DEV)
+    x_view = src[:rows, :n_cols]                                   # (rows, n_cols), strided rows
+    # output: a different row stride, NaN everywhere the kernel must not write
+    dst = torch.full((rows + 1, block + int(extra[1]) + 16), float("nan"), dtype=dtype, device=DEV)
+    out_view = dst[:rows, :n_cols]
+    grading.function(impl, "masked_softmax")(x_view, out_view)
+    if DEV.type == "cuda":
+        torch.cuda.synchronize()
+    return out_view.double().cpu().numpy(), dst.double().cpu().numpy(), x_view
+
+
+def _rows_ok(got, expected):
+    return [np.allclose(g, e, rtol=1e-3, atol=1e-6) for g, e in zip(got, expected)]
+
+
+def _writes_outside(dst, rows, n_cols):
+    """(rows with writes past n_cols, whether anything else outside the view was written)."""
+    outside = ~np.isnan(dst)
+    outside[:rows, :n_cols] = False
+    block = triton.next_power_of_2(n_cols)
+    tail_rows = sorted(set(np.argwhere(outside[:rows, n_cols:block])[:, 0].tolist()))
+    outside[:rows, n_cols:block] = False
+    return tail_rows, bool(outside.any())
+
+
+def _diagnose(impl):
+    """Name the likely mistake from a few probes, or None."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((5, 97))
+    expected = _softmax64(x)
+    got_hi, dst, _ = _run(impl, x, pad=40.0)
+    got_lo, _, _ = _run(impl, x, pad=-40.0)
+    ok = _rows_ok(got_hi, expected)
+    if ok[0] and not all(ok[1:]):
+        return HINT_STRIDE
+    if not np.array_equal(got_hi, got_lo, equal_nan=True):
+        return HINT_LOAD_MASK
+    tail_rows, elsewhere = _writes_outside(dst, *x.shape)
+    if elsewhere:
+        return HINT_STRIDE
+    if tail_rows:
+        return HINT_STORE_MASK
+    if not all(ok):
+        x64 = rng.standard_normal((3, 64))
+        if all(_rows_ok(_run(impl, x64)[0], _softmax64(x64))):
+            return HINT_OTHER
+    big = rng.uniform(100, 1000, (3, 17)) * np.array([[1.0], [-1.0], [1.0]])
+    got_big = _run(impl, big)[0]
+    if not np.all(np.isfinite(got_big)) or not all(_rows_ok(got_big, _softmax64(big))):
+        return HINT_MAX
+    return None
+
+
+def _expect_rows(impl, x, *, dtype=torch.float32, what, hint=None):
+    got, _, x_view = _run(impl, x, dtype=dtype)
+    x_cast = x_view.double().cpu().numpy()                      # the values the kernel saw
+    expected = _softmax64(x_cast)
+    baseline = _naive(x_view.contiguous()).double().cpu().numpy()
+    grading.expect_close(got, expected, baseline=baseline, dtype=dtype,
+                         name=f"softmax of {what} ({x.shape[0]} rows of {x.shape[1]}, {dtype})",
+                         hint=(lambda: _diagnose(impl)) if hint is None else hint)
+
+
+def check_rows_any_length(impl, rng):
+    """every row right, for rows of length 1, 17, 97, 130 and 1000 (not powers of two)"""
+    for n_cols in LENGTHS:
+        rows = int(rng.integers(3, 7))
+        x = 2 * rng.standard_normal((rows, n_cols))
+        _expect_rows(impl, x, what="random rows")
+
+
+def check_writes_only_its_row(impl, rng):
+    """writes exactly its row's n_cols elements: nothing past the end, nothing elsewhere"""
+    for n_cols in (17, 130):
+        x = rng.standard_normal((4, n_cols))
+        _, dst, _ = _run(impl, x)
+        tail_rows, elsewhere = _writes_outside(dst, *x.shape)
+        if tail_rows:
+            grading.fail(f"with n_cols={n_cols}, rows {tail_rows} were written past column "
+                         f"{n_cols} (up to BLOCK={triton.next_power_of_2(n_cols)})",
+                         HINT_STORE_MASK)
+        if elsewhere:
+            grading.fail(f"with n_cols={n_cols}, your kernel wrote outside the output rows",
+                         HINT_STRIDE)
+
+
+def check_negative_rows(impl, rng):
+    """rows whose values are all negative (max < 0): the tail lanes must add nothing"""
+    for n_cols in (17, 130):
+        x = rng.standard_normal((4, n_cols)) - 8.0
+        _expect_rows(impl, x, what="all-negative rows",
+                     hint=lambda: _diagnose(impl) or HINT_OTHER)
+
+
+def check_large_inputs(impl, rng):
+    """large inputs stay finite and right (|x| up to 1000: exp overflows past 88.72)"""
+    for sign in (1.0, -1.0):
+        x = sign * rng.uniform(100, 1000, (4, 97))
+        _expect_rows(impl, x, what=f"rows of {'large' if sign > 0 else 'very negative'} values",
+                     hint=lambda: _diagnose(impl) or HINT_MAX)
+
+
+def check_float16(impl, rng):
+    """float16 rows: computed in float32, stored as float16, within float16's tolerance"""
+    for n_cols in (17, 130):
+        x = 3 * rng.standard_normal((5, n_cols))
+        _expect_rows(impl, x, dtype=torch.float16, what="float16 rows",
+                     hint=lambda: _diagnose(impl) or (
+                         "compute in float32: x = tl.load(...).to(tl.float32), and store "
+                         "y.to(out_ptr.dtype.element_ty)"))
+
+
+CHECKS = [check_rows_any_length, check_writes_only_its_row, check_negative_rows,
+          check_large_inputs, check_float16]
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
+def test_ex05(check, exercise_impl, grader_seed):
+    grading.pytest_run(check, exercise_impl, grader_seed)

@@ -1,0 +1,48 @@
+"""Mutant of ex05: row r read from r * n_cols (assumes contiguous rows) instead of r * in_row_stride."""
+from flashlib import runtime  # first: turns Triton's interpreter on when there is no GPU
+
+import torch
+import triton
+import triton.language as tl
+
+EXPECTED_HINT = 'row stride'
+
+
+@triton.jit
+def softmax_kernel(out_ptr, in_ptr, in_row_stride, out_row_stride, n_cols, BLOCK: tl.constexpr):
+    """Softmax of row ``tl.program_id(0)``: out[row, :n_cols] = softmax(in[row, :n_cols]).
+
+    in_ptr, out_ptr: pointers to the first element of row 0; in_row_stride, out_row_stride:
+    elements between the starts of two rows; n_cols: the row length; BLOCK: a power of two
+    >= n_cols. Compute in float32; write exactly the n_cols elements of this row, nothing else.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)                                           # (BLOCK,)
+    mask = cols < n_cols                                                 # lanes inside the row
+    x = tl.load(in_ptr + row * n_cols + cols, mask=mask, other=float("-inf"))
+    x = x.to(tl.float32)
+    z = x - tl.max(x, axis=0)                                            # <= 0: exp cannot overflow
+    num = tl.exp(z)                                                      # 0 on the -inf tail lanes
+    y = num / tl.sum(num, axis=0)
+    tl.store(out_ptr + row * out_row_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def masked_softmax(x, out=None):
+    """Launch ``softmax_kernel`` on a 2D tensor x (rows, n_cols): one program per row.
+
+    out: where to write (a new tensor like x when None); x and out may have any row stride but
+    contiguous rows. Returns out.
+    """
+    runtime.check_kernel(softmax_kernel, "softmax_kernel")
+    if out is None:
+        out = torch.empty_like(x)
+    rows, n_cols = x.shape
+    assert x.stride(1) == 1 and out.stride(1) == 1 and out.shape == x.shape
+    try:
+        softmax_kernel[(rows,)](out, x, x.stride(0), out.stride(0), n_cols,
+                                BLOCK=triton.next_power_of_2(n_cols))
+    except Exception as e:  # on a GPU the unsolved stub is a compile error, not the exception
+        if "NotImplementedError" in f"{type(e).__name__}: {e}":
+            raise NotImplementedError("ex05: write the body of softmax_kernel") from e
+        raise
+    return out
