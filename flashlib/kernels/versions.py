@@ -1,0 +1,94 @@
+"""Numbered forward-kernel versions, llm.c style: each checked against attention_ref, then timed.
+
+As in llm.c's ``dev/cuda/attention_forward.cu``, every dense forward kernel the course builds has a
+number and one line saying what it changed; ``check_version(n)`` validates version n against the
+float64 oracle on irregular shapes, and ``time_version(n)`` (GPU only) runs that check at the
+timed shape first, then times it with ``triton.testing.do_bench``. All versions share one
+signature: ``fn(q, k, v, *, causal=False, scale=None) -> (out, lse)``.
+
+    1  fa1_forward (lesson 06): FlashAttention-1, Algorithm 1. One program per (batch, head);
+       key/value blocks outer, query blocks inner; O, l, m re-read and re-written in HBM every step.
+    2  fa2_forward (lesson 07): FlashAttention-2. Query blocks outer, one program per (query block,
+       batch, head); state in registers, normalised once at the end; causal blocks skipped.
+
+What each measured is not written here: numbers depend on the GPU. Lesson 06 times 1 against 2
+on the GPU it runs on (``time_version``); ``python -m flashlib.bench`` times version 2 against PyTorch.
+"""
+import torch
+
+from .. import runtime
+from ..reference import attention_naive, attention_ref
+from ..testing import assert_close
+from .fa1 import fa1_forward
+from .fa2_fwd import fa2_forward
+
+VERSIONS = {1: fa1_forward, 2: fa2_forward}
+DESCRIPTIONS = {
+    1: "FA1 (Algorithm 1): grid (B*H,), KV blocks outer, O/l/m in HBM, re-read and re-written per tile",
+    2: "FA2: grid (query blocks, B*H), Q blocks outer, state in registers, deferred normalisation",
+}
+
+# (B, Hq, Hkv, Nq, Nk, D, causal): N not a multiple of any block, Nq != Nk, head dim 80,
+# 9 heads, grouped heads, causal with Nq > Nk (rows with no key) and Nq < Nk
+CHECK_SHAPES = [
+    (1, 2, 2, 130, 97, 64, False),
+    (2, 9, 3, 17, 130, 80, True),
+    (1, 2, 1, 130, 33, 80, True),
+    (1, 1, 1, 1, 97, 16, False),
+]
+
+
+def _get(n):
+    if n not in VERSIONS:
+        raise ValueError(f"unknown kernel version {n!r}; known: {sorted(VERSIONS)}")
+    return VERSIONS[n]
+
+
+def check_version(n, *, shapes=None, dtype=None, scale=None):
+    """Validate version ``n`` against attention_ref; raise AssertionError if it is off.
+
+    shapes: (B, Hq, Hkv, Nq, Nk, D, causal) tuples, default ``CHECK_SHAPES``; dtype: default
+    float16 on a GPU, float32 on the CPU. Fresh random inputs each call. Returns the max error
+    of out for each shape (the tolerance is flashlib.testing's: 2x naive attention's error).
+    """
+    fn = _get(n)
+    shapes = CHECK_SHAPES if shapes is None else shapes
+    dtype = (torch.float16 if runtime.DEVICE.type == "cuda" else torch.float32) if dtype is None else dtype
+    errors = []
+    for B, Hq, Hkv, Nq, Nk, D, causal in shapes:
+        q = torch.randn(B, Hq, Nq, D, dtype=dtype, device=runtime.DEVICE)
+        k, v = (torch.randn(B, Hkv, Nk, D, dtype=dtype, device=runtime.DEVICE) for _ in range(2))
+        out, lse = fn(q, k, v, causal=causal, scale=scale)
+        ref, ref_lse = attention_ref(q, k, v, causal=causal, scale=scale)
+        what = f"version {n}, {str(dtype).removeprefix('torch.')} {(B, Hq, Hkv, Nq, Nk, D)} causal={causal}"
+        if out.shape != q.shape or out.dtype != dtype or lse.shape != (B, Hq, Nq):
+            raise AssertionError(f"{what}: out {tuple(out.shape)} {out.dtype}, lse {tuple(lse.shape)}")
+        errors.append(assert_close(out, ref, baseline=attention_naive(q, k, v, causal=causal, scale=scale),
+                                   dtype=dtype, name=f"out of {what}"))
+        if not torch.equal(torch.isinf(lse), torch.isinf(ref_lse)):
+            raise AssertionError(f"lse of {what}: -inf (no key to attend) in the wrong rows")
+        assert_close(lse, ref_lse, baseline=ref_lse.float(), dtype=torch.float32, name=f"lse of {what}")
+    return errors
+
+
+def attention_flops(B, H, Nq, Nk, D, *, causal=False):
+    """Forward flops, 4 B H Nq Nk D (two matmuls), halved for causal (as DESIGN.md counts)."""
+    return 4 * B * H * Nq * Nk * D * (0.5 if causal else 1.0)
+
+
+def time_version(n, *, B=4, H=16, N=4096, D=64, causal=False, dtype=torch.float16):
+    """GPU only: check version ``n`` (irregular shapes and one head pair at length N), then time
+    it at (B, H, N, D) with do_bench. Returns {"version", "ms", "tflops", ...}."""
+    import triton.testing
+
+    if runtime.DEVICE.type != "cuda":
+        raise RuntimeError("time_version needs a CUDA GPU: timings through the interpreter are "
+                           "meaningless (use check_version on the CPU)")
+    fn = _get(n)
+    check_version(n, dtype=dtype)
+    check_version(n, shapes=[(1, 2, 2, N, N, D, causal)], dtype=dtype)
+    q, k, v = (torch.randn(B, H, N, D, dtype=dtype, device=runtime.DEVICE) for _ in range(3))
+    ms = triton.testing.do_bench(lambda: fn(q, k, v, causal=causal))
+    tflops = attention_flops(B, H, N, N, D, causal=causal) / (ms * 1e-3) / 1e12
+    return {"version": n, "impl": fn.__name__, "B": B, "H": H, "N": N, "D": D, "causal": causal,
+            "dtype": str(dtype).removeprefix("torch."), "ms": ms, "tflops": tflops}

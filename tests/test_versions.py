@@ -1,0 +1,122 @@
+"""The numbered kernel registry (flashlib.kernels.versions) and the FA1 kernel behind version 1.
+
+CPU: every registered version against attention_ref through Triton's interpreter at small,
+irregular shapes (N in {1, 17, 97, 130}, Nq != Nk, head dim 80, 9 heads, grouped heads, causal).
+GPU (marked ``gpu``): real sizes, float16 and bfloat16, head dims 64/80/128.
+"""
+import inspect
+
+import numpy as np
+import pytest
+import torch
+
+from flashlib import runtime, viz
+from flashlib.kernels import versions
+from flashlib.kernels.fa1 import fa1_forward, scratch_bytes
+from flashlib.reference import attention_naive, attention_ref
+from flashlib.testing import assert_close
+
+DEV = runtime.DEVICE
+gpu = pytest.mark.skipif(DEV.type != "cuda", reason="needs a CUDA GPU")
+
+
+def test_every_version_is_described_and_shares_the_signature():
+    assert list(versions.VERSIONS) == sorted(versions.VERSIONS) == list(range(1, len(versions.VERSIONS) + 1))
+    assert versions.DESCRIPTIONS.keys() == versions.VERSIONS.keys()
+    for n, fn in versions.VERSIONS.items():
+        params = inspect.signature(fn).parameters
+        assert list(params)[:3] == ["q", "k", "v"], n
+        for name in ("causal", "scale"):
+            assert params[name].kind is inspect.Parameter.KEYWORD_ONLY, (n, name)
+        assert f"{n}  {fn.__name__}" in versions.__doc__, f"version {n} is missing from the header"
+
+
+@pytest.mark.parametrize("shape", versions.CHECK_SHAPES, ids=str)
+@pytest.mark.parametrize("n", sorted(versions.VERSIONS))
+def test_version_matches_reference_float32(n, shape):
+    errors = versions.check_version(n, shapes=[shape], dtype=torch.float32)
+    assert len(errors) == 1 and errors[0] < 1e-4
+
+
+@pytest.mark.parametrize("n", sorted(versions.VERSIONS))
+def test_version_matches_reference_float16(n):
+    versions.check_version(n, shapes=[(1, 9, 3, 97, 130, 80, True)], dtype=torch.float16)
+
+
+def test_check_version_rejects_a_wrong_kernel(monkeypatch):
+    def off_by_a_scale(q, k, v, *, causal=False, scale=None):
+        return fa1_forward(q, k, v, causal=causal, scale=0.9 / q.shape[-1] ** 0.5)
+
+    monkeypatch.setitem(versions.VERSIONS, 99, off_by_a_scale)
+    with pytest.raises(AssertionError, match="version 99"):
+        versions.check_version(99, shapes=[(1, 1, 1, 17, 33, 16, False)])
+    with pytest.raises(ValueError, match="unknown kernel version"):
+        versions.check_version(7)
+
+
+def test_fa1_strides_scale_and_bfloat16():
+    # (B, N, H, D) storage viewed as (B, H, N, D); bfloat16 is upcast through the interpreter
+    q = torch.randn(1, 33, 4, 80, dtype=torch.bfloat16, device=DEV).transpose(1, 2)
+    k = torch.randn(1, 70, 2, 80, dtype=torch.bfloat16, device=DEV).transpose(1, 2)
+    v = torch.randn(1, 70, 2, 80, dtype=torch.bfloat16, device=DEV).transpose(1, 2)
+    out, lse = fa1_forward(q, k, v, causal=True, scale=0.3)
+    ref, ref_lse = attention_ref(q, k, v, causal=True, scale=0.3)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert_close(out, ref, baseline=attention_naive(q, k, v, causal=True, scale=0.3))
+    assert_close(lse, ref_lse, baseline=ref_lse.float(), dtype=torch.float32, name="lse")
+
+
+def test_fa1_rows_with_no_key_are_zero_not_nan():
+    q, k, v = (torch.randn(1, 2, n, 16, device=DEV) for n in (97, 17, 17))
+    out, lse = fa1_forward(q, k, v, causal=True)
+    empty = 97 - 17                                   # bottom-right: the first 80 rows see nothing
+    assert torch.all(out[:, :, :empty] == 0) and torch.all(lse[:, :, :empty] == float("-inf"))
+    assert torch.isfinite(out).all() and torch.isfinite(lse[:, :, empty:]).all()
+
+
+def test_fa1_rejects_bad_input_by_name():
+    q, k = torch.randn(1, 6, 17, 16, device=DEV), torch.randn(1, 4, 17, 16, device=DEV)
+    with pytest.raises(ValueError, match="heads_q=6 is not a multiple of heads_kv=4"):
+        fa1_forward(q, k, k)
+
+
+@pytest.mark.parametrize("Nq, Nk", [(130, 97), (17, 130), (97, 97), (1, 130), (130, 1)])
+def test_scratch_bytes_counts_the_visited_tiles(Nq, Nk):
+    D, bm, bn = 80, 64, 32
+    n_k = -(-Nk // bn)
+    assert scratch_bytes(Nq, Nk, D, block_m=bm, block_n=bn) == 4 * (D + 2) * Nq * (2 + 2 * n_k)
+    # causal: the kernel's loop bounds against lesson 04's independent tile classification
+    states = viz.tile_states(Nq, Nk, bm, bn, causal=True)             # (query blocks, key blocks)
+    rows = np.minimum(bm, Nq - bm * np.arange(states.shape[0]))        # rows in each query block
+    visits = int(((states > 0) * rows[:, None]).sum())
+    assert scratch_bytes(Nq, Nk, D, block_m=bm, block_n=bn, causal=True, batch_heads=3) == \
+        3 * 4 * (D + 2) * (2 * Nq + 2 * visits)
+
+
+@pytest.mark.skipif(DEV.type == "cuda", reason="checks the CPU refusal")
+def test_time_version_needs_a_gpu():
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        versions.time_version(1)
+
+
+GPU_CASES = [  # (B, Hq, Hkv, Nq, Nk, D, causal)
+    (2, 16, 16, 1024, 1024, 64, False),
+    (2, 16, 4, 2048, 2048, 128, True),
+    (1, 8, 8, 1000, 3001, 80, True),
+    (1, 4, 2, 4097, 1023, 64, True),
+]
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n", sorted(versions.VERSIONS))
+def test_gpu_versions_at_real_sizes(n, dtype):
+    versions.check_version(n, shapes=GPU_CASES, dtype=dtype)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_time_version_checks_then_times():
+    result = versions.time_version(1, B=1, H=4, N=1024, D=64)
+    assert result["ms"] > 0 and result["tflops"] > 0
