@@ -85,8 +85,8 @@ def test_cli_check_exit_codes(capsys):
     assert main(["check", "ex01", "--impl", "solutions"]) == 0
     assert main(["check", "ex01", "--path", str(MUTANT)]) == 1
     assert main(["check", "--all", "--impl", "solutions"]) == 0
-    assert "5 of 5 exercises passed" in capsys.readouterr().out.replace(
-        f"{len(grading.list_exercises(ROOT))} of", "5 of")
+    n = len(grading.list_exercises(ROOT))
+    assert f"{n} of {n} exercises passed" in capsys.readouterr().out
     assert main(["check"]) == 2
     with pytest.raises(SystemExit):
         main(["no-such-command"])
