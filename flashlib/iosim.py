@@ -19,6 +19,9 @@ registers, caches and the L2 are not modelled; counts only, no timing.
 import math
 from dataclasses import dataclass
 
+__all__ = ["Traffic", "matmul_naive", "matmul_row_reuse", "matmul_tiled", "attention_standard",
+           "attention_flash", "fa1_block_sizes", "sweep_sram"]
+
 
 @dataclass
 class Traffic:

@@ -24,6 +24,9 @@ import math
 
 import numpy as np
 
+__all__ = ["standard_attention", "online_attention", "fa1_forward", "fa2_tile_update",
+           "fa2_forward", "fa2_backward", "causal_block_range", "block_schedule", "tile_mask"]
+
 
 def check_inputs(q, k, v):
     """Validate (..., N, D) arrays; return them in one float dtype. Errors name the argument."""
@@ -62,8 +65,9 @@ def tile_mask(q_start, k_start, block_q, block_k, Nq, Nk, causal):
 def causal_block_range(q_start, q_stop, Nq, Nk, block_k):
     """KV block indices that queries [q_start, q_stop) can see under the bottom-right causal rule.
 
-    Blocks after it lie entirely above the diagonal and are skipped (FA2 section 3.1.1). No block
-    before it is ever fully masked, so only the end moves; q_start is kept for symmetry.
+    Blocks after it lie entirely above the diagonal and are skipped (the FA2 paper's "causal
+    masking" paragraph). No block before it is ever fully masked, so only the end moves;
+    q_start is kept for symmetry (a sliding window would move the start too).
     """
     n_blocks = -(-Nk // block_k)
     last_key = min(q_stop, Nq) - 1 + (Nk - Nq)   # the last key the last query row may see
@@ -255,7 +259,7 @@ def fa2_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=Fals
     Nq, Nk, D = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = default_scale(scale, D)
     delta = (dout * out).sum(axis=-1)                             # (..., Nq) D = rowsum(dO * O)
-    dq = np.zeros(q.shape, dtype=q.dtype)                         # (..., Nq, D) in "HBM"
+    dq = np.zeros(q.shape, dtype=q.dtype)                         # (..., Nq, D) in "HBM", / scale
     dk = np.empty(k.shape, dtype=q.dtype)
     dv = np.empty(v.shape, dtype=q.dtype)
     for k_start in range(0, Nk, block_k):
@@ -275,8 +279,8 @@ def fa2_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=Fals
             dv_j += np.swapaxes(p, -1, -2) @ do_i                 # (..., Bk, D)
             dp = do_i @ np.swapaxes(v_j, -1, -2)                  # (..., Bq, Bk)
             ds = p * (dp - delta_i[..., None])                    # (..., Bq, Bk)
-            store_block(dq, q_start, load_block(dq, q_start, block_q) + scale * (ds @ k_j))
-            dk_j += scale * (np.swapaxes(ds, -1, -2) @ q_i)       # (..., Bk, D)
-        store_block(dk, k_start, dk_j)
+            store_block(dq, q_start, load_block(dq, q_start, block_q) + ds @ k_j)
+            dk_j += np.swapaxes(ds, -1, -2) @ q_i                 # (..., Bk, D)
+        store_block(dk, k_start, scale * dk_j)                    # scale once, not per block
         store_block(dv, k_start, dv_j)
-    return dq, dk, dv
+    return scale * dq, dk, dv

@@ -1,0 +1,117 @@
+"""flashlib.iosim: walked counts equal the closed forms and show Theorem 2 (FA1 section 3.2)."""
+import math
+
+import numpy as np
+import pytest
+
+from flashlib import iosim
+
+MATMULS = [(17, 80, 97), (130, 17, 1), (1, 97, 130), (97, 130, 17)]   # (m, k, n)
+SRAMS = [300, 1000, 4099]
+
+
+@pytest.mark.parametrize("m, k, n", MATMULS)
+@pytest.mark.parametrize("sram", SRAMS)
+def test_matmul_counts_equal_closed_forms(m, k, n, sram):
+    naive = iosim.matmul_naive(m, k, n, sram=sram)
+    assert (naive.reads, naive.writes, naive.sram_peak) == (2 * m * n * k, m * n, 2 * k + 1)
+    reuse = iosim.matmul_row_reuse(m, k, n, sram=sram)
+    assert (reuse.reads, reuse.writes) == (m * k + m * n * k, m * n)
+    tiled = iosim.matmul_tiled(m, k, n, sram=sram)
+    T = math.isqrt(sram // 3)
+    assert 3 * T * T <= sram < 3 * (T + 1) ** 2
+    # each A tile is read once per column of C tiles, each B tile once per row of C tiles
+    assert tiled.reads == m * k * math.ceil(n / T) + k * n * math.ceil(m / T)
+    assert tiled.writes == m * n
+    for traffic in (naive, reuse, tiled):
+        assert traffic.sram_peak <= sram and traffic.total == traffic.reads + traffic.writes
+
+
+def test_matmul_tiled_reads_fall_as_one_over_tile_size():
+    m = k = n = 96
+    reads = {T: iosim.matmul_tiled(m, k, n, sram=3 * T * T).reads for T in (4, 8, 16, 32)}
+    for T in (4, 8, 16, 32):
+        assert reads[T] == 2 * m * n * k // T
+    assert reads[4] > reads[8] > reads[16] > reads[32]
+    assert iosim.matmul_naive(m, k, n, sram=4 * k).total > iosim.matmul_row_reuse(
+        m, k, n, sram=4 * k).total > iosim.matmul_tiled(m, k, n, sram=4 * k).total
+
+
+def test_working_sets_that_do_not_fit_are_refused():
+    with pytest.raises(ValueError, match="sram=100"):
+        iosim.matmul_naive(17, 80, 97, sram=100)         # a row and a column need 161
+    with pytest.raises(ValueError, match="sram=2"):
+        iosim.matmul_tiled(17, 80, 97, sram=2)
+
+
+def flash_closed_form(N, d, block_k):
+    T_c = math.ceil(N / block_k)
+    reads = 2 * N * d + T_c * (2 * N * d + 2 * N)        # K, V once; Q, O, l, m per KV block
+    writes = (N * d + 2 * N) + T_c * (N * d + 2 * N)     # initialise O, l, m; write back each step
+    return reads, writes
+
+
+@pytest.mark.parametrize("N, d", [(130, 80), (97, 17), (1, 80), (256, 64)])
+@pytest.mark.parametrize("sram", [256, 4099, 20000, 100_000])
+def test_attention_counts_equal_closed_forms(N, d, sram):
+    block_q, block_k = iosim.fa1_block_sizes(sram, d)
+    assert block_k == math.ceil(sram / (4 * d)) and block_q == min(block_k, d)
+    flash = iosim.attention_flash(N, d, sram=sram)
+    assert (flash.reads, flash.writes) == flash_closed_form(N, d, block_k)
+    # the paper's blocks overshoot M by at most K_j, V_j: M/2 + 2d; Q_i, O_i: M/2 + 2d; S: M/4
+    assert flash.sram_peak <= 1.25 * sram + 4 * d + 2 * block_q + block_k
+
+    standard = iosim.attention_standard(N, d, sram=sram)
+    qk, pv = iosim.matmul_tiled(N, d, N, sram=sram), iosim.matmul_tiled(N, N, d, sram=sram)
+    softmax_reads = N * N if N <= sram else 2 * N * N   # a row that does not fit is read twice
+    assert standard.reads == qk.reads + softmax_reads + pv.reads
+    assert standard.writes == qk.writes + N * N + pv.writes == 2 * N * N + N * d
+    assert standard.sram_peak <= sram
+
+
+def test_flash_block_sizes_can_be_chosen():
+    N, d = 130, 80
+    traffic = iosim.attention_flash(N, d, sram=10**6, block_q=16, block_k=24)
+    assert (traffic.reads, traffic.writes) == flash_closed_form(N, d, 24)
+
+
+def test_flash_traffic_falls_with_sram_and_beats_standard_once_it_is_large():
+    N, d = 512, 64
+    srams = [2**p for p in range(8, 16)]                 # 4d ... N d: the paper's range
+    flash = [iosim.attention_flash(N, d, sram=M).total for M in srams]
+    standard = [iosim.attention_standard(N, d, sram=M).total for M in srams]
+    assert all(a > b for a, b in zip(flash, flash[1:]))
+    assert flash[0] > standard[0]                        # tiny SRAM: Q, O re-read too often
+    assert flash[-1] < standard[-1] / 2                  # SRAM of N d: a fraction of the traffic
+    crossover = next(i for i in range(len(srams)) if flash[i] < standard[i])
+    assert all(f < s for f, s in zip(flash[crossover:], standard[crossover:]))
+
+
+def test_theorem2_trend_one_over_sram():
+    N, d = 1024, 32
+    srams = [2**p for p in range(11, 15)]                # 2 d^2 ... N d / 2: T_c from 64 to 8
+    flash = np.array([iosim.attention_flash(N, d, sram=M).total for M in srams], dtype=float)
+    # Theta(N^2 d^2 / M): the constant is 12 up to the ceilings and the 3Nd of K, V and O
+    constant = flash * np.array(srams) / (N * N * d * d)
+    assert ((constant > 11.5) & (constant < 14.5)).all(), constant
+    slopes = np.diff(np.log(flash)) / np.diff(np.log(srams))   # log-log slope, -1 for 1/M
+    assert ((slopes > -1.05) & (slopes < -0.85)).all(), slopes
+
+
+def test_standard_is_theta_n_d_plus_n_squared():
+    d, sram = 64, 3 * 64 * 64                            # M >= 3 d^2: tiles span the head dim
+    for N in (97, 256, 1000):
+        ratio = iosim.attention_standard(N, d, sram=sram).total / (N * d + N * N)
+        assert 4 <= ratio <= 8, (N, ratio)               # S written + read, P written + read
+
+
+def test_sweep_returns_bytes_for_a_plot():
+    N, d = 256, 64
+    srams = [1024, 4096, 16384]
+    sweep = iosim.sweep_sram(N, d, srams, itemsize=2)
+    assert sweep["sram"] == srams
+    for key, walk in (("standard", iosim.attention_standard), ("flash", iosim.attention_flash)):
+        assert sweep[key] == [2 * walk(N, d, sram=M).total for M in srams]
+    assert sweep["theorem2"] == [2 * N * N * d * d / M for M in srams]
+    assert sweep["flash"][0] > sweep["flash"][1] > sweep["flash"][2]
+    assert iosim.attention_flash(N, d, sram=4096).bytes(4) == 2 * sweep["flash"][1]
