@@ -170,7 +170,7 @@ def environment():
     props = torch.cuda.get_device_properties(0)
     import triton
     return dict(gpu=props.name, sm_count=props.multi_processor_count, torch=torch.__version__,
-                triton=triton.__version__, cuda=torch.version.cuda,
+                triton=triton.__version__, cuda=torch.version.cuda, autotune=runtime.AUTOTUNE,
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
 
