@@ -193,28 +193,49 @@ def suite_cases(suite, quick):
 
 
 def plot(records, path, title):
+    """Bars of TFLOP/s per shape and implementation, one panel per op."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    label = lambda r: f"d{r['D']} N{r['Nq']}{' causal' if r['causal'] else ''}"  # noqa: E731
     ops = sorted({r["op"] for r in records})
     fig, axes = plt.subplots(1, len(ops), figsize=(7 * len(ops), 4.5), squeeze=False)
     for ax, op in zip(axes[0], ops):
         rs = [r for r in records if r["op"] == op]
-        labels = list(dict.fromkeys(f"d{r['D']} N{r['Nq']}{' causal' if r['causal'] else ''}" for r in rs))
+        labels = list(dict.fromkeys(label(r) for r in rs))
         impls = list(dict.fromkeys(r["impl"] for r in rs))
         width = 0.8 / len(impls)
         for i, impl in enumerate(impls):
-            vals = []
-            for lab in labels:
-                hit = [r for r in rs if r["impl"] == impl and
-                       f"d{r['D']} N{r['Nq']}{' causal' if r['causal'] else ''}" == lab]
-                metric = "peak_mem_gb" if title.endswith("memory") else "tflops"
-                vals.append((hit[0][metric] or 0) if hit else 0)
-            ax.bar([x + i * width for x in range(len(labels))], vals, width, label=impl)
+            tflops = {label(r): r["tflops"] or 0 for r in rs if r["impl"] == impl}
+            ax.bar([x + i * width for x in range(len(labels))], [tflops.get(lab, 0) for lab in labels],
+                   width, label=impl)
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(labels))], labels, rotation=20)
-        ax.set_ylabel("peak memory (GB)" if title.endswith("memory") else "TFLOP/s")
+        ax.set_ylabel("TFLOP/s")
         ax.set_title(f"{title}: {op}")
         ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_memory(records, path, title):
+    """Peak memory against sequence length, log-log: O(N) for flashlib, O(N^2) for naive."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for impl in dict.fromkeys(r["impl"] for r in records):
+        pts = [(r["Nq"], r["peak_mem_gb"]) for r in records if r["impl"] == impl and r["peak_mem_gb"]]
+        ax.plot(*zip(*pts), "o-", label=impl)
+        lost = [r["Nq"] for r in records if r["impl"] == impl and r.get("note") == "out of memory"]
+        if lost:
+            ax.annotate("out of memory", (lost[0], pts[-1][1]), fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length N")
+    ax.set_ylabel("peak GPU memory, forward + backward (GB)")
+    ax.set_title(title)
+    ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -247,7 +268,7 @@ def main(argv=None):
         name = f"{suite}_{args.dtype}"
         (out_dir / f"{name}.json").write_text(json.dumps(
             dict(env=environment(), records=records), indent=1))
-        plot(records, out_dir / f"{name}.png", f"{suite} {args.dtype}")
+        (plot_memory if suite == "memory" else plot)(records, out_dir / f"{name}.png", f"{suite} {args.dtype}")
         print_table(records)
 
 
