@@ -69,7 +69,7 @@ def plot_roofline(peak_flops, bandwidth, points=None, *, title=None, ax=None):
         ax.plot([intensity], [achieved], marker, ms=8, label=f"{label} ({intensity:.3g} FLOP/B)")
     ax.set_xlim(lo, hi)
     ax.set_ylim(top=peak_flops * 2)
-    ax.set_xlabel("arithmetic intensity (FLOP / byte moved to or from HBM)")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte moved to or from memory: HBM on a GPU)")
     ax.set_ylabel("attainable FLOP/s")
     ax.set_title("roofline" if title is None else title)
     if points:
