@@ -9,7 +9,8 @@ tiled backward, written to be read next to the papers (lessons 03 and 04).
 - ``fa2_forward`` + ``fa2_tile_update``: FlashAttention-2, arXiv 2307.08691, Algorithm 1: Q
   blocks outer, KV blocks inner, the running state stays "on chip", normalisation deferred to
   the end, lse = m + log(l); KV blocks above the causal diagonal are skipped.
-- ``fa2_backward``: FA2 Algorithm 2: recompute P from lse, KV blocks outer.
+- ``fa2_backward`` + ``fa2_dkdv_update``: FA2 Algorithm 2: recompute P from lse, KV blocks
+  outer (lesson 08).
 
 Conventions (as ``flashlib.reference``): arrays (..., N, D) with the same leading dims for q, k,
 v (no grouped heads here); float32 or float64, computed in that dtype; ``causal`` is bottom-right
@@ -25,7 +26,8 @@ import math
 import numpy as np
 
 __all__ = ["standard_attention", "online_attention", "fa1_forward", "fa2_tile_update",
-           "fa2_forward", "fa2_backward", "causal_block_range", "block_schedule", "tile_mask"]
+           "fa2_forward", "fa2_dkdv_update", "fa2_backward", "causal_block_range",
+           "block_schedule", "tile_mask"]
 
 
 def check_inputs(q, k, v):
@@ -249,16 +251,42 @@ def fa2_forward(q, k, v, *, block_q=64, block_k=64, causal=False, scale=None, ti
     return out, lse
 
 
-def fa2_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=False, scale=None):
-    """Tiled backward (FA2 Algorithm 2), recomputing P = exp(S - lse). Returns (dq, dk, dv)."""
+def fa2_dkdv_update(q_i, k_j, v_j, o_i, do_i, lse_i, mask, scale, dk_j, dv_j):
+    """One (key block j, query block i) step of the backward's inner loop (FA2 Algorithm 2).
+
+    q_i, o_i, do_i (..., Bq, D): queries, forward output and its gradient dO of the query block;
+    k_j, v_j (..., Bk, D): the key/value block; lse_i (..., Bq): the forward's logsumexp (natural
+    log; -inf for a row with nothing to attend to); mask (Bq, Bk) bool, True where query may see
+    key; dk_j, dv_j (..., Bk, D): the block's running dK, dV. Returns the new (dk_j, dv_j) and
+    ds (..., Bq, Bk) = dL/dS of the tile (S = scale Q K^T), which the caller adds into dQ.
+    """
+    s = masked_scores(q_i, k_j, scale, mask)                      # (..., Bq, Bk)
+    p = np.exp(s - safe(lse_i)[..., None])                        # recomputed P; empty rows: 0
+    delta_i = (do_i * o_i).sum(axis=-1)                           # (..., Bq) D = rowsum(dO * O)
+    dv_j = dv_j + np.swapaxes(p, -1, -2) @ do_i                   # (..., Bk, D) dV += P^T dO
+    dp = do_i @ np.swapaxes(v_j, -1, -2)                          # (..., Bq, Bk) dP = dO V^T
+    ds = p * (dp - delta_i[..., None])                            # (..., Bq, Bk) softmax backward
+    dk_j = dk_j + scale * (np.swapaxes(ds, -1, -2) @ q_i)         # (..., Bk, D) dK += scale dS^T Q
+    return dk_j, dv_j, ds
+
+
+def fa2_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=False, scale=None,
+                 dkdv_update=None):
+    """Tiled backward (FA2 Algorithm 2), recomputing P = exp(S - lse). Returns (dq, dk, dv).
+
+    KV blocks outer: dK_j, dV_j stay "on chip" while the query blocks stream past; dQ lives in
+    "HBM" and every tile adds its dS K_j to it. dkdv_update: the inner step, ``fa2_dkdv_update``
+    when None (exercise ex08 swaps in its own).
+    """
     q, k, v = check_inputs(q, k, v)
+    if dkdv_update is None:
+        dkdv_update = fa2_dkdv_update
     out, lse, dout = (np.asarray(t, dtype=q.dtype) for t in (out, lse, dout))
     if dout.shape != q.shape or out.shape != q.shape or lse.shape != q.shape[:-1]:
         raise ValueError(f"out and dout must have q's shape {q.shape} and lse {q.shape[:-1]}; "
                          f"got out {out.shape}, dout {dout.shape}, lse {lse.shape}")
     Nq, Nk, D = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = default_scale(scale, D)
-    delta = (dout * out).sum(axis=-1)                             # (..., Nq) D = rowsum(dO * O)
     dq = np.zeros(q.shape, dtype=q.dtype)                         # (..., Nq, D) in "HBM", / scale
     dk = np.empty(k.shape, dtype=q.dtype)
     dv = np.empty(v.shape, dtype=q.dtype)
@@ -271,16 +299,11 @@ def fa2_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=Fals
                     q_start, q_start + block_q, Nq, Nk, block_k):
                 continue
             q_i, do_i = load_block(q, q_start, block_q), load_block(dout, q_start, block_q)
+            o_i = load_block(out, q_start, block_q)               # (..., Bq, D)
             lse_i = load_block(lse, q_start, block_q, axis=-1, fill=-np.inf)    # (..., Bq)
-            delta_i = load_block(delta, q_start, block_q, axis=-1)             # (..., Bq)
             mask = tile_mask(q_start, k_start, block_q, block_k, Nq, Nk, causal)
-            s = masked_scores(q_i, k_j, scale, mask)              # (..., Bq, Bk)
-            p = np.exp(s - safe(lse_i)[..., None])                # empty rows: exp(-inf) = 0
-            dv_j += np.swapaxes(p, -1, -2) @ do_i                 # (..., Bk, D)
-            dp = do_i @ np.swapaxes(v_j, -1, -2)                  # (..., Bq, Bk)
-            ds = p * (dp - delta_i[..., None])                    # (..., Bq, Bk)
+            dk_j, dv_j, ds = dkdv_update(q_i, k_j, v_j, o_i, do_i, lse_i, mask, scale, dk_j, dv_j)
             store_block(dq, q_start, load_block(dq, q_start, block_q) + ds @ k_j)
-            dk_j += np.swapaxes(ds, -1, -2) @ q_i                 # (..., Bk, D)
-        store_block(dk, k_start, scale * dk_j)                    # scale once, not per block
+        store_block(dk, k_start, dk_j)
         store_block(dv, k_start, dv_j)
     return scale * dq, dk, dv
