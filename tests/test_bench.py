@@ -1,0 +1,55 @@
+"""The benchmark harness's CPU-testable parts, and the format of every committed result file."""
+import json
+import math
+import pathlib
+
+import pytest
+import torch
+
+from flashlib import bench
+from flashlib.reference import attention_naive
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = sorted((ROOT / "benchmarks" / "results").glob("*/*.json"))
+RECORD_KEYS = {"op", "impl", "dtype", "B", "Hq", "Hkv", "Nq", "Nk", "D", "causal", "density", "ms",
+               "tflops", "gbps", "peak_mem_gb", "ratio_vs_sdpa_flash"}
+
+
+def test_check_accepts_a_right_implementation_and_rejects_a_wrong_one():
+    q, k, v = bench.make_inputs(1, 4, 2, 33, 70, 16, torch.float32, "cpu")
+    err, ok = bench.check(lambda q, k, v, causal: attention_naive(q, k, v, causal=causal), q, k, v, True)
+    assert ok and err < 1e-5
+    wrong = lambda q, k, v, causal: attention_naive(q, k, v, causal=not causal)  # noqa: E731
+    assert not bench.check(wrong, q, k, v, True)[1]
+
+
+def test_ratios_are_sdpa_flash_time_over_own_time_for_the_same_op_and_shape():
+    shape = dict(dtype="float16", B=1, Hq=2, Hkv=2, Nq=8, Nk=8, D=16, causal=False)
+    records = [dict(op="fwd", impl="sdpa_flash", ms=3.0, **shape), dict(op="fwd", impl="flashlib", ms=2.0, **shape),
+               dict(op="bwd", impl="flashlib", ms=1.0, **shape), dict(op="fwd", impl="naive", ms=None, **shape)]
+    bench.add_ratios(records)
+    assert [r.get("ratio_vs_sdpa_flash") for r in records] == [1.0, 1.5, None, None]
+
+
+def test_cli_refuses_to_time_without_a_gpu():
+    if bench.runtime.DEVICE.type == "cuda":
+        pytest.skip("has a GPU")
+    with pytest.raises(SystemExit):
+        bench.main(["--suite", "forward"])
+
+
+@pytest.mark.parametrize("path", RESULTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_committed_results_follow_the_design_format(path):
+    data = json.loads(path.read_text())
+    assert {"gpu", "sm_count", "torch", "triton", "cuda", "date"} <= set(data["env"])
+    assert data["records"], "no records"
+    flops_per = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
+    for r in data["records"]:
+        assert RECORD_KEYS <= set(r), RECORD_KEYS - set(r)
+        assert (r["ms"] is None) == (r["tflops"] is None)
+        if r["ms"] is not None:   # tflops is recomputable from the shape and the time
+            flops = 4 * r["B"] * r["Hq"] * r["Nq"] * r["Nk"] * r["D"] * (0.5 if r["causal"] else 1.0)
+            assert math.isclose(r["tflops"], flops * flops_per[r["op"]] / r["ms"] / 1e9, rel_tol=1e-6)
+        else:
+            assert r.get("note"), "a record without a time must say why"
+    assert (path.with_suffix(".png")).exists(), "a PNG plot goes beside each JSON"
