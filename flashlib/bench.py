@@ -14,7 +14,6 @@ FLOPs: 4 * B * Hq * Nq * Nk * D for the forward (halved for causal), 2.5x that f
 import argparse
 import datetime
 import json
-import math
 import pathlib
 
 import torch

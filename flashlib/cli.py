@@ -36,11 +36,11 @@ def _add_check(sub):
 
 
 def _run_grade(args) -> int:
-    from . import grading
+    from . import classroom
 
     try:
-        grading.grade(args.submissions, out=args.out, timeout=args.timeout, jobs=args.jobs,
-                      exercises=args.exercises, seed=args.seed)
+        classroom.grade(args.submissions, out=args.out, timeout=args.timeout, jobs=args.jobs,
+                        exercises=args.exercises, seed=args.seed)
     except (FileNotFoundError, LookupError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

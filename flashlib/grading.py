@@ -11,24 +11,19 @@ How the pieces fit (DESIGN.md, "Exercises and grading"):
   in-process, with the same code.
 - ``check`` loads the learner's file fresh from disk on every call (compiled from source, never
   from an import cache), runs every check, prints one line per check and never raises.
-- ``grade`` runs each student's each exercise in its own subprocess with a time limit, so a
-  hanging or crashing submission is reported, never fatal; it writes a CSV and prints a table.
+- ``flashlib.classroom.grade`` (``flashlib grade DIR``) runs each student's each exercise in its
+  own subprocess with a time limit, through ``run_checks`` here.
 
 Limits: grading runs the learner's code with the grader's rights; it is a teaching aid, not a
 sandbox against malicious submissions.
 """
-import csv
-import json
 import os
 import re
 import secrets
-import signal
-import subprocess
 import sys
 import traceback
 import types
 import warnings
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -416,137 +411,3 @@ def check_all(*, impl="exercises", path=None, seed=None) -> bool:
         print()
     print(f"{sum(results)} of {len(results)} exercises passed")
     return all(results)
-
-
-# ---------------------------------------------------------------------------------------------
-# instructor grading: one subprocess per (student, exercise)
-
-def _worker(exercise: str, path: str, seed: int) -> None:
-    """Entry of the grading subprocess: grade one file, print the result as one tagged line."""
-    report = run_checks(exercise, path=path, seed=seed)
-    status = report.status
-    if status == "error":
-        errors = [r.message for r in report.results if r.status == "error"]
-        status = "error: " + (report.problem or errors[0]).splitlines()[0]
-    print(_RESULT_TAG + json.dumps({"passed": report.passed, "total": report.total,
-                                    "status": status}), flush=True)
-
-
-def _grade_one(file: Path, name: str, seed: int, timeout: float, root: Path) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-               PYTHONDONTWRITEBYTECODE="1", **{_ROOT_ENV: str(root)})
-    cmd = [sys.executable, "-m", "flashlib.grading", "--worker", name, str(file), str(seed)]
-    posix = os.name == "posix"
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=root, start_new_session=posix)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        if posix:  # the whole process group, in case the submission started children
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        else:
-            proc.kill()
-        proc.communicate()
-        return {"passed": 0, "status": f"timeout (over {timeout:g} s)"}
-    for line in reversed(out.splitlines()):
-        if line.startswith(_RESULT_TAG):
-            result = json.loads(line[len(_RESULT_TAG):])
-            return {"passed": result["passed"], "status": result["status"]}
-    last = (err.strip().splitlines() or ["no output"])[-1]
-    return {"passed": 0, "status": f"crashed (exit code {proc.returncode}): {last}"}
-
-
-def _short_status(status: str) -> str:
-    return status.split(":")[0].split(" (")[0]
-
-
-def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=None,
-          seed=None, progress=True) -> list[dict]:
-    """Grade every student's every exercise; write a CSV; print a table; return the rows.
-
-    submissions: a folder holding one folder per student, each a copy of exercises/
-    (STUDENT/exNN_topic.py). Each (student, exercise) runs in its own subprocess limited to
-    ``timeout`` seconds; ``jobs`` of them at a time (default: one per CPU core).
-    exercises: names to grade (default: all). The same ``seed`` (inputs) for every student.
-    Rows: {"student", "exercise", "passed", "total", "status"}; status is "passed", "failed",
-    "not done", "missing", "error: ...", "timeout (...)" or "crashed (...)".
-    """
-    from tqdm.auto import tqdm
-
-    root = find_root()
-    if root is None:
-        raise FileNotFoundError(_NO_ROOT.format(where=Path(__file__).resolve().parent))
-    submissions = Path(submissions)
-    if not submissions.is_dir():
-        raise FileNotFoundError(f"{submissions} is not a folder of student folders")
-    names = [resolve(e, root) for e in exercises] if exercises else list_exercises(root)
-    totals = {name: len(load_grader(name, root).CHECKS) for name in names}
-    students = sorted(p for p in submissions.iterdir()
-                      if p.is_dir() and not p.name.startswith((".", "_")))
-    seed = default_seed() if seed is None else int(seed)
-    jobs = jobs or os.cpu_count() or 1
-
-    rows, tasks = {}, {}
-    for student in students:
-        folder = student / "exercises" if (student / "exercises").is_dir() else student
-        for name in names:
-            file = implementation_path(name, path=folder)
-            row = {"student": student.name, "exercise": name, "passed": 0,
-                   "total": totals[name], "status": "missing"}
-            rows[student.name, name] = row
-            if file.is_file():
-                tasks[student.name, name] = file
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(_grade_one, file, key[1], seed, timeout, root): key
-                   for key, file in tasks.items()}
-        for future in tqdm(as_completed(futures), total=len(futures), desc="grading",
-                           unit="file", disable=not progress):
-            rows[futures[future]].update(future.result())
-    table = [rows[s.name, n] for s in students for n in names]
-
-    if out is not None:
-        with open(out, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=["student", "exercise", "passed", "total",
-                                                   "status"])
-            writer.writeheader()
-            writer.writerows(table)
-    print(format_table(table, [s.name for s in students], names, seed=seed, out=out))
-    return table
-
-
-def format_table(rows, students, names, *, seed=None, out=None) -> str:
-    """Students down, exercises across: "3/5" per cell, or a one-word status."""
-    cells = {(r["student"], r["exercise"]): r for r in rows}
-    header = ["student", *(short(n) for n in names), "total"]
-    body = []
-    for s in students:
-        line, got, total = [s], 0, 0
-        for n in names:
-            r = cells[s, n]
-            got, total = got + r["passed"], total + r["total"]
-            word = _short_status(r["status"])
-            line.append(f"{r['passed']}/{r['total']}" if word in ("passed", "failed") else word)
-        line.append(f"{got}/{total}")
-        body.append(line)
-    widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]
-    text = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in [header, *body]]
-    foot = []
-    if seed is not None:
-        foot.append(f"seed {seed}")
-    if out is not None:
-        foot.append(f"details (status per exercise) in {out}")
-    return "\n".join(text + ([", ".join(foot)] if foot else []))
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
-        # run the package's copy of this module, not __main__: graders import flashlib.grading,
-        # and its CheckFailed must be the class that run_checks catches
-        from flashlib.grading import _worker as worker
-        worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
-    else:
-        sys.exit("usage: python -m flashlib.grading --worker EXERCISE FILE SEED "
-                 "(internal; use `flashlib check` or `flashlib grade`)")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flashlib import check, grading
+from flashlib import check, classroom, grading
 from flashlib.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,7 +113,7 @@ def test_grade_a_class(tmp_path, capsys):
                            "ex01_safe_softmax.py": "import time\n\ndef safe_softmax(x):\n"
                                                    "    while True:\n        time.sleep(0.1)\n"})
     out = tmp_path / "grades.csv"
-    rows = grading.grade(subs, out=out, timeout=10, jobs=3, exercises=["ex00", "ex01"],
+    rows = classroom.grade(subs, out=out, timeout=10, jobs=3, exercises=["ex00", "ex01"],
                          progress=False)
     status = {(r["student"], r["exercise"][:4]): r for r in rows}
     assert len(rows) == 8

@@ -18,7 +18,6 @@ grouped-query heads, bottom-right causal (query blocks above the diagonal are sk
 padded to a power of two (>= 16) and masked, rows with no key -> out 0 and lse -inf.
 Limits: a teaching kernel, slow by design; no backward (use ``flash_attention``).
 """
-import math
 
 import torch
 import triton
