@@ -36,7 +36,7 @@ def check_inputs(q, k, v, *, scale=None, causal=False):
     if q.dtype == torch.bfloat16 and q.device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(q.device)
         if major < 8:
-                raise TypeError(f"q is bfloat16, which needs an sm_80 (Ampere) or newer GPU; this one "
+            raise TypeError(f"q is bfloat16, which needs an sm_80 (Ampere) or newer GPU; this one "
                             f"is sm_{major}{minor} (e.g. Colab's T4): use float16")
     if D > MAX_HEADDIM:
         raise ValueError(f"headdim {D} is over the supported maximum {MAX_HEADDIM}")
