@@ -38,14 +38,23 @@ def error_floor(dtype, expected) -> float:
 
 
 def tolerance(expected, baseline, dtype) -> float:
-    """FACTOR x the naive implementation's error in ``dtype``, never below a few ulps."""
-    return FACTOR * max(max_error(baseline, expected), error_floor(dtype, expected))
+    """FACTOR x the naive implementation's error in ``dtype``, never below a few ulps.
+
+    baseline: one result, or a tuple/list of results from several simple, correct
+    implementations in ``dtype``; the one that errs most sets the bar. A second baseline matters
+    where the algorithm itself rounds differently: with a single key, the exact dQ is 0 and
+    autograd gets exactly 0, while FlashAttention's D = rowsum(dO * O) leaves a few ulps.
+    """
+    baselines = baseline if isinstance(baseline, (tuple, list)) else (baseline,)
+    worst = max(max_error(b, expected) for b in baselines)
+    return FACTOR * max(worst, error_floor(dtype, expected))
 
 
 def assert_close(actual, expected, *, baseline, dtype=None, name="output"):
     """Assert ``actual`` is within the dtype's tolerance of the float64 ``expected``.
 
-    baseline: the same quantity from a naive implementation in the same dtype as ``actual``.
+    baseline: the same quantity from a naive implementation in the same dtype as ``actual``
+    (or a tuple of several, see ``tolerance``).
     """
     if dtype is None:
         dtype = actual.dtype
