@@ -34,6 +34,11 @@ def shape_for(D, N, *, tokens=32768, width=2048):
     return dict(B=max(1, tokens // N), Hq=width // D, Hkv=width // D, Nq=N, Nk=N, D=D)
 
 
+def attention_flops(B, H, Nq, Nk, D, *, causal=False):
+    """Forward FLOPs: two matmuls, 4 B H Nq Nk D, halved for causal (DESIGN.md's count)."""
+    return 4 * B * H * Nq * Nk * D * (0.5 if causal else 1.0)
+
+
 def _sdpa(backend):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     chosen = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -110,7 +115,7 @@ def _time(fn):
 def run_case(name, fn, shape, causal, dtype, ops):
     """Check, then time the requested ops; returns records (ms None with a note on failure)."""
     B, Hq, Nq, Nk, D = shape["B"], shape["Hq"], shape["Nq"], shape["Nk"], shape["D"]
-    flops = 4 * B * Hq * Nq * Nk * D * (0.5 if causal else 1.0)
+    flops = attention_flops(B, Hq, Nq, Nk, D, causal=causal)
     scale = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
     base = dict(dtype=str(dtype).replace("torch.", ""), B=B, Hq=Hq, Hkv=shape["Hkv"], Nq=Nq, Nk=Nk,
                 D=D, causal=causal, density=1.0, gbps=None, peak_mem_gb=None)

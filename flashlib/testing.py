@@ -64,3 +64,27 @@ def assert_close(actual, expected, *, baseline, dtype=None, name="output"):
         raise AssertionError(f"{name}: max error {err:.3g} against the float64 reference is over "
                              f"the tolerance {tol:.3g} (2x a naive {dtype} implementation's error)")
     return err
+
+
+def assert_attention_close(out, lse, q, k, v, *, causal=False, scale=None, reference=None, name="out"):
+    """Check a kernel's ``(out, lse)`` against the float64 oracle; return out's max error.
+
+    out must have q's shape and dtype and lse shape (B, Hq, Nq); out within the rule above (the
+    baseline: ``attention_naive`` in q's dtype); lse -inf on exactly the rows with no key to
+    attend to and within float32 rounding elsewhere. reference: ``attention_ref``'s
+    ``(out, lse)`` when the caller already has it (e.g. with autograd, for the gradients).
+    """
+    from .reference import attention_naive, attention_ref
+
+    B, Hq, Nq, _ = q.shape
+    if out.shape != q.shape or out.dtype != q.dtype or tuple(lse.shape) != (B, Hq, Nq):
+        raise AssertionError(f"{name}: out {tuple(out.shape)} {out.dtype} and lse {tuple(lse.shape)}; "
+                             f"expected {tuple(q.shape)} {q.dtype} and {(B, Hq, Nq)}")
+    with torch.no_grad():
+        ref, ref_lse = attention_ref(q, k, v, causal=causal, scale=scale) if reference is None else reference
+        base = attention_naive(q, k, v, causal=causal, scale=scale)
+    err = assert_close(out, ref, baseline=base, dtype=q.dtype, name=name)
+    if not torch.equal(torch.isinf(lse).cpu(), torch.isinf(ref_lse).cpu()):
+        raise AssertionError(f"lse of {name}: -inf (no key to attend to) in the wrong rows")
+    assert_close(lse, ref_lse, baseline=ref_lse.float(), dtype=torch.float32, name=f"lse of {name}")
+    return err

@@ -170,7 +170,7 @@ def _expect_tile(impl, rng, *, empty_rows, what):
     expected = _formulas(*args)
     library, base2 = library_update(*args), _base2_update(*args)
     for name, g, e, b1, b2 in zip(NAMES, got, expected, library, base2):
-        b = grading.loosest_baseline(e, b1, b2)
+        b = (b1, b2)  # the loosest of the two sets the tolerance
         if np.isnan(g).any():
             grading.fail(f"{name} has NaN ({what})",
                          _tile_hint(args, got) or HINT_NAN)
@@ -225,8 +225,7 @@ def _expect_backward(impl, rng, shape_q, shape_k, block_q, block_k, causal):
             f"block_q={block_q}, block_k={block_k}, causal={causal}")
     hint = lambda: _diagnose(impl) or "follow the formulas in the docstring"  # noqa: E731
     for n, name in enumerate(("dq", "dk", "dv")):
-        baseline = grading.loosest_baseline(expected[n], library[n], unfused[n], base2[n],
-                                            np.nan_to_num(naive[n], nan=0.0))
+        baseline = (library[n], unfused[n], base2[n], np.nan_to_num(naive[n], nan=0.0))
         grading.expect_close(got[n], expected[n], baseline=baseline, dtype=np.dtype(np.float32),
                              name=f"{name} of {what}", hint=hint)
 
