@@ -4,11 +4,12 @@ Import order matters: ``runtime`` turns Triton's interpreter on (on machines wit
 before any kernel module defines a ``@triton.jit`` function.
 """
 from . import runtime  # noqa: F401  (first: sets TRITON_INTERPRET before kernels are defined)
-from . import reference, softmax  # noqa: F401
-from .ops import flash_attention
+from . import masks, reference, softmax  # noqa: F401
+from .ops import block_sparse_attention, flash_attention
 from .reference import attention_ref
 
-__all__ = ["attention_ref", "check", "flash_attention", "reference", "runtime", "softmax"]
+__all__ = ["attention_ref", "block_sparse_attention", "check", "flash_attention", "masks",
+           "reference", "runtime", "softmax"]
 __version__ = "0.1.0"
 
 

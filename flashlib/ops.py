@@ -93,3 +93,63 @@ def flash_attention(q, k, v, *, causal=False, scale=None, return_lse=False):
     scale = check_inputs(q, k, v, scale=scale, causal=causal)
     out, lse = FlashAttention.apply(q, k, v, causal, scale)
     return (out, lse) if return_lse else out
+
+
+class BlockSparseAttention(torch.autograd.Function):
+    """Block-sparse forward and backward as one autograd node; saves q, k, v, out, lse."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, scale):
+        from .kernels.block_sparse import block_sparse_forward
+        out, lse = block_sparse_forward(q, k, v, mask, scale=scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mask, ctx.scale = mask, scale
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        from .kernels.block_sparse import block_sparse_backward
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = block_sparse_backward(q, k, v, out, lse, dout, ctx.mask, scale=ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def block_sparse_attention(q, k, v, block_mask, *, block_size=128, causal=False, scale=None,
+                           return_lse=False):
+    """Exact attention restricted to a block mask; blocks the mask leaves out are never loaded.
+
+    q: (batch, heads_q, seqlen_q, headdim); k, v: (batch, heads_kv, seqlen_k, headdim), as
+    ``flash_attention`` (grouped heads, any seqlens, headdim up to 256, float16/bfloat16/float32).
+    block_mask: either a bool tensor (..., ceil(seqlen_q / block_size), ceil(seqlen_k / block_size))
+    that broadcasts over (batch, heads): query i may attend key j iff
+    ``block_mask[..., i // block_size, j // block_size]``; or a ``flashlib.masks.BlockMask`` (from
+    ``flashlib.masks``: causal, sliding window, document, ...), whose element-wise rule is applied
+    exactly inside the partial blocks (its own block size is used).
+    causal: also apply the bottom-right causal rule (query i sees key j iff j <= i + seqlen_k -
+    seqlen_q, as in ``flash_attention``). scale: defaults to 1/sqrt(headdim).
+    Returns out (like q) or (out, lse); a query with no key to attend to gets out = 0, lse = -inf.
+    With an all-true mask this is ``flash_attention``.
+    """
+    from . import masks
+    scale = check_inputs(q, k, v, scale=scale, causal=causal)
+    B, Hq, Nq, _ = q.shape
+    Nk = k.shape[2]
+    if isinstance(block_mask, masks.BlockMask):
+        if (block_mask.seqlen_q, block_mask.seqlen_k) != (Nq, Nk):
+            raise ValueError(f"block_mask was built for seqlen_q={block_mask.seqlen_q}, "
+                             f"seqlen_k={block_mask.seqlen_k}; q and k have {Nq} and {Nk}")
+        mask = block_mask & masks.causal(Nq, Nk, block_size=block_mask.block_size,
+                                         device=block_mask.device) if causal else block_mask
+    else:
+        if not isinstance(block_size, int) or block_size < 16 or block_size & (block_size - 1):
+            raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
+        if isinstance(block_mask, torch.Tensor) and block_mask.device != q.device:
+            raise ValueError(f"block_mask is on {block_mask.device} but q is on {q.device}")
+        mask = masks.from_block_tensor(block_mask, Nq, Nk, block_size=block_size, causal=causal)
+    Bm, Hm = mask.batch_heads
+    if Bm not in (1, B) or Hm not in (1, Hq):
+        raise ValueError(f"block_mask covers (batch, heads) = ({Bm}, {Hm}), which does not broadcast "
+                         f"over q's ({B}, {Hq}): use 1 or the full size in each")
+    out, lse = BlockSparseAttention.apply(q, k, v, mask.to(q.device), scale)
+    return (out, lse) if return_lse else out

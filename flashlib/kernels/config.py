@@ -29,35 +29,41 @@ def _smem_limit() -> int:
     return getattr(props, "shared_memory_per_block_optin", 0) or 48 * 1024
 
 
-def tuned(kernel, configs, footprint, elem_arg="Q"):
+def tuned(kernel, configs, footprint, elem_arg="Q", key=KEY):
     """Wrap ``kernel`` for launching; return ``(launchable, pick)``.
 
     configs: (BLOCK_M, BLOCK_N, num_warps, num_stages) tuples, best guess first.
     footprint(BLOCK_M, BLOCK_N) -> (resident_rows, streamed_rows_per_stage), see module docstring.
-    pick(block_d, elem_bytes) gives the launch kwargs: the fixed config, or {} when autotuning.
+    pick(block_d, elem_bytes, max_block=None) gives the launch kwargs: the fixed config, or {}
+    when autotuning. Blocks above ``max_block`` are dropped (block-sparse tiles must fit inside
+    one mask block; there the kernel's SPARSE_BLOCK argument sets the limit when autotuning).
     """
-    def fits(cfg, block_d, elem_bytes):
+    def fits(cfg, block_d, elem_bytes, max_block):
         bm, bn, _, stages = cfg
         resident, streamed = footprint(bm, bn)
-        return elem_bytes * block_d * (resident + stages * streamed) <= _smem_limit()
+        small = max_block is None or max(bm, bn) <= max_block
+        return small and elem_bytes * block_d * (resident + stages * streamed) <= _smem_limit()
 
     if runtime.INTERPRET:
-        return kernel, lambda block_d, elem_bytes: dict(INTERPRETER_CONFIG)
+        def pick(block_d, elem_bytes, max_block=None):
+            return {k: min(v, max_block or v) for k, v in INTERPRETER_CONFIG.items()}
+        return kernel, pick
     if not runtime.AUTOTUNE:
-        def pick(block_d, elem_bytes):
-            fitting = [c for c in configs if fits(c, block_d, elem_bytes)] or configs[-1:]
-            bm, bn, warps, stages = fitting[0]
+        def pick(block_d, elem_bytes, max_block=None):
+            fitting = [c for c in configs if fits(c, block_d, elem_bytes, max_block)]
+            bm, bn, warps, stages = fitting[0] if fitting else (16, 16, 4, 1)
             return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
         return kernel, pick
 
     def prune(triton_configs, named_args, **kwargs):
         block_d = named_args.get("BLOCK_D", kwargs.get("BLOCK_D"))
+        max_block = named_args.get("SPARSE_BLOCK", kwargs.get("SPARSE_BLOCK"))
         elem_bytes = named_args[elem_arg].element_size()
         keep = [c for c in triton_configs if fits((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps,
-                                                   c.num_stages), block_d, elem_bytes)]
-        return keep or triton_configs[-1:]
+                                                   c.num_stages), block_d, elem_bytes, max_block)]
+        return keep or [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
 
     triton_configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
                       for bm, bn, w, s in configs]
-    launchable = triton.autotune(triton_configs, key=KEY, prune_configs_by={"early_config_prune": prune})(kernel)
-    return launchable, lambda block_d, elem_bytes: {}
+    launchable = triton.autotune(triton_configs, key=key, prune_configs_by={"early_config_prune": prune})(kernel)
+    return launchable, lambda block_d, elem_bytes, max_block=None: {}

@@ -28,9 +28,10 @@ from .tile import LOG2E, key_range
 def _delta_kernel(Out, dOut, Delta, stride_ob, stride_oh, stride_om,
                   stride_db, stride_dh, stride_dm, Hq, Nq, D,
                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    off_bh = tl.program_id(1)
+    n_m = tl.cdiv(Nq, BLOCK_M)
+    off_bh = tl.program_id(0) // n_m           # flat grid: B x H may exceed CUDA's 65535 on axis 1
     off_b, off_h = off_bh // Hq, off_bh % Hq
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = tl.program_id(0) % n_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_m[:, None] < Nq) & (offs_d[None, :] < D)
     o = tl.load(Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
@@ -49,26 +50,40 @@ def _load_lse2(Lse, offs, N):
 
 
 @triton.jit
+def dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, offs_m, Nq,
+              qk_scale, offs_d, D, visible, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Add one query tile's (rows ``offs_m``) share to dK, dV (BN, BD) of a resident K, V block.
+
+    MASKED: P^T is zeroed outside ``visible`` (BN, BM). Rows past Nq load as zeros with
+    lse = +inf, so their P is 0 either way. Shared with block-sparse.
+    """
+    row_ok = (offs_m[None, :] < Nq) & (offs_d[:, None] < D)
+    qt = tl.load(q_base + offs_m[None, :] * stride_qm + offs_d[:, None], mask=row_ok, other=0.0)      # (BD, BM)
+    dot_ = tl.load(do_base + offs_m[None, :] * stride_dom + offs_d[:, None], mask=row_ok, other=0.0)  # (BD, BM)
+    lse2 = _load_lse2(lse_base, offs_m, Nq)                                       # (BM,)
+    delta = tl.load(delta_base + offs_m, mask=offs_m < Nq, other=0.0)             # (BM,)
+    st = tl.dot(k, qt, input_precision=DOT_PRECISION) * qk_scale                  # (BN, BM)
+    pt = tl.math.exp2(st - lse2[None, :])                                         # (BN, BM)
+    if MASKED:
+        pt = tl.where(visible, pt, 0.0)
+    dv = tl.dot(pt.to(dot_.dtype), tl.trans(dot_), dv, input_precision=DOT_PRECISION)  # (BN, BD)
+    dpt = tl.dot(v, dot_, input_precision=DOT_PRECISION)                          # (BN, BM)
+    dst = pt * (dpt - delta[None, :])                                             # (BN, BM)
+    dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=DOT_PRECISION)  # (BN, BD)
+    return dk, dv
+
+
+@triton.jit
 def _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                       start_n, lo, hi, Nq, causal_offset, qk_scale, offs_n, offs_d, D,
+                       lo, hi, Nq, causal_offset, qk_scale, offs_n, offs_d, D,
                        MASKED: tl.constexpr, BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Accumulate dK, dV of one key block over query blocks [lo, hi)."""
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
-        offs_m = start_m + tl.arange(0, BLOCK_M)                                      # (BM,)
-        row_ok = (offs_m[None, :] < Nq) & (offs_d[:, None] < D)
-        qt = tl.load(q_base + offs_m[None, :] * stride_qm + offs_d[:, None], mask=row_ok, other=0.0)
-        dot_ = tl.load(do_base + offs_m[None, :] * stride_dom + offs_d[:, None], mask=row_ok, other=0.0)
-        lse2 = _load_lse2(lse_base, offs_m, Nq)                                       # (BM,)
-        delta = tl.load(delta_base + offs_m, mask=offs_m < Nq, other=0.0)             # (BM,)
-        st = tl.dot(k, qt, input_precision=DOT_PRECISION) * qk_scale                  # (BN, BM)
-        pt = tl.math.exp2(st - lse2[None, :])                                         # (BN, BM)
-        if MASKED:
-            pt = tl.where(offs_n[:, None] <= offs_m[None, :] + causal_offset, pt, 0.0)
-        dv = tl.dot(pt.to(dot_.dtype), tl.trans(dot_), dv, input_precision=DOT_PRECISION)  # (BN, BD)
-        dpt = tl.dot(v, dot_, input_precision=DOT_PRECISION)                          # (BN, BM)
-        dst = pt * (dpt - delta[None, :])                                             # (BN, BM)
-        dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=DOT_PRECISION)  # (BN, BD)
+        offs_m = start_m + tl.arange(0, BLOCK_M)                                  # (BM,)
+        visible = offs_n[:, None] <= offs_m[None, :] + causal_offset              # (BN, BM) causal
+        dk, dv = dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                           offs_m, Nq, qk_scale, offs_d, D, visible, MASKED, DOT_PRECISION)
     return dk, dv
 
 
@@ -80,9 +95,10 @@ def _dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV,
                  Hq, Hkv, Nq, Nk, D, scale, qk_scale, n_bucket,
                  GROUP, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    off_bkv = tl.program_id(1)
+    n_n = tl.cdiv(Nk, BLOCK_N)
+    off_bkv = tl.program_id(0) // n_n          # flat grid: B x H may exceed CUDA's 65535 on axis 1
     off_b, off_hkv = off_bkv // Hkv, off_bkv % Hkv
-    start_n = tl.program_id(0) * BLOCK_N
+    start_n = tl.program_id(0) % n_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)                                          # (BN,)
     offs_d = tl.arange(0, BLOCK_D)
     kv_ok = (offs_n[:, None] < Nk) & (offs_d[None, :] < D)
@@ -110,16 +126,35 @@ def _dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV,
         lse_base = Lse + off_bh.to(tl.int64) * Nq
         delta_base = Delta + off_bh.to(tl.int64) * Nq
         dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                    stride_qm, stride_dom, start_n, lo, mid, Nq, causal_offset,
+                                    stride_qm, stride_dom, lo, mid, Nq, causal_offset,
                                     qk_scale, offs_n, offs_d, D, True, BLOCK_M, DOT_PRECISION)
         dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                    stride_qm, stride_dom, start_n, mid, Nq, Nq, causal_offset,
+                                    stride_qm, stride_dom, mid, Nq, Nq, causal_offset,
                                     qk_scale, offs_n, offs_d, D, False, BLOCK_M, DOT_PRECISION)
     dk = dk * scale
     tl.store(dK + off_b.to(tl.int64) * stride_dkb + off_hkv.to(tl.int64) * stride_dkh
              + offs_n[:, None] * stride_dkn + offs_d[None, :], dk.to(dK.dtype.element_ty), mask=kv_ok)
     tl.store(dV + off_b.to(tl.int64) * stride_dvb + off_hkv.to(tl.int64) * stride_dvh
              + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(dV.dtype.element_ty), mask=kv_ok)
+
+
+@triton.jit
+def dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, cols, Nk, qk_scale,
+            offs_d, D, visible, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Add one key tile's (columns ``cols``) share to dQ (BM, BD) of a resident query block.
+
+    MASKED: P is zeroed outside ``visible`` (BM, BN). Shared with block-sparse.
+    """
+    col_ok = (cols[None, :] < Nk) & (offs_d[:, None] < D)
+    kt = tl.load(k_base + cols[None, :] * stride_kn + offs_d[:, None], mask=col_ok, other=0.0)   # (BD, BN)
+    vt = tl.load(v_base + cols[None, :] * stride_vn + offs_d[:, None], mask=col_ok, other=0.0)   # (BD, BN)
+    s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale                    # (BM, BN)
+    p = tl.math.exp2(s - lse2[:, None])                                             # (BM, BN)
+    if MASKED:
+        p = tl.where(visible, p, 0.0)
+    dp = tl.dot(do, vt, input_precision=DOT_PRECISION)                              # (BM, BN)
+    ds = p * (dp - delta[:, None])                                                  # (BM, BN)
+    return tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=DOT_PRECISION)  # (BM, BD)
 
 
 @triton.jit
@@ -131,19 +166,11 @@ def _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + tl.arange(0, BLOCK_N)                                          # (BN,)
-        col_ok = (cols[None, :] < Nk) & (offs_d[:, None] < D)
-        kt = tl.load(k_base + cols[None, :] * stride_kn + offs_d[:, None], mask=col_ok, other=0.0)
-        vt = tl.load(v_base + cols[None, :] * stride_vn + offs_d[:, None], mask=col_ok, other=0.0)
-        s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale                    # (BM, BN)
-        p = tl.math.exp2(s - lse2[:, None])                                             # (BM, BN)
-        if MASKED:
-            visible = cols[None, :] < Nk
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
-            p = tl.where(visible, p, 0.0)
-        dp = tl.dot(do, vt, input_precision=DOT_PRECISION)                              # (BM, BN)
-        ds = p * (dp - delta[:, None])                                                  # (BM, BN)
-        dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=DOT_PRECISION)  # (BM, BD)
+        visible = cols[None, :] < Nk                                                    # (1, BN)
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)     # (BM, BN)
+        dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, cols, Nk, qk_scale,
+                     offs_d, D, visible, MASKED, DOT_PRECISION)
     return dq
 
 
@@ -155,8 +182,11 @@ def _dq_kernel(Q, K, V, dOut, Lse, Delta, dQ,
                Hq, Nq, Nk, D, scale, qk_scale, n_bucket,
                GROUP, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
-    off_bh = tl.program_id(1)
+    n_m = tl.cdiv(Nq, BLOCK_M)
+    pid_m = tl.program_id(0) % n_m
+    off_bh = tl.program_id(0) // n_m           # flat grid: B x H may exceed CUDA's 65535 on axis 1
+    if CAUSAL:  # heavy query blocks first
+        pid_m = n_m - 1 - pid_m
     off_b, off_h = off_bh // Hq, off_bh % Hq
     off_hkv = off_h // GROUP
     start_m = pid_m * BLOCK_M
@@ -197,6 +227,17 @@ _dkdv, _pick_dkdv = tuned(_dkdv_kernel, DKDV_CONFIGS, lambda bm, bn: (2 * bn, 2 
 _dq, _pick_dq = tuned(_dq_kernel, DQ_CONFIGS, lambda bm, bn: (2 * bm, 2 * bn))
 
 
+def compute_delta(out, dout):
+    """D = rowsum(dO * O), (B, H, N) float32: the first launch of every backward."""
+    B, H, N, D = out.shape
+    delta = torch.empty((B, H, N), dtype=torch.float32, device=out.device)
+    _delta_kernel[(triton.cdiv(N, 64) * B * H,)](
+        out, dout, delta, out.stride(0), out.stride(1), out.stride(2),
+        dout.stride(0), dout.stride(1), dout.stride(2), H, N, D,
+        BLOCK_M=64, BLOCK_D=max(16, triton.next_power_of_2(D)))
+    return delta
+
+
 def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf32=False):
     """Gradients of attention from the saved (q, k, v, out, lse). Returns ``(dq, dk, dv)``.
 
@@ -219,23 +260,20 @@ def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf3
     precision = "tf32" if allow_tf32 else "ieee"
     n_bucket = size_bucket(Nq, Nk)
 
-    delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
-    _delta_kernel[(triton.cdiv(Nq, 64), B * Hq)](
-        out, dout, delta, out.stride(0), out.stride(1), out.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2), Hq, Nq, D, BLOCK_M=64, BLOCK_D=block_d)
+    delta = compute_delta(out, dout)
 
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     common = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
               v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2))
-    _dkdv[lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]), B * Hkv)](
+    _dkdv[lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,)](
         q, k, v, dout, lse, delta, dk, dv, *common,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         Hq, Hkv, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
         GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, DOT_PRECISION=precision,
         **_pick_dkdv(block_d, q.element_size()))
-    _dq[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq)](
+    _dq[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)](
         q, k, v, dout, lse, delta, dq, *common, dq.stride(0), dq.stride(1), dq.stride(2),
         Hq, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
         GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, DOT_PRECISION=precision,

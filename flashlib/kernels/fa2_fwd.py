@@ -27,34 +27,74 @@ from .tile import tile_update as tile_update_fn
 
 
 @triton.jit
+def attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk, qk_scale,
+                offs_d, D, visible, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+                DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr):
+    """Fold the key/value tile at columns ``cols`` (BN,) into the state: load, score, update.
+
+    MASKED: loads are bounded by Nk and scores outside ``visible`` (BM, BN) become -inf; an
+    unmasked tile (wholly inside Nk and wholly allowed) skips both. Shared with block-sparse.
+    """
+    kt_ptrs = k_base + cols[None, :] * stride_kn + offs_d[:, None]    # (BD, BN): K^T
+    v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :]     # (BN, BD)
+    if MASKED:
+        kt = tl.load(kt_ptrs, mask=(cols[None, :] < Nk) & (offs_d[:, None] < D), other=0.0)
+        v = tl.load(v_ptrs, mask=(cols[:, None] < Nk) & (offs_d[None, :] < D), other=0.0)
+    elif EVEN_D:
+        kt = tl.load(kt_ptrs)
+        v = tl.load(v_ptrs)
+    else:
+        kt = tl.load(kt_ptrs, mask=offs_d[:, None] < D, other=0.0)
+        v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
+    s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale      # (BM, BN), base 2
+    if MASKED:
+        s = tl.where(visible, s, float("-inf"))
+    return TILE_UPDATE(acc, m_i, l_i, s, v, DOT_PRECISION)
+
+
+@triton.jit
 def _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
-                       start_m, lo, hi, Nk, causal_offset, qk_scale,
-                       offs_m, offs_n, offs_d, D,
+                       lo, hi, Nk, causal_offset, qk_scale, offs_m, offs_n, offs_d, D,
                        MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
                        BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr):
     """Stream key/value blocks [lo, hi) through the tile update; MASKED for ragged/diagonal ones."""
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n                                           # (BN,)
-        kt_ptrs = k_base + cols[None, :] * stride_kn + offs_d[:, None]    # (BD, BN): K^T
-        v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :]     # (BN, BD)
-        if MASKED:
-            kt = tl.load(kt_ptrs, mask=(cols[None, :] < Nk) & (offs_d[:, None] < D), other=0.0)
-            v = tl.load(v_ptrs, mask=(cols[:, None] < Nk) & (offs_d[None, :] < D), other=0.0)
-        elif EVEN_D:
-            kt = tl.load(kt_ptrs)
-            v = tl.load(v_ptrs)
-        else:
-            kt = tl.load(kt_ptrs, mask=offs_d[:, None] < D, other=0.0)
-            v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
-        s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale      # (BM, BN), base 2
-        if MASKED:
-            visible = cols[None, :] < Nk
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
-            s = tl.where(visible, s, float("-inf"))
-        acc, m_i, l_i = TILE_UPDATE(acc, m_i, l_i, s, v, DOT_PRECISION)
+        visible = cols[None, :] < Nk                                      # (1, BN)
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)  # (BM, BN)
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk,
+                                    qk_scale, offs_d, D, visible, MASKED, EVEN_D, DOT_PRECISION,
+                                    TILE_UPDATE)
     return acc, m_i, l_i
+
+
+@triton.jit
+def load_rows(base, offs_m, offs_d, stride_m, N, D, EVEN: tl.constexpr):
+    """Rows ``offs_m`` (BM,) of a (N, D) matrix as a (BM, BD) tile, zeros past N and D."""
+    ptrs = base + offs_m[:, None] * stride_m + offs_d[None, :]
+    if EVEN:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=(offs_m[:, None] < N) & (offs_d[None, :] < D), other=0.0)
+
+
+@triton.jit
+def write_output(Out, Lse, acc, m_i, l_i, off_b, off_h, off_bh, stride_ob, stride_oh, stride_om,
+                 offs_m, offs_d, Nq, D, EVEN_M: tl.constexpr, EVEN_D: tl.constexpr):
+    """Normalise the state once and store out (BM, BD) and lse (BM,) of one query block."""
+    out, lse = finalize(acc, m_i, l_i)
+    o_ptrs = (Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+              + offs_m[:, None] * stride_om + offs_d[None, :])
+    lse_ptrs = Lse + off_bh.to(tl.int64) * Nq + offs_m
+    if EVEN_M and EVEN_D:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty))
+    else:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < D))
+    if EVEN_M:
+        tl.store(lse_ptrs, lse)
+    else:
+        tl.store(lse_ptrs, lse, mask=offs_m < Nq)
 
 
 @triton.jit
@@ -68,9 +108,13 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     EVEN_M: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     TILE_UPDATE: tl.constexpr):
-    # heavy query blocks first: under causal masking the last blocks see the most keys
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
-    off_bh = tl.program_id(1)
+    # one flat grid axis (CUDA caps axes 1 and 2 at 65535 programs; B x H can exceed that),
+    # query blocks of one (batch, head) adjacent so they share its K/V in L2
+    n_m = tl.cdiv(Nq, BLOCK_M)
+    pid_m = tl.program_id(0) % n_m
+    off_bh = tl.program_id(0) // n_m
+    if CAUSAL:  # heavy query blocks first: under causal masking the last blocks see the most keys
+        pid_m = n_m - 1 - pid_m
     off_b = off_bh // Hq
     off_h = off_bh % Hq
     off_hkv = off_h // GROUP                      # grouped-query: GROUP query heads share K/V
@@ -82,11 +126,7 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse,
     q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
     k_base = K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
     v_base = V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
-    q_ptrs = q_base + offs_m[:, None] * stride_qm + offs_d[None, :]   # (BM, BD)
-    if EVEN_M and EVEN_D:
-        q = tl.load(q_ptrs)
-    else:
-        q = tl.load(q_ptrs, mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < D), other=0.0)
+    q = load_rows(q_base, offs_m, offs_d, stride_qm, Nq, D, EVEN_M and EVEN_D)   # (BM, BD)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -96,26 +136,16 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse,
     causal_offset = Nk - Nq
     n_full, hi = key_range(start_m, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL)
     acc, m_i, l_i = _attend_key_blocks(
-        acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, 0, n_full, Nk,
+        acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, 0, n_full, Nk,
         causal_offset, qk_scale, offs_m, offs_n, offs_d, D,
         False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE)
     acc, m_i, l_i = _attend_key_blocks(
-        acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, n_full, hi, Nk,
+        acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, n_full, hi, Nk,
         causal_offset, qk_scale, offs_m, offs_n, offs_d, D,
         True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE)
 
-    out, lse = finalize(acc, m_i, l_i)
-    o_ptrs = (Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
-              + offs_m[:, None] * stride_om + offs_d[None, :])
-    lse_ptrs = Lse + off_bh.to(tl.int64) * Nq + offs_m
-    if EVEN_M and EVEN_D:
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty))
-    else:
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < D))
-    if EVEN_M:
-        tl.store(lse_ptrs, lse)
-    else:
-        tl.store(lse_ptrs, lse, mask=offs_m < Nq)
+    write_output(Out, Lse, acc, m_i, l_i, off_b, off_h, off_bh, stride_ob, stride_oh, stride_om,
+                 offs_m, offs_d, Nq, D, EVEN_M, EVEN_D)
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages); the first is used when autotuning is off
@@ -152,7 +182,7 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
     even_m = all(Nq % bm == 0 for bm in ([config["BLOCK_M"]] if config else {c[0] for c in CONFIGS}))
 
     def grid(meta):
-        return (triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq)
+        return (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)
 
     _fa2_fwd[grid](
         q, k, v, out, lse,

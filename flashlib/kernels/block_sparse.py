@@ -1,0 +1,270 @@
+"""Block-sparse FlashAttention in Triton: the FA2 kernels, visiting only a mask's non-empty blocks.
+
+Follows Dao et al., "FlashAttention" (2022), section 3.3 (block-sparse FlashAttention, Algorithm 5)
+with FlashAttention-2's loop order and backward (Dao 2023, Algorithms 1 and 2). The mask comes from
+``flashlib.masks.BlockMask``, stored the way these kernels read it:
+
+- forward and dQ: one program per query tile walks the key blocks listed for its query block,
+  full blocks first (no mask, no bounds check), then partial ones (the element mask read from
+  the block's bitmap); empty blocks are never loaded;
+- dK/dV: one program per key tile walks the transposed lists (the query blocks that see its key
+  block), summing over the query heads of a grouped-query group as the dense kernel does.
+
+The per-tile work is the dense kernels' own (``fa2_fwd.attend_tile``, ``fa2_bwd.dq_tile``,
+``fa2_bwd.dkdv_tile``); only the loops differ. A kernel tile (BLOCK_M x BLOCK_N) is a power of two
+no larger than the mask's block, so one mask block is visited as one or more tiles. Causal masking
+is part of the mask (diagonal blocks are partial), so the kernels need no causal flag. Limits: the
+mask is built on the host side of the call (``flashlib.masks``), and its bitmaps cost one byte per
+element of each partial block.
+"""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from .config import size_bucket, tuned
+from .fa2_bwd import _load_lse2, compute_delta, dkdv_tile, dq_tile
+from .fa2_fwd import CONFIGS, attend_tile, load_rows, write_output
+from .fa2_bwd import DKDV_CONFIGS, DQ_CONFIGS
+from .tile import LOG2E, tile_update
+
+KEY = ["n_bucket", "BLOCK_D", "SPARSE_BLOCK", "DOT_PRECISION"]
+
+
+@triton.jit
+def _visit_list(Count, Full, Index, Bitmap, off_b, off_h, block, slice_b, slice_h, n_rows, n_cols):
+    """Where one row of a mask's visit lists starts, and how many entries are full / in all.
+
+    The tables are (Bm, Hm, n_rows[, n_cols]); slice_b, slice_h are 0 where the mask broadcasts.
+    """
+    row = (off_b * slice_b + off_h * slice_h) * n_rows + block
+    n_full = tl.load(Full + row)
+    n_all = tl.load(Count + row)
+    return Index + row.to(tl.int64) * n_cols, Bitmap + row.to(tl.int64) * n_cols, n_full, n_all
+
+
+@triton.jit
+def _bitmap_tile(Bitmaps, bitmap_id, rows, cols, SPARSE_BLOCK: tl.constexpr):
+    """The element mask of a partial block at in-block ``rows`` x ``cols`` (any shapes that broadcast)."""
+    base = Bitmaps + bitmap_id.to(tl.int64) * (SPARSE_BLOCK * SPARSE_BLOCK)
+    return tl.load(base + rows * SPARSE_BLOCK + cols) != 0
+
+
+@triton.jit
+def _bs_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmaps,
+                   stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+                   stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
+                   slice_b, slice_h, Hq, Nq, Nk, D, n_qblocks, n_kblocks, qk_scale, n_bucket, GROUP,
+                   SPARSE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_D: tl.constexpr, EVEN_M: tl.constexpr, EVEN_D: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):
+    n_m = tl.cdiv(Nq, BLOCK_M)
+    pid_m = tl.program_id(0) % n_m
+    off_bh = tl.program_id(0) // n_m
+    off_b, off_h = off_bh // Hq, off_bh % Hq
+    off_hkv = off_h // GROUP
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)                                # (BM,)
+    offs_n = tl.arange(0, BLOCK_N)                                          # (BN,)
+    offs_d = tl.arange(0, BLOCK_D)                                          # (BD,)
+    q = load_rows(Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh,
+                  offs_m, offs_d, stride_qm, Nq, D, EVEN_M and EVEN_D)      # (BM, BD)
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    index, bitmap, n_full, n_all = _visit_list(KvCount, KvFull, KvIndex, KvBitmap, off_b, off_h,
+                                               start_m // SPARSE_BLOCK, slice_b, slice_h, n_qblocks, n_kblocks)
+    TILES: tl.constexpr = SPARSE_BLOCK // BLOCK_N          # kernel tiles per mask block
+    for t in range(0, n_full * TILES):                     # full blocks: no mask, no bounds
+        cols = tl.load(index + t // TILES) * SPARSE_BLOCK + (t % TILES) * BLOCK_N + offs_n
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk,
+                                    qk_scale, offs_d, D, 0, False, EVEN_D, DOT_PRECISION, tile_update)
+    rows_in_block = (offs_m % SPARSE_BLOCK)[:, None]                        # (BM, 1)
+    for t in range(n_full * TILES, n_all * TILES):         # partial blocks: the bitmap's mask
+        in_block = (t % TILES) * BLOCK_N + offs_n                           # (BN,)
+        cols = tl.load(index + t // TILES) * SPARSE_BLOCK + in_block
+        visible = _bitmap_tile(Bitmaps, tl.load(bitmap + t // TILES), rows_in_block, in_block[None, :],
+                               SPARSE_BLOCK)                                # (BM, BN)
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk,
+                                    qk_scale, offs_d, D, visible, True, EVEN_D, DOT_PRECISION, tile_update)
+    write_output(Out, Lse, acc, m_i, l_i, off_b, off_h, off_bh, stride_ob, stride_oh, stride_om,
+                 offs_m, offs_d, Nq, D, EVEN_M, EVEN_D)
+
+
+@triton.jit
+def _bs_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, KvBitmap, Bitmaps,
+                  stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+                  stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+                  stride_dqb, stride_dqh, stride_dqm, slice_b, slice_h,
+                  Hq, Nq, Nk, D, n_qblocks, n_kblocks, scale, qk_scale, n_bucket, GROUP,
+                  SPARSE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    n_m = tl.cdiv(Nq, BLOCK_M)
+    pid_m = tl.program_id(0) % n_m
+    off_bh = tl.program_id(0) // n_m
+    off_b, off_h = off_bh // Hq, off_bh % Hq
+    off_hkv = off_h // GROUP
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = load_rows(Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh,
+                  offs_m, offs_d, stride_qm, Nq, D, False)                                  # (BM, BD)
+    do = load_rows(dOut + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh,
+                   offs_m, offs_d, stride_dom, Nq, D, False)                                # (BM, BD)
+    lse2 = _load_lse2(Lse + off_bh.to(tl.int64) * Nq, offs_m, Nq)
+    delta = tl.load(Delta + off_bh.to(tl.int64) * Nq + offs_m, mask=offs_m < Nq, other=0.0)
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    index, bitmap, n_full, n_all = _visit_list(KvCount, KvFull, KvIndex, KvBitmap, off_b, off_h,
+                                               start_m // SPARSE_BLOCK, slice_b, slice_h, n_qblocks, n_kblocks)
+    TILES: tl.constexpr = SPARSE_BLOCK // BLOCK_N
+    for t in range(0, n_full * TILES):
+        cols = tl.load(index + t // TILES) * SPARSE_BLOCK + (t % TILES) * BLOCK_N + offs_n
+        dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, cols, Nk, qk_scale,
+                     offs_d, D, 0, False, DOT_PRECISION)
+    rows_in_block = (offs_m % SPARSE_BLOCK)[:, None]
+    for t in range(n_full * TILES, n_all * TILES):
+        in_block = (t % TILES) * BLOCK_N + offs_n
+        cols = tl.load(index + t // TILES) * SPARSE_BLOCK + in_block
+        visible = _bitmap_tile(Bitmaps, tl.load(bitmap + t // TILES), rows_in_block, in_block[None, :],
+                               SPARSE_BLOCK)                                               # (BM, BN)
+        dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, cols, Nk, qk_scale,
+                     offs_d, D, visible, True, DOT_PRECISION)
+    tl.store(dQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
+             + offs_m[:, None] * stride_dqm + offs_d[None, :], (dq * scale).to(dQ.dtype.element_ty),
+             mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < D))
+
+
+@triton.jit
+def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QBitmap, Bitmaps,
+                    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+                    stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+                    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                    slice_b, slice_h, Hq, Hkv, Nq, Nk, D, n_kblocks, n_qblocks, scale, qk_scale, n_bucket,
+                    GROUP, SPARSE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    n_n = tl.cdiv(Nk, BLOCK_N)
+    off_bkv = tl.program_id(0) // n_n
+    off_b, off_hkv = off_bkv // Hkv, off_bkv % Hkv
+    start_n = tl.program_id(0) % n_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)                                                # (BN,)
+    offs_d = tl.arange(0, BLOCK_D)
+    k = load_rows(K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh,
+                  offs_n, offs_d, stride_kn, Nk, D, False)                                  # (BN, BD)
+    v = load_rows(V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh,
+                  offs_n, offs_d, stride_vn, Nk, D, False)                                  # (BN, BD)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    cols_in_block = (offs_n % SPARSE_BLOCK)[:, None]                                        # (BN, 1)
+    TILES: tl.constexpr = SPARSE_BLOCK // BLOCK_M
+    for g in range(GROUP):                         # the query heads that share this K/V head
+        off_h = off_hkv * GROUP + g
+        off_bh = off_b * Hq + off_h
+        q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+        do_base = dOut + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+        lse_base = Lse + off_bh.to(tl.int64) * Nq
+        delta_base = Delta + off_bh.to(tl.int64) * Nq
+        index, bitmap, n_full, n_all = _visit_list(QCount, QFull, QIndex, QBitmap, off_b, off_h,
+                                                   start_n // SPARSE_BLOCK, slice_b, slice_h, n_kblocks, n_qblocks)
+        for t in range(0, n_full * TILES):
+            offs_m = tl.load(index + t // TILES) * SPARSE_BLOCK + (t % TILES) * BLOCK_M + tl.arange(0, BLOCK_M)
+            dk, dv = dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                               offs_m, Nq, qk_scale, offs_d, D, 0, False, DOT_PRECISION)
+        for t in range(n_full * TILES, n_all * TILES):
+            in_block = (t % TILES) * BLOCK_M + tl.arange(0, BLOCK_M)                        # (BM,)
+            offs_m = tl.load(index + t // TILES) * SPARSE_BLOCK + in_block
+            # the bitmap is stored [query row, key column]: read it transposed, (BN, BM)
+            visible = _bitmap_tile(Bitmaps, tl.load(bitmap + t // TILES), in_block[None, :], cols_in_block,
+                                   SPARSE_BLOCK)
+            dk, dv = dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                               offs_m, Nq, qk_scale, offs_d, D, visible, True, DOT_PRECISION)
+    kv_ok = (offs_n[:, None] < Nk) & (offs_d[None, :] < D)
+    tl.store(dK + off_b.to(tl.int64) * stride_dkb + off_hkv.to(tl.int64) * stride_dkh
+             + offs_n[:, None] * stride_dkn + offs_d[None, :], (dk * scale).to(dK.dtype.element_ty), mask=kv_ok)
+    tl.store(dV + off_b.to(tl.int64) * stride_dvb + off_hkv.to(tl.int64) * stride_dvh
+             + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(dV.dtype.element_ty), mask=kv_ok)
+
+
+_fwd, _pick_fwd = tuned(_bs_fwd_kernel, CONFIGS, lambda bm, bn: (bm, 2 * bn), key=KEY)
+_dkdv, _pick_dkdv = tuned(_bs_dkdv_kernel, DKDV_CONFIGS, lambda bm, bn: (2 * bn, 2 * bm), key=KEY)
+_dq, _pick_dq = tuned(_bs_dq_kernel, DQ_CONFIGS, lambda bm, bn: (2 * bm, 2 * bn), key=KEY)
+
+
+def _slices(mask):
+    """(slice_b, slice_h): how far apart (in (batch, head) slices) the mask's tables are; 0 broadcasts."""
+    Bm, Hm = mask.batch_heads
+    return (0 if Bm == 1 else Hm), (0 if Hm == 1 else 1)
+
+
+def _prepare(q, k, v, *rest):
+    """Last dim contiguous; on the interpreter bfloat16 runs as float32 (its bf16 dots are wrong)."""
+    tensors = [t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, *rest)]
+    if runtime.INTERPRET and q.dtype == torch.bfloat16:
+        tensors = [t.float() for t in tensors]
+    return tensors
+
+
+def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False):
+    """Launch the block-sparse forward. Returns ``(out, lse)`` like ``fa2_forward``.
+
+    q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D); mask: a ``flashlib.masks.BlockMask`` for (Nq, Nk) on
+    q's device whose (Bm, Hm) broadcast over (B, Hq). Inputs are validated by ``flashlib.ops``.
+    """
+    runtime.check_kernel(_bs_fwd_kernel)
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    out_dtype = q.dtype
+    q, k, v = _prepare(q, k, v)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
+    block_d = max(16, triton.next_power_of_2(D))
+    bs = mask.block_size
+    config = _pick_fwd(block_d, q.element_size(), bs)
+    slice_b, slice_h = _slices(mask)
+    _fwd[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)](
+        q, k, v, out, lse, mask.kv_count, mask.kv_full, mask.kv_index, mask.kv_bitmap, mask.bitmaps,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        slice_b, slice_h, Hq, Nq, Nk, D, mask.shape[2], mask.shape[3], scale * LOG2E, size_bucket(Nq, Nk),
+        Hq // Hkv, SPARSE_BLOCK=bs, BLOCK_D=block_d, EVEN_M=Nq % bs == 0, EVEN_D=D == block_d,
+        DOT_PRECISION="tf32" if allow_tf32 else "ieee", **config)
+    return out.to(out_dtype), lse
+
+
+def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf32=False):
+    """Gradients of block-sparse attention from the saved (q, k, v, out, lse): ``(dq, dk, dv)``."""
+    runtime.check_kernel(_bs_dkdv_kernel)
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    grad_dtype = q.dtype
+    q, k, v, out, dout = _prepare(q, k, v, out, dout.to(q.dtype))
+    lse = lse.contiguous()
+    block_d = max(16, triton.next_power_of_2(D))
+    bs, precision, n_bucket = mask.block_size, "tf32" if allow_tf32 else "ieee", size_bucket(Nq, Nk)
+    slice_b, slice_h = _slices(mask)
+    delta = compute_delta(out, dout)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    common = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+              v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2))
+    _dkdv[lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,)](
+        q, k, v, dout, lse, delta, dk, dv, mask.q_count, mask.q_full, mask.q_index, mask.q_bitmap,
+        mask.bitmaps, *common, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
+        dv.stride(2), slice_b, slice_h, Hq, Hkv, Nq, Nk, D, mask.shape[3], mask.shape[2], scale, scale * LOG2E,
+        n_bucket, Hq // Hkv, SPARSE_BLOCK=bs, BLOCK_D=block_d, DOT_PRECISION=precision,
+        **_pick_dkdv(block_d, q.element_size(), bs))
+    _dq[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)](
+        q, k, v, dout, lse, delta, dq, mask.kv_count, mask.kv_full, mask.kv_index, mask.kv_bitmap,
+        mask.bitmaps, *common, dq.stride(0), dq.stride(1), dq.stride(2), slice_b, slice_h,
+        Hq, Nq, Nk, D, mask.shape[2], mask.shape[3], scale, scale * LOG2E, n_bucket, Hq // Hkv, SPARSE_BLOCK=bs,
+        BLOCK_D=block_d, DOT_PRECISION=precision, **_pick_dq(block_d, q.element_size(), bs))
+    return dq.to(grad_dtype), dk.to(grad_dtype), dv.to(grad_dtype)
