@@ -102,11 +102,11 @@ def attention_ref(q, k, v, *, causal=False, scale=None, mask=None):
     return out, lse
 
 
-def attention_naive(q, k, v, *, causal=False, scale=None):
+def attention_naive(q, k, v, *, causal=False, scale=None, mask=None):
     """Textbook attention in the inputs' own dtype (the baseline for tolerances and benchmarks).
 
-    Materialises the (B, Hq, Nq, Nk) score matrix: O(N^2) memory. Same conventions as
-    ``attention_ref``; returns out only.
+    Materialises the (B, Hq, Nq, Nk) score matrix: O(N^2) memory. Same conventions (and ``mask``)
+    as ``attention_ref``; returns out only.
     """
     B, Hq, Hkv, Nq, Nk, D = check_qkv(q, k, v)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
@@ -115,5 +115,7 @@ def attention_naive(q, k, v, *, causal=False, scale=None):
     s = torch.matmul(q, k.transpose(-1, -2)) * scale                  # (B, Hq, Nq, Nk)
     if causal:
         s = s.masked_fill(~causal_mask(Nq, Nk, q.device), -math.inf)
+    if mask is not None:
+        s = s.masked_fill(~mask, -math.inf)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)                     # empty rows -> 0
     return torch.matmul(p, v)                                          # (B, Hq, Nq, D)
