@@ -1,6 +1,7 @@
 """Benchmark harness: flashlib against PyTorch's attention kernels, checked before it is timed.
 
-``python -m flashlib.bench [--suite forward backward paper memory] [--quick]`` on a CUDA GPU:
+``python -m flashlib.bench [--suite forward backward paper memory block_sparse] [--quick]`` on a
+CUDA GPU (``block_sparse``: see ``flashlib.bench_sparse``):
 1. every implementation is checked against ``attention_ref`` (float64) on a slice of the very
    inputs it is timed on, with the tolerance rule of ``flashlib.testing``; a wrong one is
    reported and not timed;
@@ -249,7 +250,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m flashlib.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", nargs="+", default=["forward", "backward", "paper", "memory"],
-                        choices=["forward", "backward", "paper", "memory"])
+                        choices=["forward", "backward", "paper", "memory", "block_sparse"])
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     parser.add_argument("--impl", nargs="+", default=None, help="only these implementations")
     parser.add_argument("--quick", action="store_true", help="three forward shapes only")
@@ -262,6 +263,14 @@ def main(argv=None):
     out_dir = pathlib.Path(args.out or pathlib.Path("benchmarks/results") / runtime.gpu_name())
     out_dir.mkdir(parents=True, exist_ok=True)
     for suite in args.suite:
+        if suite == "block_sparse":
+            from . import bench_sparse
+            records = bench_sparse.run_suite(dtype, quick=args.quick, impls=args.impl, progress=tqdm)
+            name = f"{suite}_{args.dtype}"
+            (out_dir / f"{name}.json").write_text(json.dumps(dict(env=environment(), records=records), indent=1))
+            bench_sparse.plot(records, out_dir / f"{name}.png", f"{suite} {args.dtype}")
+            bench_sparse.print_table(records)
+            continue
         cases = suite_cases(suite, args.quick)
         impls = implementations(args.impl)
         records = []

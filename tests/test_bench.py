@@ -43,13 +43,31 @@ def test_committed_results_follow_the_design_format(path):
     data = json.loads(path.read_text())
     assert {"gpu", "sm_count", "torch", "triton", "cuda", "date"} <= set(data["env"])
     assert data["records"], "no records"
-    flops_per = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
+    flops_per = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5, "block_sparse_fwd": 1.0,
+                 "block_sparse_fwd_bwd": 3.5, "decode": 1.0}
     for r in data["records"]:
         assert RECORD_KEYS <= set(r), RECORD_KEYS - set(r)
         assert (r["ms"] is None) == (r["tflops"] is None)
         if r["ms"] is not None:   # tflops is recomputable from the shape and the time
-            flops = 4 * r["B"] * r["Hq"] * r["Nq"] * r["Nk"] * r["D"] * (0.5 if r["causal"] else 1.0)
+            flops = 4 * r["B"] * r["Hq"] * r["Nq"] * r["Nk"] * r["D"] * (0.5 if r["causal"] else 1.0) * r["density"]
             assert math.isclose(r["tflops"], flops * flops_per[r["op"]] / r["ms"] / 1e9, rel_tol=1e-6)
         else:
             assert r.get("note"), "a record without a time must say why"
     assert (path.with_suffix(".png")).exists(), "a PNG plot goes beside each JSON"
+
+
+def test_block_sparse_records_ratios_and_plot(tmp_path):
+    from flashlib import bench_sparse
+    shape = dict(dtype="float16", B=1, Hq=2, Hkv=2, Nq=8, Nk=8, D=16, causal=False, gbps=None, peak_mem_gb=None)
+    rec = lambda op, impl, mask, s, ms: dict(op=op, impl=impl, mask=mask, density=s, ms=ms, tflops=1.0,  # noqa: E731
+                                            ratio_vs_sdpa_flash=None, ratio_vs_flex=None, **shape)
+    records = [rec("block_sparse_fwd", "flashlib_dense", "dense", 1.0, 10.0),
+               rec("block_sparse_fwd", "sdpa_flash", "dense", 1.0, 12.0),
+               rec("block_sparse_fwd", "flashlib", "window 4", 0.25, 3.0),
+               rec("block_sparse_fwd", "flex", "window 4", 0.25, 4.5)]
+    bench_sparse._add_ratios(records, {("flashlib_dense", "block_sparse_fwd"): 10.0,
+                                       ("sdpa_flash", "block_sparse_fwd"): 12.0})
+    assert records[2]["ratio_vs_flex"] == 1.5 and records[2]["vs_density_x_dense"] == 1.2
+    assert records[2]["ratio_vs_sdpa_flash"] == 4.0 and records[3].get("vs_density_x_dense") is None
+    bench_sparse.plot(records, tmp_path / "p.png", "test")
+    assert (tmp_path / "p.png").stat().st_size > 0
