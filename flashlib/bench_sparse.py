@@ -40,8 +40,11 @@ def mask_cases(N, quick):
     """(label, flashlib BlockMask, flex mask_mod) per mask; the same rule both ways."""
     cases = []
     for w in (WINDOWS[1:2] if quick else WINDOWS):
+        # the window as a tensor: torch.compile bakes a Python int into the first graph it
+        # compiles and reuses that graph for the next window (a wrong answer, caught by the check)
+        wt = torch.tensor(w, device=runtime.DEVICE)
         cases.append((f"window {w}", masks.sliding_window(N, N, w, device=runtime.DEVICE),
-                      lambda b, h, i, j, w=w: (j <= i) & (j > i - w)))
+                      lambda b, h, i, j, wt=wt: (j <= i) & (j > i - wt)))
     for s in (DENSITIES[::2] if quick else DENSITIES):
         m = masks.random_blocks(N, N, s, device=runtime.DEVICE)
         blocks = (m.kinds[0, 0] != masks.EMPTY)                      # (nQ, nK) on the device

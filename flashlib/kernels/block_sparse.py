@@ -46,6 +46,22 @@ def _visit_list(Count, Full, Index, Bitmap, off_b, off_h, block, slice_b, slice_
 
 
 @triton.jit
+def _first_start(index, n_tiles, SPARSE_BLOCK: tl.constexpr):
+    """Start (row or column) of a visit list's first tile; 0 for an empty list."""
+    return tl.load(index, mask=n_tiles > 0, other=0) * SPARSE_BLOCK
+
+
+@triton.jit
+def _next_start(index, t, n_tiles, start, TILES: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """Start of tile t + 1, from tile t's ``start``: the next tile of the same mask block, or the
+    first tile of the next listed block. Carrying the start from one iteration to the next (rather
+    than loading it where it is used) lets Triton's pipeliner prefetch K/V as in the dense loop."""
+    listed = tl.load(index + (t + 1) // TILES, mask=t + 1 < n_tiles, other=0)
+    return tl.multiple_of(tl.where((t + 1) % TILES == 0, listed * SPARSE_BLOCK, start + BLOCK), BLOCK)
+
+
+@triton.jit
 def _bitmap_tile(Bitmaps, bitmap_id, rows, cols, SPARSE_BLOCK: tl.constexpr):
     """The element mask of a partial block at in-block ``rows`` x ``cols`` (any shapes that broadcast)."""
     base = Bitmaps + bitmap_id.to(tl.int64) * (SPARSE_BLOCK * SPARSE_BLOCK)
@@ -80,18 +96,23 @@ def _bs_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmap
     index, bitmap, n_full, n_all = _visit_list(KvCount, KvFull, KvIndex, KvBitmap, off_b, off_h,
                                                start_m // SPARSE_BLOCK, slice_b, slice_h, n_qblocks, n_kblocks)
     TILES: tl.constexpr = SPARSE_BLOCK // BLOCK_N          # kernel tiles per mask block
+    start_n = _first_start(index, n_full, SPARSE_BLOCK)
     for t in range(0, n_full * TILES):                     # full blocks: no mask, no bounds
-        cols = tl.load(index + t // TILES) * SPARSE_BLOCK + (t % TILES) * BLOCK_N + offs_n
-        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk,
-                                    qk_scale, offs_d, D, 0, False, EVEN_D, DOT_PRECISION, tile_update)
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
+                                    start_n + offs_n, Nk, qk_scale, offs_d, D, 0, False, EVEN_D,
+                                    DOT_PRECISION, tile_update)
+        start_n = _next_start(index, t, n_full * TILES, start_n, TILES, SPARSE_BLOCK, BLOCK_N)
     rows_in_block = (offs_m % SPARSE_BLOCK)[:, None]                        # (BM, 1)
-    for t in range(n_full * TILES, n_all * TILES):         # partial blocks: the bitmap's mask
+    start_n = _first_start(index + n_full, n_all - n_full, SPARSE_BLOCK)
+    for t in range(0, (n_all - n_full) * TILES):           # partial blocks: the bitmap's mask
         in_block = (t % TILES) * BLOCK_N + offs_n                           # (BN,)
-        cols = tl.load(index + t // TILES) * SPARSE_BLOCK + in_block
-        visible = _bitmap_tile(Bitmaps, tl.load(bitmap + t // TILES), rows_in_block, in_block[None, :],
-                               SPARSE_BLOCK)                                # (BM, BN)
-        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk,
-                                    qk_scale, offs_d, D, visible, True, EVEN_D, DOT_PRECISION, tile_update)
+        visible = _bitmap_tile(Bitmaps, tl.load(bitmap + n_full + t // TILES), rows_in_block,
+                               in_block[None, :], SPARSE_BLOCK)             # (BM, BN)
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
+                                    start_n + offs_n, Nk, qk_scale, offs_d, D, visible, True, EVEN_D,
+                                    DOT_PRECISION, tile_update)
+        start_n = _next_start(index + n_full, t, (n_all - n_full) * TILES, start_n, TILES, SPARSE_BLOCK,
+                              BLOCK_N)
     write_output(Out, Lse, acc, m_i, l_i, off_b, off_h, off_bh, stride_ob, stride_oh, stride_om,
                  offs_m, offs_d, Nq, D, EVEN_M, EVEN_D)
 
@@ -126,18 +147,21 @@ def _bs_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, KvBit
     index, bitmap, n_full, n_all = _visit_list(KvCount, KvFull, KvIndex, KvBitmap, off_b, off_h,
                                                start_m // SPARSE_BLOCK, slice_b, slice_h, n_qblocks, n_kblocks)
     TILES: tl.constexpr = SPARSE_BLOCK // BLOCK_N
+    start_n = _first_start(index, n_full, SPARSE_BLOCK)
     for t in range(0, n_full * TILES):
-        cols = tl.load(index + t // TILES) * SPARSE_BLOCK + (t % TILES) * BLOCK_N + offs_n
-        dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, cols, Nk, qk_scale,
-                     offs_d, D, 0, False, DOT_PRECISION)
+        dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_n + offs_n, Nk,
+                     qk_scale, offs_d, D, 0, False, DOT_PRECISION)
+        start_n = _next_start(index, t, n_full * TILES, start_n, TILES, SPARSE_BLOCK, BLOCK_N)
     rows_in_block = (offs_m % SPARSE_BLOCK)[:, None]
-    for t in range(n_full * TILES, n_all * TILES):
+    start_n = _first_start(index + n_full, n_all - n_full, SPARSE_BLOCK)
+    for t in range(0, (n_all - n_full) * TILES):
         in_block = (t % TILES) * BLOCK_N + offs_n
-        cols = tl.load(index + t // TILES) * SPARSE_BLOCK + in_block
-        visible = _bitmap_tile(Bitmaps, tl.load(bitmap + t // TILES), rows_in_block, in_block[None, :],
-                               SPARSE_BLOCK)                                               # (BM, BN)
-        dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, cols, Nk, qk_scale,
-                     offs_d, D, visible, True, DOT_PRECISION)
+        visible = _bitmap_tile(Bitmaps, tl.load(bitmap + n_full + t // TILES), rows_in_block,
+                               in_block[None, :], SPARSE_BLOCK)                             # (BM, BN)
+        dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_n + offs_n, Nk,
+                     qk_scale, offs_d, D, visible, True, DOT_PRECISION)
+        start_n = _next_start(index + n_full, t, (n_all - n_full) * TILES, start_n, TILES, SPARSE_BLOCK,
+                              BLOCK_N)
     tl.store(dQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
              + offs_m[:, None] * stride_dqm + offs_d[None, :], (dq * scale).to(dQ.dtype.element_ty),
              mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < D))
@@ -174,18 +198,23 @@ def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QB
         delta_base = Delta + off_bh.to(tl.int64) * Nq
         index, bitmap, n_full, n_all = _visit_list(QCount, QFull, QIndex, QBitmap, off_b, off_h,
                                                    start_n // SPARSE_BLOCK, slice_b, slice_h, n_kblocks, n_qblocks)
+        start_m = _first_start(index, n_full, SPARSE_BLOCK)
         for t in range(0, n_full * TILES):
-            offs_m = tl.load(index + t // TILES) * SPARSE_BLOCK + (t % TILES) * BLOCK_M + tl.arange(0, BLOCK_M)
             dk, dv = dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                               offs_m, Nq, qk_scale, offs_d, D, 0, False, DOT_PRECISION)
-        for t in range(n_full * TILES, n_all * TILES):
+                               start_m + tl.arange(0, BLOCK_M), Nq, qk_scale, offs_d, D, 0, False,
+                               DOT_PRECISION)
+            start_m = _next_start(index, t, n_full * TILES, start_m, TILES, SPARSE_BLOCK, BLOCK_M)
+        start_m = _first_start(index + n_full, n_all - n_full, SPARSE_BLOCK)
+        for t in range(0, (n_all - n_full) * TILES):
             in_block = (t % TILES) * BLOCK_M + tl.arange(0, BLOCK_M)                        # (BM,)
-            offs_m = tl.load(index + t // TILES) * SPARSE_BLOCK + in_block
             # the bitmap is stored [query row, key column]: read it transposed, (BN, BM)
-            visible = _bitmap_tile(Bitmaps, tl.load(bitmap + t // TILES), in_block[None, :], cols_in_block,
-                                   SPARSE_BLOCK)
+            visible = _bitmap_tile(Bitmaps, tl.load(bitmap + n_full + t // TILES), in_block[None, :],
+                                   cols_in_block, SPARSE_BLOCK)
             dk, dv = dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                               offs_m, Nq, qk_scale, offs_d, D, visible, True, DOT_PRECISION)
+                               start_m + tl.arange(0, BLOCK_M), Nq, qk_scale, offs_d, D, visible, True,
+                               DOT_PRECISION)
+            start_m = _next_start(index + n_full, t, (n_all - n_full) * TILES, start_m, TILES, SPARSE_BLOCK,
+                                  BLOCK_M)
     kv_ok = (offs_n[:, None] < Nk) & (offs_d[None, :] < D)
     tl.store(dK + off_b.to(tl.int64) * stride_dkb + off_hkv.to(tl.int64) * stride_dkh
              + offs_n[:, None] * stride_dkn + offs_d[None, :], (dk * scale).to(dK.dtype.element_ty), mask=kv_ok)
