@@ -5,11 +5,12 @@ before any kernel module defines a ``@triton.jit`` function.
 """
 from . import runtime  # noqa: F401  (first: sets TRITON_INTERPRET before kernels are defined)
 from . import masks, reference, softmax  # noqa: F401
+from .decode import KVCache, flash_decode
 from .ops import block_sparse_attention, flash_attention
 from .reference import attention_ref
 
-__all__ = ["attention_ref", "block_sparse_attention", "check", "flash_attention", "masks",
-           "reference", "runtime", "softmax"]
+__all__ = ["KVCache", "attention_ref", "block_sparse_attention", "check", "flash_attention",
+           "flash_decode", "masks", "reference", "runtime", "softmax"]
 __version__ = "0.1.0"
 
 

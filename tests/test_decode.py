@@ -1,0 +1,232 @@
+"""flash_decode (split-KV partial kernel + lse combine) and KVCache against the float64 oracle.
+
+Each sequence b of a ragged batch is checked on its own against attention_ref over its first
+L_b keys, bottom-right causal among the new tokens, with flashlib.testing's rule (baseline:
+textbook attention in the same dtype). CPU: Triton's interpreter at small, irregular shapes
+(head dims 16/80, 9 heads over 3, lengths 0 and full, more splits than key blocks). GPU (marked
+``gpu``): real sizes, L up to 128k, head dims 64/128, B=1 and B=8 grouped, float16/bfloat16.
+"""
+import pytest
+import torch
+
+from flashlib import runtime
+from flashlib.decode import KVCache, flash_decode
+from flashlib.kernels import decode as kernels
+from flashlib.ops import flash_attention
+from flashlib.reference import attention_naive, attention_ref
+from flashlib.testing import assert_attention_close, assert_close
+
+gpu = pytest.mark.skipif(runtime.DEVICE.type != "cuda", reason="needs a CUDA GPU")
+DEV = runtime.DEVICE
+
+
+def inputs(B, Hq, Hkv, Nq, Lmax, D, dtype):
+    q = torch.randn(B, Hq, Nq, D, dtype=dtype, device=DEV)
+    k, v = (torch.randn(B, Hkv, Lmax, D, dtype=dtype, device=DEV) for _ in range(2))
+    return q, k, v
+
+
+def check_per_sequence(out, lse, q, k, v, seqlens, scale=None):
+    """Sequence b against attention over its first L_b keys (bottom-right causal)."""
+    assert lse.dtype == torch.float32 and out.dtype == q.dtype
+    lengths = [k.shape[2]] * q.shape[0] if seqlens is None else seqlens.tolist()
+    for b, L in enumerate(lengths):
+        sl = slice(b, b + 1)
+        assert_attention_close(out[sl], lse[sl], q[sl], k[sl, :, :L], v[sl, :, :L], causal=True,
+                               scale=scale, name=f"out of sequence {b} (L={L})")
+
+
+def run_and_check(B, Hq, Hkv, Nq, Lmax, D, seqlens, dtype, *, num_splits=None, scale=None):
+    q, k, v = inputs(B, Hq, Hkv, Nq, Lmax, D, dtype)
+    lens = None if seqlens is None else torch.tensor(seqlens, dtype=torch.int32, device=DEV)
+    out, lse = flash_decode(q, k, v, cache_seqlens=lens, num_splits=num_splits, scale=scale,
+                            return_lse=True)
+    check_per_sequence(out, lse, q, k, v, lens, scale)
+    return out, lse
+
+
+CPU_CASES = [  # (B, Hq, Hkv, Nq, Lmax, D, seqlens, num_splits)
+    (4, 8, 2, 1, 130, 64, [130, 0, 1, 97], None),   # ragged: full, empty, one key
+    (2, 9, 3, 1, 97, 80, [97, 33], 3),              # grouped 9 over 3, head dim 80
+    (2, 4, 1, 3, 70, 16, [70, 2], 2),               # 3 new tokens, causal; L=2 < 3: a row sees nothing
+    (1, 2, 2, 1, 17, 16, None, 1),                  # multi-head, no lengths, one split
+    (1, 8, 2, 5, 97, 32, [50], 7),                  # 5 tokens x group 4 = 20 rows, 7 splits > 4 blocks
+]
+
+
+@pytest.mark.parametrize("case", CPU_CASES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_matches_reference(case, dtype):
+    *shape, seqlens, num_splits = case
+    run_and_check(*shape, seqlens, dtype, num_splits=num_splits)
+
+
+def test_every_split_count_gives_the_same_answer():
+    q, k, v = inputs(2, 4, 2, 1, 130, 64, torch.float32)
+    lens = torch.tensor([130, 45], dtype=torch.int32, device=DEV)
+    outs = []
+    for num_splits in (1, 2, 3, 5, 17):           # 130 keys = 5 blocks of 32: 17 leaves 12 empty
+        out, lse = flash_decode(q, k, v, cache_seqlens=lens, num_splits=num_splits, return_lse=True)
+        check_per_sequence(out, lse, q, k, v, lens)
+        outs.append((out, lse))
+    for out, lse in outs[1:]:  # also within the float32 rule of one another
+        assert_close(out, outs[0][0].double(), baseline=outs[0][0], dtype=torch.float32)
+        assert_close(lse, outs[0][1].double(), baseline=outs[0][1], dtype=torch.float32)
+
+
+def test_empty_splits_have_zero_weight_and_empty_rows_give_zero_and_minus_inf():
+    q, k, v = inputs(3, 2, 1, 2, 40, 16, torch.float32)
+    lens = torch.tensor([0, 1, 40], dtype=torch.int32, device=DEV)
+    o_part, lse_part = kernels.decode_partial(q, k, v, lens, num_splits=6)
+    assert o_part.shape == (3, 2, 2, 6, 16) and lse_part.shape == (3, 2, 2, 6)
+    assert torch.all(lse_part[0] == float("-inf")) and torch.all(o_part[0] == 0)
+    assert torch.isinf(lse_part[2]).any() and torch.isfinite(lse_part[2]).any()  # 40 keys, 2 blocks
+    out, lse = kernels.combine(o_part, lse_part, out_dtype=q.dtype)
+    assert not out.isnan().any()
+    assert torch.all(out[0] == 0) and torch.all(lse[0] == float("-inf"))     # L = 0
+    assert torch.all(lse[1, :, 0] == float("-inf")) and torch.all(out[1, :, 0] == 0)  # 2 tokens, 1 key
+    check_per_sequence(out, lse, q, k, v, lens)
+
+
+def test_far_apart_scores_merge_without_overflow():
+    # scale 8: scores up to about +-100, the splits' lse far apart. At such logits the kernels'
+    # base-2 scaling (s * scale * log2 e, then exp2) rounds a few times more than textbook
+    # attention, FA2's kernel as much as this one: flash_attention is a second baseline
+    q, k, v = inputs(2, 4, 2, 1, 130, 32, torch.float32)
+    lens = [130, 77]
+    out, lse = flash_decode(q, k, v, cache_seqlens=torch.tensor(lens, device=DEV), num_splits=4,
+                            scale=8.0, return_lse=True)
+    for b, L in enumerate(lens):
+        qb, kb, vb = q[b:b + 1], k[b:b + 1, :, :L], v[b:b + 1, :, :L]
+        ref, ref_lse = attention_ref(qb, kb, vb, scale=8.0)
+        fa2, fa2_lse = flash_attention(qb, kb, vb, scale=8.0, return_lse=True)
+        assert_close(out[b:b + 1], ref, baseline=(attention_naive(qb, kb, vb, scale=8.0), fa2))
+        assert_close(lse[b:b + 1], ref_lse, baseline=(ref_lse.float(), fa2_lse))
+
+
+def test_bfloat16():
+    run_and_check(2, 6, 2, 2, 70, 80, [70, 5], torch.bfloat16, num_splits=2)
+
+
+def test_non_contiguous_cache():
+    # a (B, L, H, D) cache viewed as (B, H, L, D), as models often store it
+    q = torch.randn(2, 4, 1, 64, device=DEV)
+    k, v = (torch.randn(2, 50, 2, 64, device=DEV).transpose(1, 2) for _ in range(2))
+    lens = torch.tensor([50, 20], dtype=torch.int32, device=DEV)
+    out, lse = flash_decode(q, k, v, cache_seqlens=lens, return_lse=True)
+    check_per_sequence(out, lse, q, k, v, lens)
+
+
+def test_heuristic_splits_fill_the_gpu_but_keep_splits_long():
+    pick = kernels.num_splits_heuristic
+    assert pick(1, 32, 1, 131072, block_n=64, sms=132) > 1        # 32 programs < 132 SMs: split
+    assert pick(64, 32, 1, 131072, block_n=64, sms=132) == 1      # 2048 programs: no need
+    assert pick(1, 1, 1, 100, block_n=64, sms=132) == 1           # 2 blocks: too short to split
+    assert 1 <= pick(1, 1, 1, 10 ** 7, block_n=64, sms=132) <= kernels.MAX_SPLITS
+    # lengths given (maybe ragged): more, shorter splits, so long sequences spread over idle SMs
+    assert pick(8, 8, 1, 100000, block_n=64, sms=132, ragged=True) == 8 * pick(8, 8, 1, 100000, block_n=64, sms=132)
+
+
+def test_kv_cache_append_and_attend_equal_attention_over_all_keys():
+    B, Hq, Hkv, D = 2, 6, 2, 80
+    cache = KVCache(B, Hkv, 40, D, dtype=torch.float32, device=DEV)
+    ks, vs = [], []
+    for n in (7, 1, 1, 3):                        # a prefill, two single tokens, 3 draft tokens
+        k_new, v_new = (torch.randn(B, Hkv, n, D, device=DEV) for _ in range(2))
+        ks.append(k_new)
+        vs.append(v_new)
+        cache.append(k_new, v_new)
+        q = torch.randn(B, Hq, n, D, device=DEV)
+        out, lse = cache.attend(q, return_lse=True)
+        k_all, v_all = torch.cat(ks, dim=2), torch.cat(vs, dim=2)
+        assert_attention_close(out, lse, q, k_all, v_all, causal=True)
+    assert cache.lengths == [12, 12]
+    with pytest.raises(ValueError, match="the cache is full"):
+        cache.append(*(torch.randn(B, Hkv, 29, D, device=DEV) for _ in range(2)))
+    cache.reset()
+    assert cache.lengths == [0, 0]
+
+
+def test_kv_cache_with_ragged_lengths():
+    cache = KVCache(2, 1, 20, 16, dtype=torch.float32, device=DEV, lengths=[3, 0])
+    first = torch.randn(2, 1, 3, 16, device=DEV)
+    cache.k[0, :, :3], cache.v[0, :, :3] = first[0], -first[0]
+    k_new, v_new = (torch.randn(2, 1, 2, 16, device=DEV) for _ in range(2))
+    cache.append(k_new, v_new)
+    assert cache.lengths == [5, 2]
+    assert torch.equal(cache.k[0, :, 3:5], k_new[0]) and torch.equal(cache.k[1, :, :2], k_new[1])
+    q = torch.randn(2, 2, 1, 16, device=DEV)
+    out, lse = cache.attend(q, return_lse=True)
+    check_per_sequence(out, lse, q, cache.k, cache.v, torch.tensor([5, 2]))
+
+
+def _args():
+    q = torch.randn(2, 4, 1, 16, device=DEV)
+    k, v = (torch.randn(2, 2, 8, 16, device=DEV) for _ in range(2))
+    return q, k, v
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(cache_seqlens=[3, 4]), "cache_seqlens must be a torch.Tensor"),
+    (dict(cache_seqlens=torch.tensor([3.0, 4.0])), "cache_seqlens has dtype torch.float32"),
+    (dict(cache_seqlens=torch.tensor([3, 4, 5])), r"cache_seqlens must have shape \(2,\)"),
+    (dict(cache_seqlens=torch.tensor([3, 9])), r"cache_seqlens must lie in \[0, 8\]"),
+    (dict(cache_seqlens=torch.tensor([-1, 2])), r"cache_seqlens must lie in \[0, 8\]"),
+    (dict(cache_seqlens=torch.tensor([3, 4], device="meta")), "cache_seqlens is on meta"),
+    (dict(num_splits=0), "num_splits must be a positive int"),
+    (dict(num_splits=2.5), "num_splits must be a positive int"),
+    (dict(num_splits=True), "num_splits must be a positive int"),
+    (dict(scale=float("inf")), "scale must be a finite real number"),
+    (dict(q=torch.randn(2, 3, 1, 16)), "heads_q=3 is not a multiple of heads_kv=2"),
+    (dict(q=torch.randn(2, 4, 1, 32)), "k has headdim 16 but q has headdim 32"),
+    (dict(v=torch.randn(2, 2, 8, 16).half()), "v has dtype torch.float16 but q has torch.float32"),
+])
+def test_bad_input_names_the_argument(bad, match):
+    if runtime.DEVICE.type == "cuda" and "cache_seqlens must lie" in match:
+        pytest.skip("values are checked on the host only for CPU tensors")
+    q, k, v = _args()
+    tensors = {n: bad.pop(n).to(DEV) for n in ("q", "k", "v") if n in bad}
+    q, k, v = tensors.get("q", q), tensors.get("k", k), tensors.get("v", v)
+    if isinstance(bad.get("cache_seqlens"), torch.Tensor) and bad["cache_seqlens"].device.type != "meta":
+        bad["cache_seqlens"] = bad["cache_seqlens"].to(DEV)
+    with pytest.raises((ValueError, TypeError), match=match):
+        flash_decode(q, k, v, **bad)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(k_new=torch.randn(2, 2, 1, 8)), r"k_new must have shape \(2, 2, n, 16\)"),
+    (dict(v_new=torch.randn(2, 2, 1, 16).double()), "v_new is torch.float64"),
+    (dict(v_new=torch.randn(2, 2, 2, 16)), "differ"),
+])
+def test_kv_cache_bad_append_names_the_argument(bad, match):
+    cache = KVCache(2, 2, 8, 16, dtype=torch.float32, device=DEV)
+    args = dict(k_new=torch.randn(2, 2, 1, 16), v_new=torch.randn(2, 2, 1, 16))
+    args.update(bad)
+    with pytest.raises((ValueError, TypeError), match=match):
+        cache.append(**{n: t.to(DEV) for n, t in args.items()})
+
+
+GPU_CASES = [  # (B, Hq, Hkv, Nq, Lmax, D, seqlens): real sizes
+    (1, 8, 8, 1, 131072, 128, None),
+    (1, 32, 32, 1, 32768, 64, None),
+    (8, 32, 8, 1, 16384, 128, [16384, 1, 0, 5000, 12345, 16000, 777, 9999]),
+    (8, 32, 8, 1, 131072, 128, [131072, 100000, 65536, 4097, 30000, 1, 128, 70000]),
+    (4, 32, 8, 4, 8192, 128, [8192, 3, 4000, 8190]),            # 4 draft tokens, causal
+    (2, 9, 3, 2, 10000, 80, [10000, 6543]),
+]
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_real_sizes(case, dtype):
+    run_and_check(*case, dtype)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_split_counts_and_float32():
+    for num_splits in (1, 7, 64, 300):
+        run_and_check(2, 8, 2, 1, 20000, 128, [20000, 12345], torch.float32, num_splits=num_splits)
+
