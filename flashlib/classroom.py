@@ -1,117 +1,411 @@
 """Instructor grading: ``flashlib grade SUBMISSIONS_DIR`` grades a class into a CSV and a table.
 
-Every student's every exercise runs in its own subprocess (``python -m flashlib.classroom
---worker``) with a time limit, so a hanging, crashing or unparsable submission is reported
-(``timeout``, ``crashed``, ``error: ...``), never fatal. The checks themselves are the graders'
-(``flashlib.grading.run_checks``), the same code as ``flashlib check``. Grading runs the students'
-code with the grader's rights: a teaching aid, not a sandbox.
+The checks are the graders' (tests/exercises/, the same ``check(impl, rng)`` functions as
+``flashlib check``), but a submission's code never runs in the process that grades it:
+
+- the files of the class are read once, before anything runs (what is graded is that copy), and
+  the class folder is hashed before and after; anything changed is reported and restored;
+- each (student, exercise) is parsed first: a syntax error, or code that reaches for the answer
+  (flashlib beyond what the stub imports, ``solutions/``, ``exec``/``eval``/``__import__``/
+  ``importlib``/``sys.modules``) is reported without running it ("not accepted: write it
+  yourself (...)");
+- otherwise ``flashlib.sandbox`` runs the file in a confined student process and the grader
+  process runs the checks against proxies of its functions (see that module for the boundary
+  and what confinement does and does not prevent). The student process may print, forge, patch
+  or exit: the verdict is computed here, from the outputs it sends back, and can never exceed the
+  number of checks. What the student process reports about itself (a read of a hidden folder, a
+  graded function defined outside the file, a changed function of numpy, torch, Triton or
+  flashlib) also makes the file "not accepted";
+- a pool of grader processes (one per core) takes (student, exercise) pairs; each has a
+  wall-clock limit (``timeout``), the student process also a CPU-time, address-space and
+  file-size limit. The progress bar counts students; the end says how long the class took.
+
+Statuses: "passed", "failed", "not done", "missing", "error: ...", "timeout (...)",
+"crashed (...)", "not accepted: ...". Every student gets the same seed (the same inputs).
 """
+import ast
 import csv
-import json
+import hashlib
+import multiprocessing
 import os
+import shutil
 import signal
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor, as_completed
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from .grading import (_NO_ROOT, _RESULT_TAG, _ROOT_ENV, default_seed, find_root, implementation_path,
-                      list_exercises, load_grader, resolve, run_checks, short)
+from . import sandbox
+from .grading import (_NO_ROOT, default_seed, find_root, implementation_path, list_exercises,
+                      resolve, run_one, short)
 
-def _worker(exercise: str, path: str, seed: int) -> None:
-    """Entry of the grading subprocess: grade one file, print the result as one tagged line."""
-    report = run_checks(exercise, path=path, seed=seed)
-    status = report.status
-    if status == "error":
-        errors = [r.message for r in report.results if r.status == "error"]
-        status = "error: " + (report.problem or errors[0]).splitlines()[0]
-    print(_RESULT_TAG + json.dumps({"passed": report.passed, "total": report.total,
-                                    "status": status}), flush=True)
+HIDDEN = ("solutions", "tests", ".git", "lessons")   # course folders the student process cannot read
+MAX_FILE = 1 << 20                                   # bytes: a bigger .py file is not graded
+KEPT = 16 << 20                                      # bytes: bigger files are hashed, not kept
+_REFUSED_MODULES = {"importlib", "builtins", "ctypes", "gc"}
+_REFUSED_NAMES = {"__import__", "exec", "eval", "__builtins__"}
+_PRELOAD = ("numpy", "flashlib", "torch", "triton")  # imported before the student's file
 
 
-def _grade_one(file: Path, name: str, seed: int, timeout: float, root: Path) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-               PYTHONDONTWRITEBYTECODE="1", **{_ROOT_ENV: str(root)})
-    cmd = [sys.executable, "-m", "flashlib.classroom", "--worker", name, str(file), str(seed)]
-    posix = os.name == "posix"
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=root, start_new_session=posix)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        if posix:  # the whole process group, in case the submission started children
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+# ---------------------------------------------------------------------------------------------
+# reading a submission without running it
+
+def _flashlib_uses(tree):
+    """Dotted names of flashlib a file refers to: imports and attribute chains on them."""
+    bound, uses = {}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "flashlib":
+                    uses.add(alias.name)
+                    name = alias.asname or alias.name.split(".")[0]
+                    bound[name] = alias.name if alias.asname else "flashlib"
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "flashlib":
+            for alias in node.names:
+                uses.add(f"{node.module}.{alias.name}")
+                bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    chained = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            parts, base = [], node
+            while isinstance(base, ast.Attribute):
+                parts.append(base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in bound:
+                uses.add(".".join([bound[base.id], *reversed(parts)]))
+                chained.add(id(base))
+    for node in ast.walk(tree):   # the package itself passed around (getattr(flashlib, ...))
+        if isinstance(node, ast.Name) and bound.get(node.id) == "flashlib" and \
+                id(node) not in chained and isinstance(node.ctx, ast.Load):
+            uses.add("flashlib (as a value)")
+    return uses
+
+
+def _docstrings(tree):
+    nodes = [tree, *(n for n in ast.walk(tree)
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))]
+    return {id(n.body[0].value) for n in nodes if n.body and isinstance(n.body[0], ast.Expr)}
+
+
+def borrowed(tree, stub_tree):
+    """Why a parsed file is not accepted (it reaches for the answer), or None."""
+    allowed = _flashlib_uses(stub_tree)
+    for use in sorted(_flashlib_uses(tree), key=len, reverse=True):
+        if use not in allowed and not any(use.startswith(a + ".") for a in allowed
+                                          if a != "flashlib"):
+            return f"uses {use}"
+    docs = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found = {a.name.split(".")[0] for a in node.names} & _REFUSED_MODULES
+        elif isinstance(node, ast.ImportFrom):
+            found = {(node.module or "").split(".")[0]} & _REFUSED_MODULES
         else:
-            proc.kill()
-        proc.communicate()
-        return {"passed": 0, "status": f"timeout (over {timeout:g} s)"}
-    for line in reversed(out.splitlines()):
-        if line.startswith(_RESULT_TAG):
-            result = json.loads(line[len(_RESULT_TAG):])
-            return {"passed": result["passed"], "status": result["status"]}
-    last = (err.strip().splitlines() or ["no output"])[-1]
-    return {"passed": 0, "status": f"crashed (exit code {proc.returncode}): {last}"}
+            found = set()
+        if found:
+            return f"imports {found.pop()}"
+        if isinstance(node, ast.Name) and node.id in _REFUSED_NAMES:
+            return f"uses {node.id}"
+        if isinstance(node, ast.Attribute) and node.attr == "modules" and \
+                isinstance(node.value, ast.Name) and node.value.id == "sys":
+            return "uses sys.modules"
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                id(node) not in docs and ("solutions/" in node.value or "solutions\\" in node.value
+                                          or node.value == "solutions"):
+            return "names solutions/"
+    return None
 
 
-def _short_status(status: str) -> str:
-    return status.split(":")[0].split(" (")[0]
+def _preload(tree):
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    return [m for m in _PRELOAD if m in imported]
+
+
+# ---------------------------------------------------------------------------------------------
+# one (student, exercise), in a grader process of the pool
+
+_W = {}   # this grader process's settings, compiled graders and current sandbox
+
+
+def _init_worker(settings):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)      # Ctrl-C is the main process's to handle
+
+    def stop(*_):
+        box = _W.get("box")
+        if box is not None:
+            try:
+                os.killpg(box.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        os._exit(1)
+    signal.signal(signal.SIGTERM, stop)
+    _W.update(settings)
+
+
+def _grader(name):
+    if name not in _W.setdefault("modules", {}):
+        path, text = _W["graders"][name]
+        _W["modules"][name] = sandbox.module_from_source(path, text, f"_flashlib_grader_{name}")
+    return _W["modules"][name]
+
+
+def _display(path, root, submissions):
+    for base in (submissions, root):
+        if Path(path).is_relative_to(base):
+            return str(Path(path).relative_to(base))
+    return str(path)
+
+
+def _why_not_accepted(flags, root, submissions):
+    for flag in flags:
+        if flag[0] == "read":
+            return f"not accepted: write it yourself (reads {_display(flag[1], root, submissions)})"
+        if flag[0] == "write":
+            return f"not accepted: tried to write {_display(flag[1], root, submissions)}"
+        if flag[0] == "foreign":
+            where = _display(flag[2], root, submissions) if flag[2] != "None" else "elsewhere"
+            return f"not accepted: write it yourself ({flag[1]} comes from {where})"
+        if flag[0] == "patch":
+            return f"not accepted: changes {flag[1]} while graded"
+    return None
+
+
+def _status(results):
+    statuses = {r.status for r in results}
+    if statuses == {"ok"}:
+        return "passed"
+    if "not done" in statuses:
+        return "not done"
+    if "error" in statuses:
+        return "error: " + next(r.message for r in results if r.status == "error").splitlines()[0]
+    return "failed"
+
+
+def _grade_task(student, name, files, filename):
+    """Grade one file; returns {"passed", "status", "seconds"} (never raises)."""
+    began = time.monotonic()
+    row = _grade(student, name, files, filename, began + _W["timeout"])
+    return {**row, "seconds": round(time.monotonic() - began, 2)}
+
+
+def _grade(student, name, files, filename, deadline):
+    root, submissions = _W["root"], _W["submissions"]
+    try:
+        text = files[filename].decode("utf-8")
+        tree = ast.parse(text, filename)
+    except (UnicodeDecodeError, ValueError) as e:
+        return {"passed": 0, "status": f"error: your file is not UTF-8 text ({e})"}
+    except SyntaxError as e:
+        return {"passed": 0, "status": f"error: your file does not parse: SyntaxError: {e.msg} "
+                                       f"(line {e.lineno})"}
+    why = borrowed(tree, ast.parse(_W["stubs"].get(name, "")))
+    if why is not None:
+        return {"passed": 0, "status": f"not accepted: write it yourself ({why})"}
+    grader = _grader(name)
+    box = student_ = None
+    try:
+        box = _W["box"] = sandbox.Sandbox(
+            files, filename, run_dir=_W["run_dir"], deadline=deadline,
+            confine=_W["mode"] == "namespaces", hide=_W["hide"], protect=[root], root=root,
+            memory=_W["memory"], env=_W["env"])
+        student_ = sandbox.Student(box, str(Path(submissions, student, filename)), text)
+        reply = student_.load(_preload(tree))
+        passed = 0
+        if reply["status"] == "not done":
+            status = "not done"
+        elif reply["status"] == "error":
+            e = reply["error"]
+            line = f" (line {e['line']})" if e.get("line") else ""
+            message = f"{e['type']}: {e['message']}".splitlines()[0] if e["message"] else e["type"]
+            status = f"error: your file fails on import: {message}{line}"
+        else:
+            results = [run_one(check, student_.impl, _W["seed"]) for check in grader.CHECKS]
+            student_.finish()
+            passed, status = min(sum(r.status == "ok" for r in results), len(grader.CHECKS)), \
+                _status(results)
+    except sandbox.SandboxTimeout:
+        passed, status = 0, f"timeout (over {_W['timeout']:g} s)"
+    except sandbox.SandboxGone as e:
+        code = e.returncode
+        if code is not None and code < 0 and -code == getattr(signal, "SIGXCPU", None):
+            why = f"CPU time over {_W['timeout']:g} s"
+        elif code is not None and code < 0:
+            why = f"killed by {signal.Signals(-code).name}"
+        elif code is not None:
+            why = f"exit code {code}"
+        else:
+            why = str(e)
+        passed, status = 0, f"crashed ({why}): {box.last_line() if code is not None else e}"
+    finally:
+        _W["box"] = None
+        if box is not None:
+            box.close()
+    refused = _why_not_accepted(student_.flags if student_ else [], root, submissions)
+    return {"passed": 0, "status": refused} if refused else {"passed": passed, "status": status}
+
+
+# ---------------------------------------------------------------------------------------------
+# the class
+
+def _read_tree(folder):
+    """{relative path: (sha256, bytes or None if bigger than KEPT)} of every file under folder."""
+    files = {}
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            files[str(path.relative_to(folder))] = (hashlib.sha256(data).hexdigest(),
+                                                    data if len(data) <= KEPT else None)
+    return files
+
+
+def _restore(folder, before):
+    """Compare the class folder with ``before``; put back what changed; return a report."""
+    after = _read_tree(folder)
+    changed = [p for p in before if after.get(p, (None,))[0] != before[p][0]]
+    added = [p for p in after if p not in before]
+    for rel in changed:
+        if before[rel][1] is not None:
+            Path(folder, rel).parent.mkdir(parents=True, exist_ok=True)
+            Path(folder, rel).write_bytes(before[rel][1])
+    if not changed and not added:
+        return f"class folder unchanged ({len(before)} files, sha256 before and after)"
+    return (f"WARNING: the class folder changed while grading: {len(changed)} files changed or "
+            f"deleted (restored from the copy taken before grading: {', '.join(changed[:5])}), "
+            f"{len(added)} added ({', '.join(added[:5])}); grades used the copy")
+
+
+def _student_files(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*.py"))
+            if p.is_file() and not p.is_symlink() and p.stat().st_size <= MAX_FILE}
+
+
+def _hidden(root, submissions, run_dir):
+    keep = [(root / "flashlib").resolve(), Path(sys.executable).resolve()]
+    folders = [root / h for h in HIDDEN] + [submissions, run_dir]
+    return [str(f) for f in folders if f.exists() and (
+        f == run_dir or not any(k.is_relative_to(f.resolve()) for k in keep + [run_dir]))]
 
 
 def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=None,
-          seed=None, progress=True) -> list[dict]:
+          seed=None, progress=True, memory=4.0) -> list[dict]:
     """Grade every student's every exercise; write a CSV; print a table; return the rows.
 
     submissions: a folder holding one folder per student, each a copy of exercises/
-    (STUDENT/exNN_topic.py). Each (student, exercise) runs in its own subprocess limited to
-    ``timeout`` seconds; ``jobs`` of them at a time (default: one per CPU core).
-    exercises: names to grade (default: all). The same ``seed`` (inputs) for every student.
-    Rows: {"student", "exercise", "passed", "total", "status"}; status is "passed", "failed",
-    "not done", "missing", "error: ...", "timeout (...)" or "crashed (...)".
+    (STUDENT/exNN_topic.py or STUDENT/exercises/exNN_topic.py). Each (student, exercise) runs in
+    its own confined process limited to ``timeout`` seconds (wall clock and CPU) and ``memory``
+    GB of address space; ``jobs`` at a time (default: one per CPU core). exercises: names to
+    grade (default: all). The same ``seed`` (inputs) for every student.
+    Rows: {"student", "exercise", "passed", "total", "status", "seconds"}.
     """
     from tqdm.auto import tqdm
 
+    began = time.monotonic()
     root = find_root()
     if root is None:
         raise FileNotFoundError(_NO_ROOT.format(where=Path(__file__).resolve().parent))
-    submissions = Path(submissions)
+    root, submissions = Path(root).resolve(), Path(submissions).resolve()
     if not submissions.is_dir():
         raise FileNotFoundError(f"{submissions} is not a folder of student folders")
+    out = None if out is None else Path(out).resolve()
     names = [resolve(e, root) for e in exercises] if exercises else list_exercises(root)
-    totals = {name: len(load_grader(name, root).CHECKS) for name in names}
+    graders = {n: (str(root / "tests" / "exercises" / f"test_{n}.py"),
+                   (root / "tests" / "exercises" / f"test_{n}.py").read_text(encoding="utf-8"))
+               for n in names}
+    totals = {n: len(sandbox.module_from_source(*graders[n], f"_flashlib_grader_{n}").CHECKS)
+              for n in names}
+    stub = lambda n: root / "exercises" / f"{n}.py"  # noqa: E731
+    stubs = {n: stub(n).read_text(encoding="utf-8") for n in names if stub(n).is_file()}
     students = sorted(p for p in submissions.iterdir()
                       if p.is_dir() and not p.name.startswith((".", "_")))
     seed = default_seed() if seed is None else int(seed)
     jobs = jobs or os.cpu_count() or 1
+    before = _read_tree(submissions)
 
-    rows, tasks = {}, {}
+    rows, tasks = {}, []
     for student in students:
         folder = student / "exercises" if (student / "exercises").is_dir() else student
+        files = _student_files(folder)
         for name in names:
             file = implementation_path(name, path=folder)
-            row = {"student": student.name, "exercise": name, "passed": 0,
-                   "total": totals[name], "status": "missing"}
-            rows[student.name, name] = row
-            if file.is_file():
-                tasks[student.name, name] = file
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(_grade_one, file, key[1], seed, timeout, root): key
-                   for key, file in tasks.items()}
-        for future in tqdm(as_completed(futures), total=len(futures), desc="grading",
-                           unit="file", disable=not progress):
-            rows[futures[future]].update(future.result())
+            rows[student.name, name] = {"student": student.name, "exercise": name, "passed": 0,
+                                        "total": totals[name], "status": "missing", "seconds": 0.0}
+            if str(file.relative_to(folder)) in files:
+                tasks.append((student.name, name, files, str(file.relative_to(folder))))
+    run_dir = Path(tempfile.mkdtemp(prefix="flashlib-grade-")).resolve()
+    hide = _hidden(root, submissions, run_dir)
+    mode, why = sandbox.probe(root, hide)
+    env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "TRITON_INTERPRET",
+                                      "CUDA_VISIBLE_DEVICES") if k in os.environ}
+    env.update(FLASHLIB_AUTOTUNE="0", FLASHLIB_ROOT=str(root), OMP_NUM_THREADS="1",
+               MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    settings = dict(root=root, submissions=submissions, graders=graders, stubs=stubs, seed=seed,
+                    timeout=float(timeout), memory=int(memory * (1 << 30)), mode=mode, hide=hide,
+                    run_dir=str(run_dir), env=env)
+    left = {s.name: sum(t[0] == s.name for t in tasks) for s in students}
+    bar = tqdm(total=len(students), desc="grading", unit="student", disable=not progress)
+    bar.update(sum(n == 0 for n in left.values()))
+    saved_autotune = os.environ.get("FLASHLIB_AUTOTUNE")
+    os.environ["FLASHLIB_AUTOTUNE"] = "0"        # the grader processes resolve every grid
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=_init_worker, initargs=(settings,)) as pool:
+            futures = {pool.submit(_grade_task, *task): task[:2] for task in tasks}
+            try:
+                for future in as_completed(futures):
+                    key = futures[future]
+                    try:
+                        rows[key].update(future.result())
+                    except BrokenProcessPool:
+                        rows[key].update(status="crashed (the grader process died)")
+                    left[key[0]] -= 1
+                    bar.update(left[key[0]] == 0)
+            except KeyboardInterrupt:
+                for child in multiprocessing.active_children():
+                    child.terminate()
+                raise
+    finally:
+        bar.close()
+        if saved_autotune is None:
+            os.environ.pop("FLASHLIB_AUTOTUNE", None)
+        else:
+            os.environ["FLASHLIB_AUTOTUNE"] = saved_autotune
+        shutil.rmtree(run_dir, ignore_errors=True)
+    integrity = _restore(submissions, before)
     table = [rows[s.name, n] for s in students for n in names]
 
     if out is not None:
         with open(out, "w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=["student", "exercise", "passed", "total",
-                                                   "status"])
+                                                   "status"], extrasaction="ignore")
             writer.writeheader()
             writer.writerows(table)
     print(format_table(table, [s.name for s in students], names, seed=seed, out=out))
+    print(_summary(table, time.monotonic() - began, jobs, timeout, mode, why, len(students)))
+    print(integrity)
     return table
+
+
+def _summary(rows, seconds, jobs, timeout, mode, why, n_students):
+    graded = [r for r in rows if r["status"] != "missing"]
+    slow = max(graded, key=lambda r: r["seconds"], default=None)
+    slowest = f"; slowest: {slow['student']} {short(slow['exercise'])} ({slow['seconds']:.1f} s)" \
+        if slow else ""
+    confined = "read-only private namespaces, no network, no capabilities" \
+        if mode == "namespaces" else f"none ({why}): files ran with your rights"
+    return (f"graded {n_students} students, {len(graded)} files, in {seconds:.0f} s with {jobs} "
+            f"workers ({seconds / max(n_students, 1):.1f} s per student){slowest}; limit "
+            f"{timeout:g} s per file\nconfinement: {confined}")
+
+
+def _short_status(status: str) -> str:
+    return status.split(":")[0].split(" (")[0]
 
 
 def format_table(rows, students, names, *, seed=None, out=None) -> str:
@@ -136,14 +430,3 @@ def format_table(rows, students, names, *, seed=None, out=None) -> str:
     if out is not None:
         foot.append(f"details (status per exercise) in {out}")
     return "\n".join(text + ([", ".join(foot)] if foot else []))
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
-        # run the package's copy of this module, not __main__, so that there is one flashlib.grading
-        # whose CheckFailed the graders raise and run_checks catches
-        from flashlib.classroom import _worker as worker
-        worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
-    else:
-        sys.exit("usage: python -m flashlib.classroom --worker EXERCISE FILE SEED "
-                 "(internal; use `flashlib check` or `flashlib grade`)")

@@ -1,0 +1,219 @@
+"""`flashlib grade` against a hostile class: forged output, patched libraries, vandalism, exits,
+a hang, a memory hog, 10 MB of output, borrowed answers (tests/hostile/, one folder per attack).
+
+The class also has two honest students (the reference answers; a known wrong answer), whose rows
+must be exactly what in-process grading (`grading.run_checks`) gives with the same seed, and the
+class folder and the course's folders must be byte for byte unchanged afterwards. Graded on the
+NumPy exercises ex00-ex04 with a 10 s limit on 2 workers: about 20 s, most of it the hanger's
+10 s. Then the Triton route (ex05, ex07: launches with a student's kernel run in the student's
+process) against in-process grading, and the command run from another folder (issue 10).
+"""
+import csv
+import hashlib
+import io
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from flashlib import classroom, grading, sandbox
+
+ROOT = Path(__file__).resolve().parent.parent
+HOSTILE = ROOT / "tests" / "hostile"
+NUMPY_EXERCISES = ["ex00", "ex01", "ex02", "ex03", "ex04"]
+TIMEOUT = 10
+VANDAL_TRACES = [ROOT / "vandal_was_here.txt", Path("/tmp/flashlib_vandal_was_here.txt")]
+
+# (student, exercise): (a regular expression the row's status matches, points; None: all)
+EXPECTED = {
+    ("forger", "ex01"): (r"failed$", 1),                  # only "input unchanged" passes
+    ("garbler", "ex01"): (r"crashed \(garbled reply", 0),
+    ("patcher", "ex01"): (r"not accepted: changes numpy\.", 0),
+    ("sneaky_patcher", "ex01"): (r"failed$", 1),          # the patch misses the grader's process
+    ("vandal", "ex01"): (r"not accepted: tried to write ", 0),
+    ("exiter", "ex00"): (r"crashed \(exit code 0\)", 0),
+    ("exiter", "ex01"): (r"crashed \(exit code 7\)", 0),
+    ("exiter", "ex02"): (r"crashed \(.*KeyboardInterrupt$", 0),  # 130, or SIGINT outside a
+    ("exiter", "ex03"): (r"passed$", None),               # PID namespace; the next one passes
+    ("hanger", "ex01"): (rf"timeout \(over {TIMEOUT} s\)$", 0),
+    ("hog", "ex01"): (r"error: your file fails on import: MemoryError", 0),
+    ("printer", "ex01"): (r"passed$", None),
+    ("cheater", "ex01"): (r"not accepted: write it yourself \(uses "
+                          r"flashlib\.softmax\.safe_softmax\)$", 0),
+    ("solution_reader", "ex02"): (r"not accepted: write it yourself \(reads solutions", 0),
+    ("broken", "ex01"): (r"error: your file does not parse: SyntaxError: .* \(line 3\)$", 0),
+    ("absent", "ex00"): (r"passed$", None),
+}
+
+
+def _hashes(*paths):
+    files = [p for path in paths for p in ([path] if path.is_file() else sorted(path.rglob("*")))]
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files if p.is_file()}
+
+
+def _hostile_class(folder):
+    """tests/hostile/* plus the honest: ada (reference answers), mia (ex01 with a known bug)."""
+    shutil.copytree(HOSTILE, folder, ignore=shutil.ignore_patterns("conftest.py", "__pycache__"))
+    vandal = folder / "vandal" / "ex01_safe_softmax.py"
+    vandal.write_text(vandal.read_text().replace("@CLASS@", str(folder)))
+    shutil.copy(ROOT / "solutions" / "ex03_online_attention.py", folder / "exiter")
+    (folder / "ada").mkdir()
+    for name in grading.list_exercises(ROOT)[:5]:
+        shutil.copy(ROOT / "solutions" / f"{name}.py", folder / "ada")
+    (folder / "mia").mkdir()
+    shutil.copy(ROOT / "tests" / "mutants" / "ex01_no_max_subtraction.py",
+                folder / "mia" / "ex01_safe_softmax.py")
+    shutil.copy(ROOT / "solutions" / "ex00_roofline.py", folder / "mia")
+
+
+def _in_process(file, name, seed):
+    report = grading.run_checks(name, path=file, seed=seed, root=ROOT)
+    return report.status, report.passed
+
+
+def test_hostile_class(tmp_path, grader_seed, capsys):
+    cls = tmp_path / "class"
+    _hostile_class(cls)
+    for trace in VANDAL_TRACES:
+        trace.unlink(missing_ok=True)
+    graded = grading.list_exercises(ROOT)[:5]    # (other files may be edited meanwhile)
+    course = [ROOT / "solutions" / f"{n}.py" for n in graded] + \
+        [ROOT / "tests" / "exercises" / f"test_{n}.py" for n in graded]
+    before, course_before = _hashes(cls), _hashes(*course)
+    mode, _ = sandbox.probe(ROOT, [ROOT / "solutions"])
+
+    rows = classroom.grade(cls, out=tmp_path / "grades.csv", timeout=TIMEOUT, jobs=2,
+                           exercises=NUMPY_EXERCISES, seed=grader_seed, progress=False, memory=2)
+    printed = capsys.readouterr().out
+    got = {(r["student"], r["exercise"][:4]): r for r in rows}
+    names = {grading.short(n): n for n in grading.list_exercises(ROOT)}
+
+    for key, (status, points) in EXPECTED.items():
+        row = got[key]
+        assert re.match(status, row["status"]), (key, row)
+        assert row["passed"] == (row["total"] if points is None else points), (key, row)
+    for (student, ex), row in got.items():
+        assert 0 <= row["passed"] <= row["total"], row
+        if student not in ("ada", "mia") and (student, ex) not in EXPECTED:
+            assert row["status"] == "missing", row
+    for student in ("ada", "mia"):                   # the honest: as graded in-process
+        for ex in NUMPY_EXERCISES:
+            file = cls / student / f"{names[ex]}.py"
+            if file.is_file():
+                status, passed = _in_process(file, names[ex], grader_seed)
+                assert (got[student, ex]["status"], got[student, ex]["passed"]) == \
+                    (status, passed), (student, ex)
+    assert got["mia", "ex01"]["status"] == "failed" and got["ada", "ex04"]["status"] == "passed"
+
+    assert _hashes(cls) == before, "a submission changed the class folder"
+    assert _hashes(*course) == course_before, "a submission changed the course"
+    assert "class folder unchanged" in printed and "WARNING" not in printed
+    assert not VANDAL_TRACES[0].exists(), "the vandal wrote into the course folder"
+    if mode == "namespaces":                          # /tmp is writable without confinement
+        assert not VANDAL_TRACES[1].exists()
+    for trace in VANDAL_TRACES:
+        trace.unlink(missing_ok=True)
+    saved = (tmp_path / "grades.csv").read_text()
+    assert "99" not in saved and "graded 14 students" not in printed
+    assert f"graded {len({r['student'] for r in rows})} students" in printed
+
+
+def test_class_folder_is_restored_if_changed(tmp_path, capsys):
+    (tmp_path / "ada").mkdir()
+    (tmp_path / "ada" / "ex00_roofline.py").write_text("x = 1\n")
+    before = classroom._read_tree(tmp_path)
+    (tmp_path / "ada" / "ex00_roofline.py").write_text("vandalised\n")
+    (tmp_path / "ada" / "new.txt").write_text("new\n")
+    report = classroom._restore(tmp_path, before)
+    assert "WARNING" in report and "ada/ex00_roofline.py" in report and "ada/new.txt" in report
+    assert (tmp_path / "ada" / "ex00_roofline.py").read_text() == "x = 1\n"
+
+
+@pytest.mark.parametrize("source, why", [
+    ("from flashlib.softmax import safe_softmax\n", "uses flashlib.softmax.safe_softmax"),
+    ("import flashlib\nf = flashlib.tiled.fa2_forward\n", "uses flashlib.tiled.fa2_forward"),
+    ("import flashlib\ng = getattr(flashlib, 'tiled')\n", "uses flashlib (as a value)"),
+    ("import importlib\n", "imports importlib"),
+    ("x = __import__('flashlib')\n", "uses __import__"),
+    ("exec(open('a').read())\n", "uses exec"),
+    ("import sys\nm = sys.modules\n", "uses sys.modules"),
+    ("p = '../solutions/ex01_safe_softmax.py'\n", "names solutions/"),
+])
+def test_borrowed_code_is_named(source, why):
+    stub = (ROOT / "exercises" / "ex07_fa2_inner_loop.py").read_text()   # imports flashlib
+    assert classroom.borrowed(classroom.ast.parse(source), classroom.ast.parse(stub)) == why
+
+
+def test_stubs_and_solutions_are_not_borrowed():
+    for name in grading.list_exercises(ROOT):
+        stub = classroom.ast.parse((ROOT / "exercises" / f"{name}.py").read_text())
+        for folder in ("exercises", "solutions"):
+            tree = classroom.ast.parse((ROOT / folder / f"{name}.py").read_text())
+            assert classroom.borrowed(tree, stub) is None, (folder, name)
+
+
+def test_replies_cannot_name_code():
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+    payload = pickle.dumps((pickle.dumps(Evil()), []))
+    with pytest.raises(pickle.UnpicklingError, match="not accepted"):
+        sandbox.decode(payload, restricted=True)
+
+
+def test_arrays_and_tensor_views_cross_the_wire():
+    """A view into a larger buffer travels with its whole storage; shared storage stays shared."""
+    rng = np.random.default_rng(7)
+    buffer = torch.from_numpy(rng.standard_normal((9, 97)).astype(np.float32))
+    view, other = buffer[2:5, 3:20], buffer[6]                     # (3, 17), (97,)
+    array = rng.standard_normal((17, 3))[::2]                      # non-contiguous
+    frame, encoder = sandbox.encode({"a": array, "t": (view, other), "s": np.float32(2.5)})
+    message, decoder = sandbox.decode(frame[4:], restricted=True)
+    assert np.array_equal(message["a"], array) and message["s"] == np.float32(2.5)
+    got_view, got_other = message["t"]
+    assert torch.equal(got_view, view) and torch.equal(got_other, other)
+    assert got_view.untyped_storage().data_ptr() == got_other.untyped_storage().data_ptr()
+    assert got_view.stride() == view.stride() and len(decoder.new_storages) == 1
+
+
+def test_triton_launches_run_in_the_student_process(tmp_path, grader_seed):
+    """ex05 (the student's launcher writes into views of NaN buffers) and ex07 (flashlib's FA2
+    kernel and the grader's harness launched with the student's @triton.jit function): graded
+    through the sandbox exactly as in-process."""
+    names = {grading.short(n): n for n in grading.list_exercises(ROOT)}
+    files = {"ada": {"ex05": ROOT / "solutions" / f"{names['ex05']}.py",
+                     "ex07": ROOT / "solutions" / f"{names['ex07']}.py"},
+             "eve": {"ex05": ROOT / "tests" / "mutants" / "ex05_store_no_mask.py",
+                     "ex07": ROOT / "tests" / "mutants" / "ex07_no_rescale_l.py"}}
+    for student, mine in files.items():
+        (tmp_path / student).mkdir()
+        for ex, file in mine.items():
+            shutil.copy(file, tmp_path / student / f"{names[ex]}.py")
+    rows = classroom.grade(tmp_path, out=None, timeout=120, jobs=2, exercises=["ex05", "ex07"],
+                           seed=grader_seed, progress=False)
+    for row in rows:
+        expected = _in_process(files[row["student"]][row["exercise"][:4]], row["exercise"],
+                               grader_seed)
+        assert (row["status"], row["passed"]) == expected, row
+    assert {r["status"] for r in rows if r["student"] == "ada"} == {"passed"}
+
+
+def test_grade_from_another_folder_with_relative_paths(tmp_path):
+    """Issue 10: `flashlib grade subs --out grades.csv` run outside the course folder."""
+    shutil.copytree(ROOT / "solutions", tmp_path / "subs" / "ada",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    result = subprocess.run([sys.executable, "-m", "flashlib.cli", "grade", "subs", "--out",
+                             "grades.csv", "--exercises", "ex00", "ex01", "--timeout", "30"],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    with open(tmp_path / "grades.csv", newline="") as f:
+        rows = list(csv.DictReader(io.StringIO(f.read())))
+    assert [(r["student"], r["status"]) for r in rows] == [("ada", "passed")] * 2
+    assert all(r["passed"] == r["total"] != "0" for r in rows)
