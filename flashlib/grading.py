@@ -11,11 +11,12 @@ How the pieces fit (DESIGN.md, "Exercises and grading"):
   in-process, with the same code.
 - ``check`` loads the learner's file fresh from disk on every call (compiled from source, never
   from an import cache), runs every check, prints one line per check and never raises.
-- ``flashlib.classroom.grade`` (``flashlib grade DIR``) runs each student's each exercise in its
-  own subprocess with a time limit, through ``run_checks`` here.
+- ``flashlib.classroom.grade`` (``flashlib grade DIR``) runs these checks in its own process
+  against proxies of a student's functions, which run in a confined process
+  (``flashlib.sandbox``), with a time limit.
 
-Limits: grading runs the learner's code with the grader's rights; it is a teaching aid, not a
-sandbox against malicious submissions.
+Limits: ``check`` runs the learner's code in-process with the learner's rights (a teaching aid);
+instructors grade untrusted work with ``flashlib grade``.
 """
 import os
 import re
@@ -31,7 +32,6 @@ import numpy as np
 
 from .testing import assert_close
 
-_RESULT_TAG = "@@flashlib-grade@@"
 _ROOT_ENV = "FLASHLIB_ROOT"
 _SEED_ENV = "FLASHLIB_SEED"
 
