@@ -1,0 +1,15 @@
+"""Mutant of ex10: weights the outputs right but returns the largest lse_s as the merged lse."""
+import numpy as np
+
+EXPECTED_HINT = "not their max"
+
+
+def combine_splits(out_parts, lse_parts):
+    m = lse_parts.max(axis=-1, keepdims=True)
+    m = np.where(np.isneginf(m), 0.0, m)
+    w = np.exp(lse_parts - m)
+    total = w.sum(axis=-1)
+    empty = total == 0.0
+    out = (w[..., None] * out_parts).sum(axis=-2) / np.where(empty, 1.0, total)[..., None]
+    lse = np.where(empty, -np.inf, m[..., 0])
+    return out.astype(out_parts.dtype), lse.astype(lse_parts.dtype)
