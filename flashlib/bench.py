@@ -1,7 +1,7 @@
 """Benchmark harness: flashlib against PyTorch's attention kernels, checked before it is timed.
 
-``python -m flashlib.bench [--suite forward backward paper memory block_sparse] [--quick]`` on a
-CUDA GPU (``block_sparse``: see ``flashlib.bench_sparse``):
+``python -m flashlib.bench [--suite forward backward paper memory block_sparse decode] [--quick]``
+on a CUDA GPU (``block_sparse``: see ``flashlib.bench_sparse``; ``decode``: ``flashlib.bench_decode``):
 1. every implementation is checked against ``attention_ref`` (float64) on a slice of the very
    inputs it is timed on, with the tolerance rule of ``flashlib.testing``; a wrong one is
    reported and not timed;
@@ -250,7 +250,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m flashlib.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", nargs="+", default=["forward", "backward", "paper", "memory"],
-                        choices=["forward", "backward", "paper", "memory", "block_sparse"])
+                        choices=["forward", "backward", "paper", "memory", "block_sparse", "decode"])
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     parser.add_argument("--impl", nargs="+", default=None, help="only these implementations")
     parser.add_argument("--quick", action="store_true", help="three forward shapes only")
@@ -270,6 +270,10 @@ def main(argv=None):
             (out_dir / f"{name}.json").write_text(json.dumps(dict(env=environment(), records=records), indent=1))
             bench_sparse.plot(records, out_dir / f"{name}.png", f"{suite} {args.dtype}")
             bench_sparse.print_table(records)
+            continue
+        if suite == "decode":  # TB/s of K/V cache read: see flashlib.bench_decode
+            from . import bench_decode
+            bench_decode.run_suite(dtype, out_dir, names=args.impl, quick=args.quick)
             continue
         cases = suite_cases(suite, args.quick)
         impls = implementations(args.impl)

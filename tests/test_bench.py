@@ -71,3 +71,26 @@ def test_block_sparse_records_ratios_and_plot(tmp_path):
     assert records[2]["ratio_vs_sdpa_flash"] == 4.0 and records[3].get("vs_density_x_dense") is None
     bench_sparse.plot(records, tmp_path / "p.png", "test")
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_decode_check_ratios_table_and_plot(tmp_path, capsys):
+    from flashlib import bench_decode
+    q, k, v = bench.make_inputs(2, 4, 2, 1, 70, 16, torch.float32, "cpu")
+    flashlib_decode = bench_decode.implementations(["flashlib"])["flashlib"]
+    for seqlens in (None, [70, 9]):
+        err, ok = bench_decode.check_decode(flashlib_decode, q, k, v, seqlens)
+        assert ok and err < 1e-5
+    ignores_lengths = lambda q, k, v, seqlens: bench_decode.naive_decode(q, k, v, None)  # noqa: E731
+    assert not bench_decode.check_decode(ignores_lengths, q, k, v, [70, 9])[1]
+    shape = dict(op="decode", dtype="float16", B=1, Hq=2, Hkv=2, Nq=1, Nk=4096, D=16, causal=False,
+                 density=1.0)
+    records = [dict(shape, impl=i, ms=ms, gbps=g, ms_graph=ms / 2, gbps_graph=2 * g)
+               for i, ms, g in (("flashlib", 2.0, 1500.0), ("sdpa_flash", 3.0, 1000.0),
+                                ("sdpa_cudnn", 4.0, 750.0))]
+    bench_decode.add_decode_ratios(records, copy_gbps=3000.0)
+    mine = records[0]
+    assert mine["ratio_vs_sdpa_flash"] == 1.5 and mine["ratio_vs_sdpa_cudnn"] == 2.0
+    assert mine["ratio_vs_sdpa_flash_graph"] == 1.5 and mine["copy_fraction_graph"] == 1.0
+    bench_decode.plot(records, 3000.0, tmp_path / "p.png", "test")
+    bench_decode.print_table(records, 3000.0)
+    assert (tmp_path / "p.png").stat().st_size > 0 and "1.50" in capsys.readouterr().out
