@@ -10,8 +10,14 @@ import os
 from pathlib import Path
 
 # NumPy's BLAS threads and torch's fight over CI's 2 cores (a small batched matmul: 140 ms instead
-# of 0.4 ms); one BLAS thread, set before numpy loads. Notebook kernels inherit it.
+# of 0.4 ms); one BLAS thread, set before numpy loads (nothing imports numpy before this file).
+# A value given from outside wins, so the suite can be run under other BLAS settings, e.g.
+# OPENBLAS_NUM_THREADS=2 or OPENBLAS_CORETYPE=SkylakeX; the report's header names those in effect.
+# Notebook kernels inherit them.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+BLAS_SETTINGS = ", ".join(f"{name}={value}" for name, value in sorted(os.environ.items())
+                          if name in ("OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OMP_NUM_THREADS",
+                                      "MKL_NUM_THREADS"))
 
 import pytest  # noqa: E402
 
@@ -35,8 +41,8 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
-    return (f"exercise graders: --impl={config.getoption('--impl')}, seed {SEED} "
-            f"(replay with FLASHLIB_SEED={SEED})")
+    return [f"exercise graders: --impl={config.getoption('--impl')}, seed {SEED} "
+            f"(replay with FLASHLIB_SEED={SEED})", f"BLAS settings: {BLAS_SETTINGS}"]
 
 
 def pytest_collection_modifyitems(config, items):
