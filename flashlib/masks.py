@@ -56,6 +56,10 @@ class BlockMask:
         self.kv_index, self.kv_full, self.kv_count, self.kv_bitmap = _visit_lists(self.kinds, bitmap_id)
         self.q_index, self.q_full, self.q_count, self.q_bitmap = _visit_lists(
             self.kinds.transpose(-1, -2), bitmap_id.transpose(-1, -2))
+        # the kernels autotune per power of two of the blocks a program visits on average: the
+        # best tile for 3 blocks per query block is not the best for 100
+        self.kv_visits = 1 << max(0, math.ceil(math.log2(max(1.0, float(self.kv_count.float().mean())))))
+        self.q_visits = 1 << max(0, math.ceil(math.log2(max(1.0, float(self.q_count.float().mean())))))
 
     @property
     def shape(self):

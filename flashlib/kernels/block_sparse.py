@@ -30,7 +30,7 @@ from .fa2_fwd import CONFIGS, attend_tile, load_rows, write_output
 from .fa2_bwd import DKDV_CONFIGS, DQ_CONFIGS
 from .tile import LOG2E, tile_update
 
-KEY = ["n_bucket", "BLOCK_D", "SPARSE_BLOCK", "DOT_PRECISION"]
+KEY = ["n_bucket", "visits", "BLOCK_D", "SPARSE_BLOCK", "DOT_PRECISION"]
 
 
 @triton.jit
@@ -72,7 +72,7 @@ def _bitmap_tile(Bitmaps, bitmap_id, rows, cols, SPARSE_BLOCK: tl.constexpr):
 def _bs_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmaps,
                    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                    stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
-                   slice_b, slice_h, Hq, Nq, Nk, D, n_qblocks, n_kblocks, qk_scale, n_bucket, GROUP,
+                   slice_b, slice_h, Hq, Nq, Nk, D, n_qblocks, n_kblocks, qk_scale, n_bucket, visits, GROUP,
                    SPARSE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, EVEN_M: tl.constexpr, EVEN_D: tl.constexpr,
                    DOT_PRECISION: tl.constexpr):
@@ -122,7 +122,7 @@ def _bs_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, KvBit
                   stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                   stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                   stride_dqb, stride_dqh, stride_dqm, slice_b, slice_h,
-                  Hq, Nq, Nk, D, n_qblocks, n_kblocks, scale, qk_scale, n_bucket, GROUP,
+                  Hq, Nq, Nk, D, n_qblocks, n_kblocks, scale, qk_scale, n_bucket, visits, GROUP,
                   SPARSE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
     n_m = tl.cdiv(Nq, BLOCK_M)
@@ -172,7 +172,7 @@ def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QB
                     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                     stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                    slice_b, slice_h, Hq, Hkv, Nq, Nk, D, n_kblocks, n_qblocks, scale, qk_scale, n_bucket,
+                    slice_b, slice_h, Hq, Hkv, Nq, Nk, D, n_kblocks, n_qblocks, scale, qk_scale, n_bucket, visits,
                     GROUP, SPARSE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
     n_n = tl.cdiv(Nk, BLOCK_N)
@@ -264,7 +264,7 @@ def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False):
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         slice_b, slice_h, Hq, Nq, Nk, D, mask.shape[2], mask.shape[3], scale * LOG2E, size_bucket(Nq, Nk),
-        Hq // Hkv, SPARSE_BLOCK=bs, BLOCK_D=block_d, EVEN_M=Nq % bs == 0, EVEN_D=D == block_d,
+        mask.kv_visits, Hq // Hkv, SPARSE_BLOCK=bs, BLOCK_D=block_d, EVEN_M=Nq % bs == 0, EVEN_D=D == block_d,
         DOT_PRECISION="tf32" if allow_tf32 else "ieee", **config)
     return out.to(out_dtype), lse
 
@@ -289,11 +289,12 @@ def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf
         q, k, v, dout, lse, delta, dk, dv, mask.q_count, mask.q_full, mask.q_index, mask.q_bitmap,
         mask.bitmaps, *common, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
         dv.stride(2), slice_b, slice_h, Hq, Hkv, Nq, Nk, D, mask.shape[3], mask.shape[2], scale, scale * LOG2E,
-        n_bucket, Hq // Hkv, SPARSE_BLOCK=bs, BLOCK_D=block_d, DOT_PRECISION=precision,
+        n_bucket, mask.q_visits, Hq // Hkv, SPARSE_BLOCK=bs, BLOCK_D=block_d, DOT_PRECISION=precision,
         **_pick_dkdv(block_d, q.element_size(), bs))
     _dq[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)](
         q, k, v, dout, lse, delta, dq, mask.kv_count, mask.kv_full, mask.kv_index, mask.kv_bitmap,
         mask.bitmaps, *common, dq.stride(0), dq.stride(1), dq.stride(2), slice_b, slice_h,
-        Hq, Nq, Nk, D, mask.shape[2], mask.shape[3], scale, scale * LOG2E, n_bucket, Hq // Hkv, SPARSE_BLOCK=bs,
+        Hq, Nq, Nk, D, mask.shape[2], mask.shape[3], scale, scale * LOG2E, n_bucket, mask.kv_visits, Hq // Hkv,
+        SPARSE_BLOCK=bs,
         BLOCK_D=block_d, DOT_PRECISION=precision, **_pick_dq(block_d, q.element_size(), bs))
     return dq.to(grad_dtype), dk.to(grad_dtype), dv.to(grad_dtype)
