@@ -13,14 +13,21 @@ The matmuls always fit in M; FA1 with the paper's block sizes B_c = ceil(M / 4d)
 B_r = min(B_c, d) may hold up to about 1.25 M (K_j, V_j: M/2; Q_i, O_i: up to M/2;
 S_ij: up to M/4): the paper's constants are asymptotic, and ``sram_peak`` shows it.
 
-Limits: one head, one sequence (multiply by batch x heads); N_q = N_k = N; no causal masking;
-registers, caches and the L2 are not modelled; counts only, no timing.
+``attention_block_sparse`` walks block-sparse FlashAttention (section 3.3): FA2's loops over
+only the tiles a block mask lists, Theta(N d + N^2 d^2 s / M) for a fraction s of non-empty tiles.
+
+Limits: one head, one sequence (multiply by batch x heads); N_q = N_k = N; masking (causal or
+any other) only as the tile kinds given to ``attention_block_sparse``, whose element masks of
+partial tiles are not counted; registers, caches and the L2 are not modelled; counts only, no
+timing.
 """
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 __all__ = ["Traffic", "matmul_naive", "matmul_row_reuse", "matmul_tiled", "attention_standard",
-           "attention_flash", "fa1_block_sizes", "sweep_sram"]
+           "attention_flash", "fa1_block_sizes", "attention_block_sparse", "visited_tiles", "sweep_sram"]
 
 
 @dataclass
@@ -192,6 +199,63 @@ def attention_flash(N: int, d: int, *, sram: int, block_q: int | None = None,
             chip.free(rows, cols)
             chip.free(rows, 2 * d + 2)
         chip.free(cols, 2 * d)
+    return chip.traffic
+
+
+def visited_tiles(n_rows: int, n_cols: int, *, density=None, kinds=None) -> np.ndarray:
+    """(n_rows, n_cols) bool: the tiles a block-sparse walk visits, from exactly one of
+
+    kinds: tile kinds, 0 empty (never visited), 1 partial, 2 full (``BlockMask.kinds[b, h]``);
+    density: s in [0, 1], round(s n_rows n_cols) tiles spread evenly over the grid (row-major).
+    """
+    if (density is None) == (kinds is None):
+        raise ValueError("give exactly one of density= and kinds=")
+    if kinds is not None:
+        kinds = np.asarray(kinds)
+        if kinds.shape != (n_rows, n_cols):
+            raise ValueError(f"kinds has shape {kinds.shape}; expected ({n_rows}, {n_cols}), one entry "
+                             "per (query block, key block) tile of this walk's block sizes")
+        return kinds != 0
+    if not 0.0 <= density <= 1.0:
+        raise ValueError(f"density must be in [0, 1], got {density!r}")
+    n = round(density * n_rows * n_cols)
+    visited = np.zeros(n_rows * n_cols, dtype=bool)
+    visited[np.linspace(0, n_rows * n_cols - 1, n).round().astype(int)] = True   # spacing >= 1
+    return visited.reshape(n_rows, n_cols)
+
+
+def attention_block_sparse(N: int, d: int, *, sram: int, density: float | None = None, kinds=None,
+                           block_q: int | None = None, block_k: int | None = None) -> Traffic:
+    """Block-sparse FlashAttention (section 3.3) in FA2's loop order, as flashlib's kernels run it.
+
+    Query blocks outer: Q_i is read once, O_i and lse_i written once; the inner loop visits only
+    the key blocks listed for query block i (``visited_tiles``: give ``kinds`` or ``density``),
+    reading K_j and V_j for each. Empty tiles cost nothing. Reads N d + 2 d (key rows of every
+    visited tile), writes N d + N: for blocks that divide N, N d + s T_r 2 N d and N d + N, so
+    with block_q = M / 4d about 2 N d + 8 s N^2 d^2 / M, the paper's Theta(N d + N^2 d^2 s / M).
+    s = 1 is dense FA2. Block sizes default to ``fa1_block_sizes`` with the roles swapped (the
+    query block stays on chip here, so it is the large one); with ``kinds`` from a BlockMask pass
+    its block_size as both.
+    """
+    default_k, default_q = fa1_block_sizes(sram, d)
+    block_q = default_q if block_q is None else block_q
+    block_k = default_k if block_k is None else block_k
+    query_blocks, key_blocks = blocks(N, block_q), blocks(N, block_k)
+    visited = visited_tiles(len(query_blocks), len(key_blocks), density=density, kinds=kinds)
+    chip = Chip(sram, strict=False)                # the default blocks overshoot M a little, as FA1's
+    for i, (_, rows) in enumerate(query_blocks):
+        chip.read(rows, d)                         # Q_i
+        chip.hold(rows, d + 2)                     # acc, m, l stay on chip
+        for j in np.flatnonzero(visited[i]):
+            cols = key_blocks[j][1]
+            chip.read(cols, d)                     # K_j
+            chip.read(cols, d)                     # V_j
+            chip.hold(rows, cols)                  # S_ij, then P_ij
+            chip.free(rows, cols)
+            chip.free(cols, 2 * d)
+        chip.write(rows, d)                        # O_i
+        chip.write(rows, 1)                        # lse_i
+        chip.free(rows, 2 * d + 2)
     return chip.traffic
 
 

@@ -115,3 +115,71 @@ def test_sweep_returns_bytes_for_a_plot():
     assert sweep["theorem2"] == [2 * N * N * d * d / M for M in srams]
     assert sweep["flash"][0] > sweep["flash"][1] > sweep["flash"][2]
     assert iosim.attention_flash(N, d, sram=4096).bytes(4) == 2 * sweep["flash"][1]
+
+
+# ---- block-sparse FlashAttention (section 3.3): FA2's loops over the listed tiles only --------
+
+def dense_fa2_closed_form(N, d, block_q):
+    T_r = math.ceil(N / block_q)
+    return N * d + T_r * 2 * N * d, N * d + N            # Q once, K and V per query block; O, lse once
+
+
+@pytest.mark.parametrize("N, d", [(130, 80), (97, 17), (1, 80), (256, 64)])
+@pytest.mark.parametrize("sram", [256, 4099, 20000])
+def test_block_sparse_at_density_one_is_dense_fa2(N, d, sram):
+    block_k, block_q = iosim.fa1_block_sizes(sram, d)    # FA2 keeps the (large) query block on chip
+    dense = iosim.attention_block_sparse(N, d, sram=sram, density=1.0)
+    assert (dense.reads, dense.writes) == dense_fa2_closed_form(N, d, block_q)
+    all_full = np.full((math.ceil(N / block_q), math.ceil(N / block_k)), 2)
+    assert iosim.attention_block_sparse(N, d, sram=sram, kinds=all_full) == dense
+    # FA1 (Algorithm 1) moves more: its O, l, m go through HBM once per key block
+    assert dense.total < iosim.attention_flash(N, d, sram=sram).total
+    empty = iosim.attention_block_sparse(N, d, sram=sram, density=0.0)
+    assert (empty.reads, empty.writes) == (N * d, N * d + N)   # Q read, O = 0 and lse = -inf written
+
+
+def test_block_sparse_traffic_is_linear_in_density():
+    N, d, block = 256, 64, 32                            # 8 x 8 tiles of 32 x 32
+    sram = 4 * block * d
+    base = 2 * N * d + N                                 # Q, O, lse: the N d term
+    for s in (0.0, 1 / 64, 0.1, 0.25, 0.5, 0.77, 1.0):
+        tiles = round(s * 64)
+        traffic = iosim.attention_block_sparse(N, d, sram=sram, density=s)
+        assert traffic.total == base + tiles * 2 * block * d, s    # each tile: K_j and V_j
+
+
+def test_block_sparse_theta_n_d_plus_n2_d2_s_over_m():
+    N, d, s = 1024, 32, 0.25
+    for sram in (2**11, 2**12, 2**13, 2**14):            # block_q = M / 4d = 16 ... 128
+        traffic = iosim.attention_block_sparse(N, d, sram=sram, density=s)
+        quadratic = traffic.total - (2 * N * d + N)
+        assert quadratic * sram / (N * N * d * d * s) == pytest.approx(8.0), sram
+
+
+def test_causal_is_density_one_half():
+    from flashlib import masks
+    N, d, block = 1024, 64, 32
+    mask = masks.causal(N, N, block_size=block)
+    kinds = mask.kinds[0, 0].numpy()
+    T = N // block
+    assert mask.density() == pytest.approx((T + 1) / (2 * T))   # the diagonal and below
+    sram = 4 * block * d
+    base = 2 * N * d + N
+    causal = iosim.attention_block_sparse(N, d, sram=sram, kinds=kinds, block_q=block, block_k=block)
+    dense = iosim.attention_block_sparse(N, d, sram=sram, density=1.0, block_q=block, block_k=block)
+    assert (causal.total - base) / (dense.total - base) == pytest.approx(mask.density())
+    assert 0.5 < mask.density() < 0.52
+    window = masks.sliding_window(N, N, 128, block_size=block).kinds[0, 0].numpy()
+    local = iosim.attention_block_sparse(N, d, sram=sram, kinds=window, block_q=block, block_k=block)
+    assert local.total - base == (window != 0).sum() * 2 * block * d
+
+
+def test_block_sparse_bad_arguments():
+    with pytest.raises(ValueError, match="exactly one of density= and kinds="):
+        iosim.attention_block_sparse(130, 80, sram=4099)
+    with pytest.raises(ValueError, match="exactly one of density= and kinds="):
+        iosim.attention_block_sparse(130, 80, sram=4099, density=0.5, kinds=np.ones((2, 2)))
+    with pytest.raises(ValueError, match="density must be in"):
+        iosim.attention_block_sparse(130, 80, sram=4099, density=1.5)
+    with pytest.raises(ValueError, match=r"kinds has shape \(3, 3\); expected \(9, 9\)"):
+        iosim.attention_block_sparse(130, 80, sram=4099, kinds=np.ones((3, 3)), block_q=16, block_k=16)
