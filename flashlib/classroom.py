@@ -47,6 +47,11 @@ KEPT = 16 << 20                                      # bytes: bigger files are h
 _REFUSED_MODULES = {"importlib", "builtins", "ctypes", "gc"}
 _REFUSED_NAMES = {"__import__", "exec", "eval", "__builtins__"}
 _PRELOAD = ("numpy", "flashlib", "torch", "triton")  # imported before the student's file
+# one thread per process (on 2 busy cores one student took 22 s of grading with BLAS and torch
+# threads fighting, 10 s without), and
+# no autotuning, so that the grader can resolve the grid of a launch it routes
+_WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+               "FLASHLIB_AUTOTUNE": "0"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,7 +196,10 @@ def _status(results):
 def _grade_task(student, name, files, filename):
     """Grade one file; returns {"passed", "status", "seconds"} (never raises)."""
     began = time.monotonic()
-    row = _grade(student, name, files, filename, began + _W["timeout"])
+    try:
+        row = _grade(student, name, files, filename, began + _W["timeout"])
+    except Exception as e:               # a bug here, not the student's: say so, grade the rest
+        row = {"passed": 0, "status": f"error: the grader failed: {type(e).__name__}: {e}"}
     return {**row, "seconds": round(time.monotonic() - began, 2)}
 
 
@@ -313,6 +321,9 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
     root, submissions = Path(root).resolve(), Path(submissions).resolve()
     if not submissions.is_dir():
         raise FileNotFoundError(f"{submissions} is not a folder of student folders")
+    for arg, value in (("timeout", timeout), ("memory", memory), ("jobs", 1 if jobs is None else jobs)):
+        if not value > 0:
+            raise ValueError(f"{arg} must be > 0, got {value!r}")
     out = None if out is None else Path(out).resolve()
     names = [resolve(e, root) for e in exercises] if exercises else list_exercises(root)
     graders = {n: (str(root / "tests" / "exercises" / f"test_{n}.py"),
@@ -343,16 +354,18 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
     mode, why = sandbox.probe(root, hide)
     env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "TRITON_INTERPRET",
                                       "CUDA_VISIBLE_DEVICES") if k in os.environ}
-    env.update(FLASHLIB_AUTOTUNE="0", FLASHLIB_ROOT=str(root), OMP_NUM_THREADS="1",
-               MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env.update(_WORKER_ENV, FLASHLIB_ROOT=str(root))
+    from . import runtime
+    # CUDA reserves far more address space than any sensible limit: none on a GPU
+    memory = None if runtime.DEVICE.type == "cuda" else int(memory * (1 << 30))
     settings = dict(root=root, submissions=submissions, graders=graders, stubs=stubs, seed=seed,
-                    timeout=float(timeout), memory=int(memory * (1 << 30)), mode=mode, hide=hide,
+                    timeout=float(timeout), memory=memory, mode=mode, hide=hide,
                     run_dir=str(run_dir), env=env)
     left = {s.name: sum(t[0] == s.name for t in tasks) for s in students}
     bar = tqdm(total=len(students), desc="grading", unit="student", disable=not progress)
     bar.update(sum(n == 0 for n in left.values()))
-    saved_autotune = os.environ.get("FLASHLIB_AUTOTUNE")
-    os.environ["FLASHLIB_AUTOTUNE"] = "0"        # the grader processes resolve every grid
+    saved = {k: os.environ.get(k) for k in _WORKER_ENV}
+    os.environ.update(_WORKER_ENV)               # inherited by the grader processes
     try:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                  initializer=_init_worker, initargs=(settings,)) as pool:
@@ -364,6 +377,8 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
                         rows[key].update(future.result())
                     except BrokenProcessPool:
                         rows[key].update(status="crashed (the grader process died)")
+                    except Exception as e:
+                        rows[key].update(status=f"error: the grader failed: {e}")
                     left[key[0]] -= 1
                     bar.update(left[key[0]] == 0)
             except KeyboardInterrupt:
@@ -372,10 +387,11 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
                 raise
     finally:
         bar.close()
-        if saved_autotune is None:
-            os.environ.pop("FLASHLIB_AUTOTUNE", None)
-        else:
-            os.environ["FLASHLIB_AUTOTUNE"] = saved_autotune
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         shutil.rmtree(run_dir, ignore_errors=True)
     integrity = _restore(submissions, before)
     table = [rows[s.name, n] for s in students for n in names]

@@ -40,8 +40,8 @@ def _run_grade(args) -> int:
 
     try:
         classroom.grade(args.submissions, out=args.out, timeout=args.timeout, jobs=args.jobs,
-                        exercises=args.exercises, seed=args.seed)
-    except (FileNotFoundError, LookupError) as e:
+                        exercises=args.exercises, seed=args.seed, memory=args.memory)
+    except (FileNotFoundError, LookupError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
@@ -50,14 +50,18 @@ def _run_grade(args) -> int:
 def _add_grade(sub):
     p = sub.add_parser("grade", help="instructors: grade a folder of student submissions",
                        description="Grade SUBMISSIONS/<student>/exNN_*.py for every student and "
-                                   "exercise, each in its own subprocess with a time limit; "
-                                   "write a CSV and print a table.")
+                                   "exercise: each file runs in its own confined process (time, "
+                                   "memory and output limits; read-only files where Linux "
+                                   "namespaces allow), the checks run in the grader's process. "
+                                   "Write a CSV and print a table.")
     p.add_argument("submissions", help="folder with one folder per student (a copy of exercises/)")
     p.add_argument("--out", default="grades.csv", help="CSV to write (default: grades.csv)")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds allowed per student and exercise (default: 60)")
     p.add_argument("--jobs", type=int, default=None,
-                   help="subprocesses at a time (default: one per CPU core)")
+                   help="files graded at a time (default: one per CPU core)")
+    p.add_argument("--memory", type=float, default=4.0,
+                   help="GB of address space per student process (default: 4)")
     p.add_argument("--exercises", nargs="+", default=None, metavar="EXERCISE",
                    help="grade only these (default: all)")
     p.add_argument("--seed", type=int, help="inputs' seed, the same for every student")

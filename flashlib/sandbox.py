@@ -65,8 +65,9 @@ import types
 
 MAX_REPLY = 32 << 20           # bytes: a larger reply from the student process is refused
 _HEADER = 4
-_FS_EVENTS = {"open", "os.listdir", "os.scandir", "os.remove", "os.rmdir", "os.mkdir", "os.rename", "os.chmod", "os.chown",
-              "os.truncate", "os.utime", "os.link", "os.symlink", "shutil.rmtree"}
+_FS_EVENTS = {"open", "os.listdir", "os.scandir", "os.remove", "os.rmdir", "os.mkdir", "os.rename",
+              "os.chmod", "os.chown", "os.truncate", "os.utime", "os.link", "os.symlink",
+              "shutil.rmtree"}
 _WATCHED = ("numpy", "numpy.testing", "numpy.linalg", "torch", "torch.testing",
             "torch.nn.functional", "triton", "triton.runtime.jit", "triton.runtime.interpreter",
             "math")
@@ -155,7 +156,7 @@ class _Decoder(pickle.Unpickler):
         super().__init__(file)
         self.buffers, self.restricted, self.extra = buffers, restricted, extra
         self.storages = list(storages)      # ("known", i) refers to these
-        self.arrays, self.new_storages, self._made = {}, {}, {}
+        self.arrays, self.new_storages = {}, {}
 
     def find_class(self, module, name):
         if self.restricted and (module, name) not in self.SAFE:
@@ -182,8 +183,8 @@ class _Decoder(pickle.Unpickler):
             import torch
             (where, i), dtype, device, offset, size, stride = pid[1:]
             dtype = getattr(torch, str(dtype), None)
-            if not isinstance(dtype, torch.dtype):
-                raise pickle.UnpicklingError(f"unknown tensor dtype {pid[2]!r}")
+            if not isinstance(dtype, torch.dtype) or device not in ("cpu", "cuda"):
+                raise pickle.UnpicklingError(f"a tensor of {pid[2]!r} on {device!r}")
             if where == "known":
                 storage = self.storages[i]
             else:
@@ -281,7 +282,7 @@ def _limits(cfg):
     for name, value in (("RLIMIT_AS", cfg["memory"]), ("RLIMIT_FSIZE", cfg["fsize"]),
                         ("RLIMIT_CORE", 0), ("RLIMIT_CPU", cfg["cpu"])):
         limit = getattr(resource, name, None)
-        if limit is not None and value is not None:
+        if limit is not None and value is not None:     # memory None: no limit (CUDA)
             hard = value + 5 if name == "RLIMIT_CPU" else value
             resource.setrlimit(limit, (value, hard))
 
@@ -760,21 +761,35 @@ class Student:
         self.box, self.path, self.text, self.flags = box, display_path, text, []
 
     def load(self, preload):
-        reply = self.box.request({"op": "load", "preload": preload})
-        self.flags += reply.get("flags", [])
-        if reply.get("status") != "ok":
+        """Import the file there; returns the reply ({"status": "ok" | "not done" | "error"})."""
+        reply = self._checked(self.box.request({"op": "load", "preload": preload}))
+        if reply.get("status") not in ("ok", "not done", "error"):
+            raise SandboxGone("a load reply the grader cannot read")
+        if reply["status"] != "ok":
             return reply
         import linecache
         linecache.cache[self.path] = (len(self.text), None, self.text.splitlines(True), self.path)
         members = {}
-        for name, info in reply["names"].items():
-            if info[0] == "function":
-                members[name] = _Function(self, name)
-            elif info[0] == "value":
-                members[name] = info[1]
-            else:
-                members[name] = _kernel_class()(self, name, self._stand_in(name, *info[1:]))
+        try:
+            for name, info in dict(reply["names"]).items():
+                if not str(name).isidentifier() or name.startswith("__"):
+                    continue
+                if info[0] == "function":
+                    members[name] = _Function(self, name)
+                elif info[0] == "value":
+                    members[name] = info[1]
+                elif info[0] == "jit":
+                    members[name] = _kernel_class()(self, name, self._stand_in(name, *info[1:]))
+        except (TypeError, ValueError, IndexError, KeyError) as e:
+            raise SandboxGone(f"a load reply the grader cannot read ({e})") from None
         self.impl = types.SimpleNamespace(__file__=self.path, **members)
+        return reply
+
+    def _checked(self, reply):
+        """Keep the reply's well-formed flags (a list of tuples of strings)."""
+        flags = reply.get("flags", [])
+        self.flags += [tuple(str(x) for x in f) for f in (flags if isinstance(flags, list) else [])
+                       if isinstance(f, (tuple, list)) and f]
         return reply
 
     def _stand_in(self, name, params, firstlineno):
@@ -795,7 +810,7 @@ class Student:
         return None
 
     def _answer(self, reply):
-        self.flags += reply.get("flags", [])
+        self._checked(reply)
         if "error" in reply:
             raise _rebuild(reply["error"], self.path)
         return reply.get("result")
@@ -830,8 +845,9 @@ class Student:
             extra=self._extra))
 
     def finish(self):
-        reply = self.box.request({"op": "finish"})
-        self.flags += reply.get("flags", []) + [("patch", p) for p in reply.get("patched", [])]
+        reply = self._checked(self.box.request({"op": "finish"}))
+        patched = reply.get("patched", [])
+        self.flags += [("patch", str(p)) for p in (patched if isinstance(patched, list) else [])]
 
 
 _SAFE_ERRORS = {name: cls for name, cls in vars(builtins).items()
@@ -840,6 +856,8 @@ _SAFE_ERRORS = {name: cls for name, cls in vars(builtins).items()
 
 def _rebuild(error, path):
     """An exception of a builtin class (else RuntimeError) carrying the student's message."""
+    if not isinstance(error, dict):
+        return RuntimeError("the student process sent a malformed error")
     name, message = str(error.get("type")), str(error.get("message"))
     where = f" ({os.path.basename(path)}, line {error['line']})" if error.get("line") else ""
     cls = _SAFE_ERRORS.get(name)
