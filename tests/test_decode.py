@@ -51,6 +51,7 @@ CPU_CASES = [  # (B, Hq, Hkv, Nq, Lmax, D, seqlens, num_splits)
     (2, 4, 1, 3, 70, 16, [70, 2], 2),               # 3 new tokens, causal; L=2 < 3: a row sees nothing
     (1, 2, 2, 1, 17, 16, None, 1),                  # multi-head, no lengths, one split
     (1, 8, 2, 5, 97, 32, [50], 7),                  # 5 tokens x group 4 = 20 rows, 7 splits > 4 blocks
+    (1, 8, 1, 9, 40, 16, [40], 2),                  # 9 tokens x group 8 = 72 rows: two row blocks
 ]
 
 
