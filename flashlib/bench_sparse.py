@@ -105,7 +105,7 @@ def run_suite(dtype, *, quick=False, impls=None, progress=None):
         make_flex = None
 
     def record(op, impl, label, density, ms, note):
-        rec = dict(op=op, impl=impl, mask=label, **base, density=round(density, 4), ms=ms,
+        rec = dict(op=op, impl=impl, mask=label, **base, density=density, ms=ms,
                    tflops=None if ms is None else attention_flops(B, H, N, N, D) * density * OPS[op] / ms / 1e9,
                    ratio_vs_sdpa_flash=None, ratio_vs_flex=None)
         if note:
