@@ -39,3 +39,21 @@ def test_readme_has_the_two_setup_commands():
     commands = _readme_commands()
     assert any("jupyter lab" in c for c in commands) and any("pytest" in c for c in commands)
     assert all("-c constraints-cpu.txt" in c for c in commands)
+
+
+def test_readme_opens_jupyterlab_at_the_repository_root(monkeypatch):
+    """Lessons send learners to exercises/: JupyterLab must serve the repository's root. A bare
+    folder or file argument (`jupyter lab lessons/`) makes lessons/ the root instead."""
+    import shlex
+
+    from jupyter_server.serverapp import ServerApp
+
+    command = next(c for c in _readme_commands() if "jupyter lab" in c)
+    monkeypatch.chdir(ROOT)
+    app = ServerApp()
+    try:
+        app.parse_command_line(shlex.split(command.split("jupyter lab", 1)[1]))
+        assert pathlib.Path(app.root_dir) == ROOT
+        assert app.file_to_run and pathlib.Path(app.file_to_run).is_file()
+    finally:
+        ServerApp.clear_instance()
