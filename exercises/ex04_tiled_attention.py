@@ -20,6 +20,10 @@ Such a row must keep m = -inf, l = 0, acc = 0: use 0 instead of -inf as its refe
 ``flashlib.tiled.fa2_forward(q, k, v, block_q=..., block_k=..., causal=..., tile_update=fn)``
 runs the loops around your step (look at it); ``flashlib.tiled.fa2_tile_update`` is the
 library's answer. Write the step below; then run ``flashlib check ex04``.
+
+RETURN ORDER: ``return m_new, l, acc``, the state in the order it comes in (m, l, acc). Exercise
+07's Triton step keeps its state in another order, (acc, m_i, l_i), the order of flashlib's
+kernels, and returns it in that order: mind the difference when you get there.
 """
 import numpy as np
 
@@ -31,8 +35,9 @@ def fa2_tile_update(scores, v_block, m, l, acc):
     v_block: (..., Bk, D) the values of this key block.
     m: (..., Bq) running max (-inf before the first key); l: (..., Bq) running sum of
     exp(s - m) (0 at first); acc: (..., Bq, D) running unnormalised output (0 at first).
-    Returns (m, l, acc) with the same shapes and dtype, including this block. No division by
-    l, and no NaN: a row whose scores have all been -inf keeps m = -inf, l = 0, acc = 0.
+    Returns (m, l, acc), in this order (not ex07's (acc, m, l)), with the same shapes and
+    dtype, including this block. No division by l, and no NaN: a row whose scores have all
+    been -inf keeps m = -inf, l = 0, acc = 0.
     Do not modify the arguments in place.
     """
     raise NotImplementedError('ex04: your code goes here, then run `flashlib check ex04`')

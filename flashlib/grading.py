@@ -48,15 +48,17 @@ def fail(message: str, hint: str | None = None):
     raise CheckFailed(message if hint is None else f"{message}\n    hint: {hint}")
 
 
-def expect_close(actual, expected, *, baseline, dtype, name, hint=None):
+def expect_close(actual, expected, *, baseline, dtype, name, hint=None, magnitude=None):
     """``flashlib.testing.assert_close`` with a hint; ``hint`` may be a callable (a diagnosis
-    that runs only when the comparison fails) returning a string or None."""
+    that runs only when the comparison fails) returning a string or None. magnitude: see
+    ``flashlib.testing.tolerance``."""
     actual = np.asarray(actual)
     expected = np.asarray(expected)
     if actual.shape != expected.shape:
         fail(f"{name} has shape {actual.shape}, expected {expected.shape}", _resolve(hint))
     try:
-        assert_close(actual, expected, baseline=baseline, dtype=dtype, name=name)
+        assert_close(actual, expected, baseline=baseline, dtype=dtype, name=name,
+                     magnitude=magnitude)
     except AssertionError as e:
         bad = "" if np.all(np.isfinite(actual) | ~np.isfinite(expected)) else " (it has inf/NaN)"
         fail(f"{e}{bad}", _resolve(hint))
@@ -95,7 +97,7 @@ def pytest_run(check_fn, impl, seed: int) -> None:
         return
     if result.status == "error":  # keep the traceback: it points into the code at fault
         if hasattr(result.exception, "add_note"):
-            result.exception.add_note(f"{result.title} {replay}")
+            result.exception.add_note(f"{result.title}: {result.message}\n    {replay}")
         raise result.exception
     if result.status == "not done":
         pytest.fail(f"not done yet: replace the NotImplementedError in "
@@ -227,7 +229,7 @@ class Report:
     total: int                      # number of checks in the grader
     results: list = field(default_factory=list)
     problem: str | None = None      # why nothing could be graded (missing file, syntax error)
-    status: str = "failed"          # "passed" | "failed" | "not done" | "error" | "missing"
+    status: str = "failed"          # "passed", "failed", "not done", "error", "missing", "timeout"
 
     @property
     def passed(self) -> int:
@@ -259,23 +261,82 @@ def _display(path) -> str:
         return str(path)
 
 
+def _chain(exc) -> list:
+    """``exc`` and the exceptions it was raised from, outermost first."""
+    chain = []
+    while exc is not None and all(exc is not seen for seen in chain):
+        chain.append(exc)
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return chain
+
+
+def _unwrap(exc):
+    """The learner's own error inside Triton's interpreter wrappers: InterpreterError wraps it
+    once per kernel or @triton.jit call level, saying only InterpreterError('...')."""
+    while (type(exc).__name__ == "InterpreterError" and type(exc).__module__.startswith("triton")
+           and exc.__cause__ is not None):
+        exc = exc.__cause__
+    return exc
+
+
+def _learner_frame(exc, path):
+    """The innermost traceback frame in the graded file, searching the chained causes too (an
+    error inside a kernel surfaces at the launcher, its cause holds the kernel's line)."""
+    if path is None:
+        return None
+    path = Path(path).resolve()
+    for e in reversed(_chain(exc)):
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve() == path]
+        if frames:
+            return frames[-1]
+    return None
+
+
 def _where(exc, path) -> str:
     """" (your file, line 12)" if the exception came from the graded file."""
-    if path is None:
-        return ""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if Path(f.filename).resolve() == Path(path).resolve()]
-    return f" ({_display(path)}, line {frames[-1].lineno})" if frames else ""
+    frame = _learner_frame(exc, path)
+    return f" ({_display(path)}, line {frame.lineno})" if frame is not None else ""
 
 
-def _error_hint(exc) -> str:
+_PY_MATH_CALL = re.compile(r"(?<![\w.])(math|np|numpy)\.\w+\s*\(")
+
+
+def _error_hint(exc, path=None) -> str:
+    """A hint for an error raised by the learner's code, or ""."""
+    in_triton = any(type(e).__module__.startswith("triton") for e in _chain(exc))
+    frame = _learner_frame(exc, path)
+    exc = _unwrap(exc)
     text = str(exc)
-    if isinstance(exc, ValueError) and "broadcast" in text:
-        return ("\n    hint: shapes do not line up: reduce with keepdims=True, or index "
-                "with [..., None], so a per-row value broadcasts against the row")
-    if isinstance(exc, TypeError) and "argument" in text:
-        return "\n    hint: keep the function's signature exactly as in the stub"
-    return ""
+    line = (frame.line or "") if frame is not None else ""
+    compiled = type(exc).__name__ == "CompilationError"   # on a GPU: the message quotes the line
+    if in_triton and (_PY_MATH_CALL.search(line) or (compiled and _PY_MATH_CALL.search(text))
+                      or "only 0-dimensional arrays can be converted to Python scalars" in text):
+        hint = ("inside a @triton.jit kernel use Triton's functions, which work on whole blocks: "
+                "tl.exp, tl.math.exp2, tl.log, tl.maximum; Python's math and NumPy take plain "
+                "numbers")
+    elif "must be same dtype" in text or "must have the same dtype" in text:
+        hint = ("tl.dot takes two operands of one dtype: cast the float32 one to the other's, "
+                "e.g. tl.dot(p.to(v.dtype), v, acc, ...)")
+    elif "make_shape_compatible" in text or "incompatible dimensions" in text:
+        hint = ("blocks of different shapes met inside the kernel: return your values in the "
+                "order the docstring gives (the kernel unpacks them in that order), and index a "
+                "per-row (BM,) vector as x[:, None] to combine it with a (BM, BN) block")
+    elif "values to unpack" in text:
+        hint = "return exactly the values the docstring lists, in its order"
+    elif isinstance(exc, ValueError) and "broadcast" in text:
+        hint = ("shapes do not line up: reduce with keepdims=True, or index with [..., None], "
+                "so a per-row value broadcasts against the row")
+    elif isinstance(exc, TypeError) and "argument" in text:
+        hint = "keep the function's signature exactly as in the stub"
+    else:
+        return ""
+    return f"\n    hint: {hint}"
+
+
+def _error_message(exc, path) -> str:
+    """"ValueError: ... (your file, line 12)" and a hint, for an exception from the learner's code."""
+    root = _unwrap(exc)
+    return f"{type(root).__name__}: {root}{_where(exc, path)}{_error_hint(exc, path)}"
 
 
 def run_one(check_fn, impl, seed: int) -> CheckResult:
@@ -294,8 +355,7 @@ def run_one(check_fn, impl, seed: int) -> CheckResult:
     except RecursionError as e:
         return CheckResult(title, "error", f"RecursionError{_where(e, path)}", e)
     except Exception as e:  # the learner's code raised: report it, don't crash the grader
-        msg = f"{type(e).__name__}: {e}{_where(e, path)}{_error_hint(e)}"
-        return CheckResult(title, "error", msg, e)
+        return CheckResult(title, "error", _error_message(e, path), e)
     return CheckResult(title, "ok")
 
 
@@ -372,15 +432,87 @@ def format_report(report: Report) -> str:
     return "\n".join(lines)
 
 
-def check(exercise, *, impl="exercises", path=None, seed=None) -> bool:
+TIME_LIMIT_S = 60.0   # per exercise, as `flashlib grade` (classroom.grade's default timeout)
+
+
+class _TimeUp(BaseException):
+    """Raised inside a check's thread when its time is up. A BaseException, so that neither an
+    ``except Exception`` in the learner's code nor Triton's interpreter catches it."""
+
+
+def _stop(thread) -> None:
+    """Raise _TimeUp in ``thread`` at its next Python line (CPython's async exception)."""
+    import ctypes
+
+    set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    set_async_exc(ctypes.c_ulong(thread.ident), ctypes.py_object(_TimeUp))
+
+
+def _line_running(thread, file) -> int | None:
+    """The line of ``file`` that ``thread`` is running (innermost), or None."""
+    frame = sys._current_frames().get(thread.ident)
+    file = Path(file).resolve() if file is not None else None
+    while frame is not None and file is not None:
+        if Path(frame.f_code.co_filename).resolve() == file:
+            return frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def _run_checks_in_time(exercise, *, impl, path, seed, timeout) -> Report:
+    """``run_checks`` in a thread, stopped after ``timeout`` seconds: a notebook's kernel (and
+    its variables) survive a learner's loop that never ends, with no process to start."""
+    import threading
+
+    box = {}
+
+    def work():
+        try:
+            box["report"] = run_checks(exercise, impl=impl, path=path, seed=seed)
+        except _TimeUp:
+            pass
+        except BaseException as e:  # noqa: B036  re-raised in the caller's thread
+            box["error"] = e
+
+    worker = threading.Thread(target=work, name="flashlib-check", daemon=True)
+    worker.start()
+    try:
+        worker.join(timeout)
+    except KeyboardInterrupt:   # a notebook's stop button stops the check too
+        _stop(worker)
+        raise
+    if "error" in box:
+        raise box["error"]
+    if "report" in box:
+        return box["report"]
+    name = resolve(exercise)
+    file = implementation_path(name, impl=impl, path=path)
+    line = _line_running(worker, file)
+    _stop(worker)
+    worker.join(5.0)
+    where = f", line {line}" if line is not None else ""
+    problem = (f"stopped after {timeout:g} s (the time limit `flashlib grade` gives each "
+               f"exercise): your code was still running ({_display(file)}{where}). Look for a loop "
+               "that never ends: a while loop whose condition never turns false, or a loop "
+               "variable that is never advanced.")
+    if worker.is_alive():
+        problem += " It is still running in the background: restart the kernel (or Python)."
+    return Report(name, file, seed, 0, problem=problem, status="timeout")
+
+
+def check(exercise, *, impl="exercises", path=None, seed=None, timeout=None) -> bool:
     """Grade one exercise: print a short report, return True only if every check passes.
 
     exercise: "ex01", "1", 1 or "ex01_safe_softmax". impl: "exercises" (your work) or
-    "solutions". path: a file (or folder of exNN_*.py files) to grade instead. Never raises:
-    an unsolved stub, a syntax error or an exception in your code is reported, not raised.
+    "solutions". path: a file (or folder of exNN_*.py files) to grade instead. timeout: seconds
+    before the check is stopped and reported (None: TIME_LIMIT_S, as `flashlib grade`). Never
+    raises: an unsolved stub, a syntax error, an exception or a loop that never ends in your
+    code is reported, not raised.
     """
+    seed = default_seed() if seed is None else int(seed)
+    timeout = TIME_LIMIT_S if timeout is None else float(timeout)
     try:
-        report = run_checks(exercise, impl=impl, path=path, seed=seed)
+        report = _run_checks_in_time(exercise, impl=impl, path=path, seed=seed, timeout=timeout)
     except Exception as e:  # a broken grader or install: still never raise into a lesson
         print(f"{exercise}: could not run the grader: {type(e).__name__}: {e}")
         return False
@@ -388,8 +520,8 @@ def check(exercise, *, impl="exercises", path=None, seed=None) -> bool:
     return report.status == "passed"
 
 
-def check_all(*, impl="exercises", path=None, seed=None) -> bool:
-    """``check`` every exercise; True if all pass."""
+def check_all(*, impl="exercises", path=None, seed=None, timeout=None) -> bool:
+    """``check`` every exercise (each with its own time limit); True if all pass."""
     names = list_exercises()
     if not names:
         print(_NO_ROOT.format(where=Path(__file__).resolve().parent))
@@ -397,7 +529,7 @@ def check_all(*, impl="exercises", path=None, seed=None) -> bool:
     seed = default_seed() if seed is None else seed
     results = []
     for name in names:
-        results.append(check(name, impl=impl, path=path, seed=seed))
+        results.append(check(name, impl=impl, path=path, seed=seed, timeout=timeout))
         print()
     print(f"{sum(results)} of {len(results)} exercises passed")
     return all(results)

@@ -21,6 +21,11 @@ The update, per row (all in float32):
 No division by l here: the kernel divides once after the last block (deferred normalisation,
 ``flashlib.kernels.tile.finalize``) and writes lse = (m + log2(l)) * ln(2).
 
+RETURN ORDER: ``return acc, m_new, l_i``, the state in the order it comes in (acc, m_i, l_i),
+as flashlib's kernels unpack it. This is NOT exercise 04's order: its NumPy step takes
+(scores, v_block, m, l, acc) and returns (m, l, acc). Returned in another order, the kernel
+combines blocks of different shapes and Triton stops with "Cannot make_shape_compatible".
+
 A row that has seen only masked keys so far (causal with Nq > Nk, a query with no key yet) has
 m_new = -inf, and exp2(-inf - (-inf)) is NaN. Such a row must keep m = -inf, l = 0, acc = 0:
 where m_new is -inf, use 0 as the reference max in alpha and p (they then come out 0).
@@ -40,7 +45,8 @@ import triton.language as tl
 
 @triton.jit
 def tile_update(acc, m_i, l_i, s, v, DOT_PRECISION: tl.constexpr):
-    """Fold one block of base-2 scores into the running state; return (acc, m_i, l_i).
+    """Fold one block of base-2 scores into the running state; return (acc, m_i, l_i), in
+    this order (not ex04's (m, l, acc)).
 
     acc (BM, BD) float32, unnormalised output; m_i, l_i (BM,) float32, running max and sum
     (-inf and 0 before the first block); s (BM, BN) float32 base-2 scores, -inf where masked;

@@ -74,6 +74,50 @@ def test_check_reads_the_file_fresh_every_call(tmp_path, capsys):
     assert "not its min" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("where, text", [
+    ("in the function", "def safe_softmax(x):\n    i = 0\n    while True:\n        i += 1\n"),
+    ("on import", "import time\n\nwhile True:\n    time.sleep(0.01)\n"),
+], ids=["in the function", "on import"])
+def test_check_stops_a_loop_that_never_ends(tmp_path, capsys, where, text):
+    """A learner's endless loop does not hang the check cell: stopped after the time limit, the
+    report says so, names the line, and the thread running it is gone."""
+    import threading
+    import time
+
+    hang = tmp_path / "ex01_safe_softmax.py"
+    hang.write_text(text)
+    began = time.monotonic()
+    assert check("ex01", path=hang, timeout=1.5) is False
+    assert time.monotonic() - began < 8
+    out = capsys.readouterr().out
+    assert "stopped after 1.5 s" in out and "a loop that never ends" in out, out
+    assert re.search(r"line [34]\b", out), out
+    assert not any(t.name == "flashlib-check" for t in threading.enumerate())
+    assert check("ex01", path=SOLUTION, timeout=30) is True     # and the next check runs as usual
+
+
+def test_check_has_the_time_limit_of_grade():
+    import inspect
+
+    assert grading.TIME_LIMIT_S == inspect.signature(classroom.grade).parameters["timeout"].default
+
+
+@pytest.mark.parametrize("mutant, offending", [
+    ("ex07_dot_dtype", "tl.dot(p, v"), ("ex07_python_math_exp", "math.exp("),
+    ("ex07_return_order", None)])
+def test_triton_errors_name_the_error_the_line_and_a_hint(capsys, mutant, offending):
+    """Inside a kernel run by Triton's interpreter: the learner's own error, not the nested
+    InterpreterError('InterpreterError(...)') wrappers; the learner's line inside the kernel
+    (not the launcher's); a hint."""
+    file = ROOT / "tests" / "mutants" / f"{mutant}.py"
+    assert check("ex07", path=file, seed=1) is False
+    out = capsys.readouterr().out
+    assert "InterpreterError" not in out and "hint: " in out, out
+    if offending is not None:
+        line = next(n for n, text in enumerate(file.read_text().splitlines(), 1) if offending in text)
+        assert f"{file.name}, line {line})" in out, out
+
+
 def test_failure_report_carries_a_hint(capsys):
     assert check("ex01", path=MUTANT, seed=3) is False
     out = capsys.readouterr().out

@@ -13,6 +13,7 @@ import pytest
 
 from flashlib import grading
 from flashlib.reference import attention_ref
+from flashlib.testing import attention_magnitudes
 from flashlib.tiled import fa2_forward, fa2_tile_update as library_update
 
 pytestmark = pytest.mark.ex04
@@ -163,10 +164,11 @@ def _expect_forward(impl, rng, dtype, shape_q, shape_k, block_q, block_k, causal
     what = (f"fa2_forward with your update, {dtype.__name__} q {shape_q}, k and v {shape_k}, "
             f"block_q={block_q}, block_k={block_k}, causal={causal}")
     hint = lambda: _diagnose(impl) or "follow the update in the docstring"  # noqa: E731
-    grading.expect_close(out, out_ref, baseline=(out_b, out_lib),
-                         dtype=np.dtype(dtype), name=f"out of {what}", hint=hint)
-    grading.expect_close(lse, lse_ref, baseline=(lse_b, lse_lib),
-                         dtype=np.dtype(dtype), name=f"lse of {what}", hint=hint)
+    mags = attention_magnitudes(q, k, v, causal=causal)      # the rule's floor, from the inputs
+    grading.expect_close(out, out_ref, baseline=(out_b, out_lib), dtype=np.dtype(dtype),
+                         name=f"out of {what}", hint=hint, magnitude=mags["out"])
+    grading.expect_close(lse, lse_ref, baseline=(lse_b, lse_lib), dtype=np.dtype(dtype),
+                         name=f"lse of {what}", hint=hint, magnitude=mags["lse"])
 
 
 def check_fa2_forward(impl, rng):
