@@ -13,7 +13,8 @@ a user function, ...). Cut into ``block_size`` x ``block_size`` tiles, each tile
              tile's bit pattern from ``bitmaps`` (one (block_size, block_size) uint8 tile each).
 
 Key tiles that run past seqlen_k are partial (their bitmap is 0 past the end), so a full tile
-never pays for a bounds check. A ``BlockMask`` is stored the way the kernels read it:
+never pays for a bounds check. Query rows past seqlen_q do not count: a short last query tile
+is full when all of its real rows see all its keys (the padded rows are computed and never stored). A ``BlockMask`` is stored the way the kernels read it:
 
     per query block (forward and dQ): kv_index (Bm, Hm, nQ, nK) int32 the key blocks to visit,
         full ones first, kv_full (Bm, Hm, nQ) how many are full, kv_count how many in all,
@@ -28,7 +29,8 @@ import math
 
 import torch
 
-__all__ = ["BlockMask", "causal", "sliding_window", "local_global", "document", "random_blocks",
+__all__ = ["BlockMask", "visit_lists", "causal", "sliding_window", "local_global", "document",
+           "random_blocks",
            "from_function", "from_block_tensor"]
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
@@ -53,8 +55,8 @@ class BlockMask:
         self.block_size, self.batch_heads, self.name = block_size, tuple(batch_heads), name
         self.device = torch.device("cpu") if device is None else torch.device(device)
         self.kinds, self.bitmaps, bitmap_id = self._classify()
-        self.kv_index, self.kv_full, self.kv_count, self.kv_bitmap = _visit_lists(self.kinds, bitmap_id)
-        self.q_index, self.q_full, self.q_count, self.q_bitmap = _visit_lists(
+        self.kv_index, self.kv_full, self.kv_count, self.kv_bitmap = visit_lists(self.kinds, bitmap_id)
+        self.q_index, self.q_full, self.q_count, self.q_bitmap = visit_lists(
             self.kinds.transpose(-1, -2), bitmap_id.transpose(-1, -2))
         # the kernels autotune per power of two of the blocks a program visits on average: the
         # best tile for 3 blocks per query block is not the best for 100
@@ -163,7 +165,7 @@ class BlockMask:
             from matplotlib.patches import Patch
             ax.legend(handles=[Patch(color=c, label=l) for c, l in
                                zip(cmap.colors, ("empty: skipped", "partial: masked", "full: no mask"))],
-                      loc="upper right", fontsize=7, framealpha=0.9)
+                      loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
         ax.set_title(f"{self.name}: density {self.density():.2f}")
         return ax
 
@@ -172,8 +174,11 @@ class BlockMask:
                 f"block_size={self.block_size}, shape={self.shape}, density={self.density():.3f})")
 
 
-def _visit_lists(kinds, bitmap_id):
-    """Per row of ``kinds`` (..., R, C): the columns to visit, full first, then partial."""
+def visit_lists(kinds, bitmap_id):
+    """Per row of ``kinds`` (..., R, C): the columns to visit, full first, then partial, each
+    group in ascending order. Returns (index, n_full, count, bitmap): index (..., R, C) int32
+    (entries past count are the empty columns), n_full and count (..., R) int32, bitmap (..., R, C)
+    the ``bitmap_id`` of each listed column (-1 for full ones)."""
     C = kinds.shape[-1]
     cols = torch.arange(C, device=kinds.device)
     rank = torch.where(kinds == FULL, 0, torch.where(kinds == PARTIAL, 1, 2))   # full, partial, empty

@@ -84,7 +84,7 @@ def _tables(mask):
 def _lists_of(kinds):
     """Per row of ``kinds`` (R, C): the library's visit list (flashlib.masks' own ordering)."""
     kinds = torch.from_numpy(np.ascontiguousarray(kinds)).to(torch.int8)
-    index, _, count, _ = masks._visit_lists(kinds, torch.zeros(kinds.shape, dtype=torch.int32))
+    index, _, count, _ = masks.visit_lists(kinds, torch.zeros(kinds.shape, dtype=torch.int32))
     return [index[r, :count[r]].numpy().astype(np.int64) for r in range(kinds.shape[0])]
 
 
