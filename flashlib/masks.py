@@ -30,8 +30,7 @@ import math
 import torch
 
 __all__ = ["BlockMask", "visit_lists", "causal", "sliding_window", "local_global", "document",
-           "random_blocks",
-           "from_function", "from_block_tensor"]
+           "random_blocks", "from_function", "from_block_tensor"]
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 _CHUNK_ELEMENTS = 1 << 25  # rule elements evaluated at once while building
