@@ -47,11 +47,12 @@ KEPT = 16 << 20                                      # bytes: bigger files are h
 _REFUSED_MODULES = {"importlib", "builtins", "ctypes", "gc"}
 _REFUSED_NAMES = {"__import__", "exec", "eval", "__builtins__"}
 _PRELOAD = ("numpy", "flashlib", "torch", "triton")  # imported before the student's file
-# one thread per process (on 2 busy cores one student took 22 s of grading with BLAS and torch
-# threads fighting, 10 s without), and
-# no autotuning, so that the grader can resolve the grid of a launch it routes
+# One thread per process (on 2 busy cores one student took 22 s of grading with BLAS and torch
+# threads fighting, 10 s without). Kernels through Triton's interpreter, on a GPU machine too:
+# the graders' shapes are small, and compiling each student's kernels for the GPU took 345 s for
+# two students' ex05 and ex07 on an H100 (the interpreter: seconds). No autotuning either way.
 _WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-               "FLASHLIB_AUTOTUNE": "0"}
+               "FLASHLIB_AUTOTUNE": "0", "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,14 +353,10 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
     run_dir = Path(tempfile.mkdtemp(prefix="flashlib-grade-")).resolve()
     hide = _hidden(root, submissions, run_dir)
     mode, why = sandbox.probe(root, hide)
-    env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "TRITON_INTERPRET",
-                                      "CUDA_VISIBLE_DEVICES") if k in os.environ}
+    env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL") if k in os.environ}
     env.update(_WORKER_ENV, FLASHLIB_ROOT=str(root))
-    from . import runtime
-    # CUDA reserves far more address space than any sensible limit: none on a GPU
-    memory = None if runtime.DEVICE.type == "cuda" else int(memory * (1 << 30))
     settings = dict(root=root, submissions=submissions, graders=graders, stubs=stubs, seed=seed,
-                    timeout=float(timeout), memory=memory, mode=mode, hide=hide,
+                    timeout=float(timeout), memory=int(memory * (1 << 30)), mode=mode, hide=hide,
                     run_dir=str(run_dir), env=env)
     left = {s.name: sum(t[0] == s.name for t in tasks) for s in students}
     bar = tqdm(total=len(students), desc="grading", unit="student", disable=not progress)

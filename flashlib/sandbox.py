@@ -279,10 +279,11 @@ def _confine(cfg):
 
 def _limits(cfg):
     import resource
-    for name, value in (("RLIMIT_AS", cfg["memory"]), ("RLIMIT_FSIZE", cfg["fsize"]),
+    # RLIMIT_DATA: writable private memory (not the PROT_NONE address space CUDA reserves)
+    for name, value in (("RLIMIT_DATA", cfg["memory"]), ("RLIMIT_FSIZE", cfg["fsize"]),
                         ("RLIMIT_CORE", 0), ("RLIMIT_CPU", cfg["cpu"])):
         limit = getattr(resource, name, None)
-        if limit is not None and value is not None:     # memory None: no limit (CUDA)
+        if limit is not None and value is not None:
             hard = value + 5 if name == "RLIMIT_CPU" else value
             resource.setrlimit(limit, (value, hard))
 
