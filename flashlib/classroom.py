@@ -26,15 +26,15 @@ Statuses: "passed", "failed", "not done", "missing", "error: ...", "timeout (...
 import ast
 import csv
 import hashlib
-import multiprocessing
 import os
+import pickle
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from . import sandbox
@@ -155,6 +155,68 @@ def _init_worker(settings):
     _W.update(settings)
 
 
+def _worker_main():
+    """A grader process (``python -m flashlib.classroom --worker``): settings, then tasks, as
+    pickles on stdin; a row per task on stdout (the process's own: graders' prints go to
+    stderr, and no student process shares these pipes)."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    _init_worker(pickle.load(sys.stdin.buffer))
+    while True:
+        try:
+            task = pickle.load(sys.stdin.buffer)
+        except EOFError:
+            return
+        pickle.dump(_grade_task(*task), out)
+        out.flush()
+
+
+def _run_workers(tasks, jobs, settings, env, done):
+    """``jobs`` grader processes; a thread feeds each; a dead one is replaced. ``done(task, row)``
+    is called (under a lock) as rows arrive."""
+    todo, lock, procs = list(reversed(tasks)), threading.Lock(), []
+
+    def feed():
+        proc = None
+        while True:
+            with lock:
+                if not todo:
+                    break
+                task = todo.pop()
+            if proc is None:
+                proc = subprocess.Popen([sys.executable, "-m", "flashlib.classroom", "--worker"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+                procs.append(proc)
+                pickle.dump(settings, proc.stdin)
+            try:
+                pickle.dump(task, proc.stdin)
+                proc.stdin.flush()
+                row = pickle.load(proc.stdout)
+            except (EOFError, OSError, pickle.UnpicklingError):
+                row = {"passed": 0, "status": "crashed (the grader process died)"}
+                proc.kill()
+                proc.wait()
+                proc = None
+            with lock:
+                done(task, row)
+        if proc is not None:
+            proc.stdin.close()
+            proc.wait()
+
+    threads = [threading.Thread(target=feed, daemon=True) for _ in range(min(jobs, len(tasks)))]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            thread.join()
+    except KeyboardInterrupt:
+        with lock:
+            todo.clear()
+        for proc in procs:
+            proc.terminate()          # each kills its student process (see _init_worker)
+        raise
+
+
 def _grader(name):
     if name not in _W.setdefault("modules", {}):
         path, text = _W["graders"][name]
@@ -192,6 +254,19 @@ def _status(results):
     if "error" in statuses:
         return "error: " + next(r.message for r in results if r.status == "error").splitlines()[0]
     return "failed"
+
+
+def _crash(gone, box):
+    """"crashed (exit code 3): <the last line it printed>", "crashed (killed by SIGKILL): ...",
+    "timeout (CPU time ...)" or "crashed (garbled reply ...)"."""
+    code = gone.returncode
+    if code is None:
+        return f"crashed ({gone})"
+    if code < 0 and -code == getattr(signal, "SIGXCPU", None):
+        return f"timeout (CPU time over {_W['timeout']:g} s)"
+    signals = {-int(s): s.name for s in signal.Signals}
+    why = f"killed by {signals.get(code, -code)}" if code < 0 else f"exit code {code}"
+    return f"crashed ({why}): {box.last_line()}"
 
 
 def _grade_task(student, name, files, filename):
@@ -242,16 +317,7 @@ def _grade(student, name, files, filename, deadline):
     except sandbox.SandboxTimeout:
         passed, status = 0, f"timeout (over {_W['timeout']:g} s)"
     except sandbox.SandboxGone as e:
-        code = e.returncode
-        if code is not None and code < 0 and -code == getattr(signal, "SIGXCPU", None):
-            why = f"CPU time over {_W['timeout']:g} s"
-        elif code is not None and code < 0:
-            why = f"killed by {signal.Signals(-code).name}"
-        elif code is not None:
-            why = f"exit code {code}"
-        else:
-            why = str(e)
-        passed, status = 0, f"crashed ({why}): {box.last_line() if code is not None else e}"
+        passed, status = 0, _crash(e, box)
     finally:
         _W["box"] = None
         if box is not None:
@@ -361,34 +427,15 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
     left = {s.name: sum(t[0] == s.name for t in tasks) for s in students}
     bar = tqdm(total=len(students), desc="grading", unit="student", disable=not progress)
     bar.update(sum(n == 0 for n in left.values()))
-    saved = {k: os.environ.get(k) for k in _WORKER_ENV}
-    os.environ.update(_WORKER_ENV)               # inherited by the grader processes
+
+    def done(task, row):
+        rows[task[:2]].update(row)
+        left[task[0]] -= 1
+        bar.update(left[task[0]] == 0)
     try:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=_init_worker, initargs=(settings,)) as pool:
-            futures = {pool.submit(_grade_task, *task): task[:2] for task in tasks}
-            try:
-                for future in as_completed(futures):
-                    key = futures[future]
-                    try:
-                        rows[key].update(future.result())
-                    except BrokenProcessPool:
-                        rows[key].update(status="crashed (the grader process died)")
-                    except Exception as e:
-                        rows[key].update(status=f"error: the grader failed: {e}")
-                    left[key[0]] -= 1
-                    bar.update(left[key[0]] == 0)
-            except KeyboardInterrupt:
-                for child in multiprocessing.active_children():
-                    child.terminate()
-                raise
+        _run_workers(tasks, jobs, settings, dict(os.environ, **_WORKER_ENV), done)
     finally:
         bar.close()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         shutil.rmtree(run_dir, ignore_errors=True)
     integrity = _restore(submissions, before)
     table = [rows[s.name, n] for s in students for n in names]
@@ -443,3 +490,11 @@ def format_table(rows, students, names, *, seed=None, out=None) -> str:
     if out is not None:
         foot.append(f"details (status per exercise) in {out}")
     return "\n".join(text + ([", ".join(foot)] if foot else []))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--worker"]:
+        sys.exit("usage: python -m flashlib.classroom --worker (internal; use `flashlib grade`)")
+    # the package's copy of this module, not __main__: one flashlib.grading, one sandbox
+    from flashlib.classroom import _worker_main as worker
+    worker()

@@ -436,8 +436,6 @@ class _Child:
                 return
             msg, decoder = decode(data, restricted=False, extra=self._student)
             op = msg["op"]
-            if op == "bye":
-                return
             if op == "load":
                 reply = self.load(msg)
             elif op == "finish":
