@@ -16,9 +16,9 @@ The checks are the graders' (tests/exercises/, the same ``check(impl, rng)`` fun
   number of checks. What the student process reports about itself (a read of a hidden folder, a
   graded function defined outside the file, a changed function of numpy, torch, Triton or
   flashlib) also makes the file "not accepted";
-- a pool of grader processes (one per core) takes (student, exercise) pairs; each has a
-  wall-clock limit (``timeout``), the student process also a CPU-time, address-space and
-  file-size limit. The progress bar counts students; the end says how long the class took.
+- grader processes (one per core) take (student, exercise) pairs; each pair has a wall-clock
+  limit (``timeout``), its student process also CPU-time, memory and file-size limits. The
+  progress bar counts students; the end says how long the class took and the slowest file.
 
 Statuses: "passed", "failed", "not done", "missing", "error: ...", "timeout (...)",
 "crashed (...)", "not accepted: ...". Every student gets the same seed (the same inputs).
@@ -41,7 +41,7 @@ from . import sandbox
 from .grading import (_NO_ROOT, default_seed, find_root, implementation_path, list_exercises,
                       resolve, run_one, short)
 
-HIDDEN = ("solutions", "tests", ".git", "lessons")   # course folders the student process cannot read
+HIDDEN = ("solutions", "tests", ".git", "lessons")   # course folders hidden from student processes
 MAX_FILE = 1 << 20                                   # bytes: a bigger .py file is not graded
 KEPT = 16 << 20                                      # bytes: bigger files are hashed, not kept
 _REFUSED_MODULES = {"importlib", "builtins", "ctypes", "gc"}
@@ -49,8 +49,8 @@ _REFUSED_NAMES = {"__import__", "exec", "eval", "__builtins__"}
 _PRELOAD = ("numpy", "flashlib", "torch", "triton")  # imported before the student's file
 # One thread per process (on 2 busy cores one student took 22 s of grading with BLAS and torch
 # threads fighting, 10 s without). Kernels through Triton's interpreter, on a GPU machine too:
-# the graders' shapes are small, and compiling each student's kernels for the GPU took 345 s for
-# two students' ex05 and ex07 on an H100 (the interpreter: seconds). No autotuning either way.
+# the graders' shapes are small, and on an H100 a test grading two students' ex05 and ex07 (and
+# the same files in-process, to compare) spent most of its 345 s compiling kernels. No autotuning.
 _WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
                "FLASHLIB_AUTOTUNE": "0", "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
 
@@ -265,7 +265,7 @@ def _crash(gone, box):
     if code < 0 and -code == getattr(signal, "SIGXCPU", None):
         return f"timeout (CPU time over {_W['timeout']:g} s)"
     signals = {-int(s): s.name for s in signal.Signals}
-    why = f"killed by {signals.get(code, -code)}" if code < 0 else f"exit code {code}"
+    why = f"killed by {signals.get(code, f'signal {-code}')}" if code < 0 else f"exit code {code}"
     return f"crashed ({why}): {box.last_line()}"
 
 
@@ -388,7 +388,7 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
     root, submissions = Path(root).resolve(), Path(submissions).resolve()
     if not submissions.is_dir():
         raise FileNotFoundError(f"{submissions} is not a folder of student folders")
-    for arg, value in (("timeout", timeout), ("memory", memory), ("jobs", 1 if jobs is None else jobs)):
+    for arg, value in (("timeout", timeout), ("memory", memory), ("jobs", jobs or 1)):
         if not value > 0:
             raise ValueError(f"{arg} must be > 0, got {value!r}")
     out = None if out is None else Path(out).resolve()

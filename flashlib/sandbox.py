@@ -35,14 +35,16 @@ dropped (no remount, no way back), it sees no other process and no network. Othe
 containers without the capability) it runs as the grader's user in a scratch copy: nothing stops
 it writing where that user can, and an audit hook that refuses reads of solutions/, tests/ and
 the class folder can be bypassed (ctypes, subprocesses). In both modes resource limits apply
-(address space, CPU seconds, file size) and the grader enforces a wall-clock limit, killing the
-whole process group (in namespaces: the whole PID namespace, daemons included).
+(memory as RLIMIT_DATA, CPU seconds, file size) and the grader enforces a wall-clock limit,
+killing the whole process group (in namespaces: the whole PID namespace, daemons included).
 ``flashlib.classroom`` also hashes the class folder before and after and restores what changed.
 Not prevented in either mode: reading files outside the hidden folders (the course library,
-/etc, the grader's home), fork bombs slowing the machine until the time limit, and a student
-process using memory it maps outside the address-space limit's reach (GPU memory).
-Tested through Triton's interpreter (CPU); on a GPU the same routing applies, with autotuning
-off (``FLASHLIB_AUTOTUNE=0``) so that the grader can resolve every grid itself.
+/etc, the grader's home), fork bombs slowing the machine until the time limit, memory that
+RLIMIT_DATA does not count (shared mappings, GPU memory), and, outside namespaces, a student
+process signalling or killing the grader's processes (same user).
+``flashlib grade`` runs kernels through Triton's interpreter, also on GPU machines; compiled
+launches (JITFunction, CUDA tensors) took the same route in the same tests once, on an H100 with
+Triton 3.6. Autotuning is off (``FLASHLIB_AUTOTUNE=0``) so that the grader resolves every grid.
 """
 import builtins
 import ctypes
@@ -343,7 +345,7 @@ class _Child:
         changed = []
         for owner, label, key, value, code in self.watch:
             now = vars(owner).get(key)
-            if now is not value or (code is not None and getattr(now, "__code__", None) is not code):
+            if now is not value or code is not None and getattr(now, "__code__", None) is not code:
                 changed.append(label)
         return changed
 
@@ -659,7 +661,7 @@ class Sandbox:
         for key, kind in (("arrays", np.ndarray), ("storages", None)):
             for i, data in reply.get(key, {}).items():
                 target = objects[i]
-                if not isinstance(data, bytes) or isinstance(target, np.ndarray) != (kind is not None):
+                if not isinstance(data, bytes) or isinstance(target, np.ndarray) != bool(kind):
                     raise TypeError(f"bad {key} entry {i}")
                 if kind is not None:
                     if target.flags.writeable:

@@ -8,6 +8,7 @@ NumPy exercises ex00-ex04 with a 10 s limit on 2 workers: about 20 s, most of it
 10 s. Then the Triton route (ex05, ex07: launches with a student's kernel run in the student's
 process) against in-process grading, and the command run from another folder (issue 10).
 """
+import ast
 import csv
 import hashlib
 import io
@@ -148,14 +149,14 @@ def test_class_folder_is_restored_if_changed(tmp_path, capsys):
 ])
 def test_borrowed_code_is_named(source, why):
     stub = (ROOT / "exercises" / "ex07_fa2_inner_loop.py").read_text()   # imports flashlib
-    assert classroom.borrowed(classroom.ast.parse(source), classroom.ast.parse(stub)) == why
+    assert classroom.borrowed(ast.parse(source), ast.parse(stub)) == why
 
 
 def test_stubs_and_solutions_are_not_borrowed():
     for name in grading.list_exercises(ROOT):
-        stub = classroom.ast.parse((ROOT / "exercises" / f"{name}.py").read_text())
+        stub = ast.parse((ROOT / "exercises" / f"{name}.py").read_text())
         for folder in ("exercises", "solutions"):
-            tree = classroom.ast.parse((ROOT / folder / f"{name}.py").read_text())
+            tree = ast.parse((ROOT / folder / f"{name}.py").read_text())
             assert classroom.borrowed(tree, stub) is None, (folder, name)
 
 
