@@ -10,7 +10,10 @@ How the pieces fit (DESIGN.md, "Exercises and grading"):
   (``pytest tests/exercises --impl=solutions|exercises|PATH``) and so does ``check`` below,
   in-process, with the same code.
 - ``check`` loads the learner's file fresh from disk on every call (compiled from source, never
-  from an import cache), runs every check, prints one line per check and never raises.
+  from an import cache), runs every check, prints one line per check and never raises. It runs
+  them in a thread stopped after ``TIME_LIMIT_S`` (as ``grade``), so a loop that never ends is
+  reported and a notebook's kernel survives it. Errors raised inside a Triton kernel are reported
+  as the learner's own error at the learner's line, with a hint where the mistake is a common one.
 - ``flashlib.classroom.grade`` (``flashlib grade DIR``) runs these checks in its own process
   against proxies of a student's functions, which run in a confined process
   (``flashlib.sandbox``), with a time limit.

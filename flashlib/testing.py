@@ -21,11 +21,19 @@ any order of summation leaves a few ulps of |dO||v| |K| scale, and whether a nai
 on exactly 0 (autograd does) or on 1e-6 depends on the BLAS, its kernels for this CPU and its
 thread count. A bar of "2x the baseline" alone is then rounding luck; the floor is not.
 
-What the floor still catches: it is a few ulps of float32 at the terms' scale (about 1e-5 of a
-gradient of size 1 for attention at head dim 80), so a gradient off by 1e-3 relative, a missing
-rescale or a wrong scale fails by orders of magnitude (tests/test_testing.py; every mutant in
-tests/mutants/ still fails). Limits: the bound is a model (first-order, sums of absolute values),
-not a proof; the error is measured as one max over the whole tensor.
+The size of the terms is the first-order bound of a sum's rounding error, |error| <= n eps
+sum |terms| (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., section 3.1; eps
+the machine epsilon), without the factor n. Correct float32 implementations measured on CPU (tiled in NumPy at two
+block sizes, unfused, autograd; one and two OpenBLAS threads, Haswell and SkylakeX kernels; one
+key, causal, scale up to 40) erred at most 0.9 eps x magnitude for out and lse and 0.6 eps x
+magnitude for the gradients, against the floor's 4 (and FACTOR 2 on top).
+
+What the floor still catches: in float32 at head dim 80 it comes to about 1e-4 of a gradient's
+largest entry at N ~ 100 and 3e-4 at N ~ 1000 (sums of absolute values grow with N faster than
+rounding errors do), and 1e-5 to 4e-5 of the output's: a gradient off by 1e-3 relative, a
+missing rescale or a wrong scale fails (tests/test_testing.py; every mutant in tests/mutants/
+still fails). Limits: the bound is a model (first order, no factor n), not a proof; the error
+is one max over the whole tensor, the floor one max of the terms' size.
 """
 import math
 
