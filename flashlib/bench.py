@@ -6,7 +6,10 @@ on a CUDA GPU (``block_sparse``: see ``flashlib.bench_sparse``; ``decode``: ``fl
    inputs it is timed on, with the tolerance rule of ``flashlib.testing``; a wrong one is
    reported and not timed;
 2. each is timed with ``triton.testing.do_bench`` (median, CUDA events);
-3. records go to ``benchmarks/results/<gpu>/<suite>.json`` (format in DESIGN.md) with a PNG beside.
+3. records go to ``benchmarks/results/<gpu>/<suite>.json`` with a PNG beside: ``env`` (gpu, sm
+   count, torch, triton, cuda, date) and ``records``, one flat object per (implementation, shape):
+   op, impl, dtype, B, Hq, Hkv, Nq, Nk, D, causal, density, ms, tflops, gbps, peak_mem_gb and
+   ratio_vs_sdpa_flash (SDPA flash's time over this one's, same op and shape, same run).
 
 Implementations: flashlib; SDPA with each backend forced (flash, cudnn, efficient); naive PyTorch
 (materialises the N x N scores); FlexAttention (torch.compile'd) where it imports.
@@ -25,7 +28,7 @@ from .ops import flash_attention
 from .reference import attention_naive, attention_ref
 from .testing import tolerance, max_error
 
-# (D, N, causal) with batch x seqlen = 32k tokens and heads x headdim = 2048 (DESIGN.md)
+# (D, N, causal) with batch x seqlen = 32k tokens and heads x headdim = 2048
 FORWARD_SHAPES = [(64, 4096, False), (64, 16384, False), (64, 4096, True),
                   (128, 4096, False), (128, 16384, False), (128, 16384, True)]
 PAPER_SHAPE = dict(B=64, H=16, N=1024, D=64)     # FlashAttention paper, fwd + bwd
@@ -36,7 +39,7 @@ def shape_for(D, N, *, tokens=32768, width=2048):
 
 
 def attention_flops(B, H, Nq, Nk, D, *, causal=False):
-    """Forward FLOPs: two matmuls, 4 B H Nq Nk D, halved for causal (DESIGN.md's count)."""
+    """Forward FLOPs: two matmuls, 4 B H Nq Nk D, halved for causal."""
     return 4 * B * H * Nq * Nk * D * (0.5 if causal else 1.0)
 
 

@@ -1,6 +1,6 @@
 """Exercise grading: `flashlib check ex01` for learners, `flashlib grade DIR` for instructors.
 
-How the pieces fit (DESIGN.md, "Exercises and grading"):
+How the pieces fit:
 
 - ``solutions/exNN_topic.py`` hold the answers; ``tools/make_exercises.py`` turns them into the
   stubs in ``exercises/`` that learners edit.

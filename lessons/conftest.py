@@ -1,6 +1,6 @@
 """Time each lesson notebook that nbval executes, and hold every lesson to a time limit.
 
-DESIGN.md asks that every lesson run top to bottom on a CPU in about two minutes or less. nbval
+The course asks that every lesson run top to bottom on a CPU in about two minutes or less. nbval
 turns each notebook into one test item per cell (``lessons/NN_topic.ipynb::Cell 3``); the kernel
 starts in the first cell's setup and stops in the last cell's teardown, so summing the setup,
 call and teardown durations of a notebook's items gives its whole run. The terminal summary gets

@@ -1,7 +1,7 @@
 """Notebook hygiene: every lessons/*.ipynb is committed clean and has the parts of a lesson.
 
 Clean (tools/clean_notebooks.py): no outputs, no execution counts, metadata only the kernelspec
-and language_info name. A lesson (DESIGN.md, "Lessons"): named NN_topic.ipynb, a "You will
+and language_info name. A lesson: named NN_topic.ipynb, a "You will
 learn" markdown cell, and, if it sets an exercise (its markdown names exercises/exNN_*.py), a
 code cell calling flashlib.check("exNN"); no cell imports the learner's exercises/ directly (the
 lesson must run with the stubs unsolved). Executing the notebooks is nbval's job (pytest lessons/).

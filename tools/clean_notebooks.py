@@ -4,7 +4,7 @@
     python tools/clean_notebooks.py --check    only report; exit 1 if any notebook is not clean
     python tools/clean_notebooks.py FILE ...   the same, for the given notebooks
 
-Clean means (DESIGN.md, "Tests and CI"): code cells with no outputs and ``execution_count``
+Clean means: code cells with no outputs and ``execution_count``
 null; cell metadata empty except nbval's ``tags``; notebook metadata exactly the kernelspec
 {"name": "python3", "display_name": "Python 3", "language": "python"} and language_info
 {"name": "python"} (no widget state, no kernel versions); and the file written the way nbformat
