@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 from flashlib import tiled
 from flashlib.reference import attention_naive, attention_ref
 from flashlib.testing import (FACTOR, ULPS, accumulation_eps, assert_close, attention_magnitudes,
-                              error_floor, max_error, tolerance)
+                              error_floor, tolerance)
 
 
 def draw(rng, Nq, Nk, *, heads=3, D=80, dtype=np.float32):

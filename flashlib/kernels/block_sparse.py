@@ -25,9 +25,8 @@ import triton.language as tl
 
 from .. import runtime
 from .config import size_bucket, tuned
-from .fa2_bwd import _load_lse2, compute_delta, dkdv_tile, dq_tile
+from .fa2_bwd import DKDV_CONFIGS, DQ_CONFIGS, _load_lse2, compute_delta, dkdv_tile, dq_tile
 from .fa2_fwd import CONFIGS, attend_tile, load_rows, write_output
-from .fa2_bwd import DKDV_CONFIGS, DQ_CONFIGS
 from .tile import LOG2E, tile_update
 
 KEY = ["n_bucket", "visits", "BLOCK_D", "SPARSE_BLOCK", "DOT_PRECISION"]
