@@ -143,13 +143,15 @@ def list_exercises(root=None) -> list[str]:
     if root is None:
         return []
     names = [p.stem[len("test_"):] for p in (root / "tests" / "exercises").glob("test_ex*_*.py")]
-    return sorted(n for n in names if re.fullmatch(r"ex\d+_\w+", n))
+    return sorted(n for n in names if re.fullmatch(r"ex\d+[a-z]?_\w+", n))
 
 
-def exercise_number(name) -> int | None:
-    """2 for "ex02", "2", "02", 2, "ex02_online_softmax" or ".../ex02_online_softmax.py"."""
-    match = re.match(r"(?:ex)?0*(\d+)(?:_|$)", Path(str(name)).stem.lower())
-    return int(match.group(1)) if match else None
+def exercise_number(name) -> tuple[int, str] | None:
+    """Which exercise a name means: (2, "") for "ex02", "2", "02", 2, "ex02_online_softmax" or
+    ".../ex02_online_softmax.py"; (7, "b") for "ex07b", "7b" or "ex07b_fa2_kernel" (a second
+    exercise in lesson 07)."""
+    match = re.match(r"(?:ex)?0*(\d+)([a-z]?)(?:_|$)", Path(str(name)).stem.lower())
+    return (int(match.group(1)), match.group(2)) if match else None
 
 
 def resolve(exercise, root=None) -> str:
