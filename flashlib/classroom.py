@@ -7,8 +7,8 @@ The checks are the graders' (tests/exercises/, the same ``check(impl, rng)`` fun
   the class folder is hashed before and after; anything changed is reported and restored;
 - each (student, exercise) is parsed first: a syntax error, or code that reaches for the answer
   (flashlib beyond what the stub imports, ``solutions/``, ``exec``/``eval``/``__import__``/
-  ``importlib``/``sys.modules``) is reported without running it ("not accepted: write it
-  yourself (...)");
+  ``importlib``/``runpy``/``sys.modules``: ``grading.borrowed``, which ``flashlib check`` runs
+  too) is reported without running it ("not accepted: write it yourself (...)");
 - otherwise ``flashlib.sandbox`` runs the file in a confined student process and the grader
   process runs the checks against proxies of its functions (see that module for the boundary
   and what confinement does and does not prevent). The student process may print, forge, patch
@@ -38,14 +38,12 @@ import time
 from pathlib import Path
 
 from . import sandbox
-from .grading import (_NO_ROOT, default_seed, find_root, implementation_path, list_exercises,
-                      resolve, run_one, short)
+from .grading import (_NO_ROOT, borrowed as _borrowed, default_seed, find_root, flashlib_uses,
+                      implementation_path, list_exercises, resolve, run_one, short)
 
 HIDDEN = ("solutions", "tests", ".git", "lessons")   # course folders hidden from student processes
 MAX_FILE = 1 << 20                                   # bytes: a bigger .py file is not graded
 KEPT = 16 << 20                                      # bytes: bigger files are hashed, not kept
-_REFUSED_MODULES = {"importlib", "builtins", "ctypes", "gc"}
-_REFUSED_NAMES = {"__import__", "exec", "eval", "__builtins__"}
 _PRELOAD = ("numpy", "flashlib", "torch", "triton")  # imported before the student's file
 # One thread per process (on 2 busy cores one student took 22 s of grading with BLAS and torch
 # threads fighting, 10 s without). Kernels through Triton's interpreter, on a GPU machine too:
@@ -58,70 +56,10 @@ _WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THR
 # ---------------------------------------------------------------------------------------------
 # reading a submission without running it
 
-def _flashlib_uses(tree):
-    """Dotted names of flashlib a file refers to: imports and attribute chains on them."""
-    bound, uses = {}, set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.split(".")[0] == "flashlib":
-                    uses.add(alias.name)
-                    name = alias.asname or alias.name.split(".")[0]
-                    bound[name] = alias.name if alias.asname else "flashlib"
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "flashlib":
-            for alias in node.names:
-                uses.add(f"{node.module}.{alias.name}")
-                bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-    chained = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute):
-            parts, base = [], node
-            while isinstance(base, ast.Attribute):
-                parts.append(base.attr)
-                base = base.value
-            if isinstance(base, ast.Name) and base.id in bound:
-                uses.add(".".join([bound[base.id], *reversed(parts)]))
-                chained.add(id(base))
-    for node in ast.walk(tree):   # the package itself passed around (getattr(flashlib, ...))
-        if isinstance(node, ast.Name) and bound.get(node.id) == "flashlib" and \
-                id(node) not in chained and isinstance(node.ctx, ast.Load):
-            uses.add("flashlib (as a value)")
-    return uses
-
-
-def _docstrings(tree):
-    nodes = [tree, *(n for n in ast.walk(tree)
-                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))]
-    return {id(n.body[0].value) for n in nodes if n.body and isinstance(n.body[0], ast.Expr)}
-
-
 def borrowed(tree, stub_tree):
-    """Why a parsed file is not accepted (it reaches for the answer), or None."""
-    allowed = _flashlib_uses(stub_tree)
-    for use in sorted(_flashlib_uses(tree), key=len, reverse=True):
-        if use not in allowed and not any(use.startswith(a + ".") for a in allowed
-                                          if a != "flashlib"):
-            return f"uses {use}"
-    docs = _docstrings(tree)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found = {a.name.split(".")[0] for a in node.names} & _REFUSED_MODULES
-        elif isinstance(node, ast.ImportFrom):
-            found = {(node.module or "").split(".")[0]} & _REFUSED_MODULES
-        else:
-            found = set()
-        if found:
-            return f"imports {found.pop()}"
-        if isinstance(node, ast.Name) and node.id in _REFUSED_NAMES:
-            return f"uses {node.id}"
-        if isinstance(node, ast.Attribute) and node.attr == "modules" and \
-                isinstance(node.value, ast.Name) and node.value.id == "sys":
-            return "uses sys.modules"
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
-                id(node) not in docs and ("solutions/" in node.value or "solutions\\" in node.value
-                                          or node.value == "solutions"):
-            return "names solutions/"
-    return None
+    """Why a parsed file is not accepted (it reaches for the answer), or None: ``grading.borrowed``
+    with what the stub imports from flashlib allowed."""
+    return _borrowed(tree, flashlib_uses(stub_tree))
 
 
 def _preload(tree):

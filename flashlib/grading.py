@@ -216,6 +216,130 @@ def load_grader(name: str, root=None) -> types.ModuleType:
 
 
 # ---------------------------------------------------------------------------------------------
+# "write it yourself": files that reach for the answer are not graded
+
+_REFUSED_MODULES = {"importlib", "builtins", "ctypes", "gc", "runpy"}
+_REFUSED_NAMES = {"__import__", "exec", "eval", "__builtins__"}
+
+
+def flashlib_uses(tree) -> set:
+    """Dotted names of flashlib a parsed file refers to: imports and attribute chains on them."""
+    import ast
+
+    bound, uses = {}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "flashlib":
+                    uses.add(alias.name)
+                    name = alias.asname or alias.name.split(".")[0]
+                    bound[name] = alias.name if alias.asname else "flashlib"
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "flashlib":
+            for alias in node.names:
+                uses.add(f"{node.module}.{alias.name}")
+                bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    chained = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            parts, base = [], node
+            while isinstance(base, ast.Attribute):
+                parts.append(base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in bound:
+                uses.add(".".join([bound[base.id], *reversed(parts)]))
+                chained.add(id(base))
+    for node in ast.walk(tree):   # the package itself passed around (getattr(flashlib, ...))
+        if isinstance(node, ast.Name) and bound.get(node.id) == "flashlib" and \
+                id(node) not in chained and isinstance(node.ctx, ast.Load):
+            uses.add("flashlib (as a value)")
+    return uses
+
+
+def _docstrings(tree):
+    import ast
+
+    nodes = [tree, *(n for n in ast.walk(tree)
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))]
+    return {id(n.body[0].value) for n in nodes if n.body and isinstance(n.body[0], ast.Expr)}
+
+
+def borrowed(tree, allowed) -> str | None:
+    """Why a parsed file is not accepted (it reaches for the answer), or None. allowed: the
+    dotted flashlib names the exercise's stub imports (its helpers); any other use of flashlib,
+    a string naming solutions/, or exec/eval/__import__/importlib/runpy/sys.modules is refused."""
+    import ast
+
+    allowed = set(allowed)
+    for use in sorted(flashlib_uses(tree), key=len, reverse=True):
+        if use not in allowed and not any(use.startswith(a + ".") for a in allowed
+                                          if a != "flashlib"):
+            return f"uses {use}"
+    docs = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found = {a.name.split(".")[0] for a in node.names} & _REFUSED_MODULES
+        elif isinstance(node, ast.ImportFrom):
+            found = {(node.module or "").split(".")[0]} & _REFUSED_MODULES
+        else:
+            found = set()
+        if found:
+            return f"imports {found.pop()}"
+        if isinstance(node, ast.Name) and node.id in _REFUSED_NAMES:
+            return f"uses {node.id}"
+        if isinstance(node, ast.Attribute) and node.attr == "modules" and \
+                isinstance(node.value, ast.Name) and node.value.id == "sys":
+            return "uses sys.modules"
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                id(node) not in docs and ("solutions/" in node.value or "solutions\\" in node.value
+                                          or node.value == "solutions"):
+            return "names solutions/"
+    return None
+
+
+def allowed_flashlib(grader, name, root) -> set:
+    """What a learner's file may use of flashlib: the grader's FLASHLIB_ALLOWED (the stub's
+    imports), else what the reference answer or the stub imports."""
+    import ast
+
+    declared = getattr(grader, "FLASHLIB_ALLOWED", None)
+    if declared is not None:
+        return set(declared)
+    for folder in ("solutions", "exercises"):
+        file = Path(root) / folder / f"{name}.py"
+        if file.is_file():
+            return flashlib_uses(ast.parse(file.read_text(encoding="utf-8")))
+    return set()
+
+
+def _origin(obj):
+    """The source file a function (or a Triton kernel's function) was defined in, or None."""
+    code = getattr(getattr(obj, "fn", obj), "__code__", None)
+    return Path(code.co_filename).resolve() if code is not None else None
+
+
+def foreign(module, allowed, root) -> str | None:
+    """Why a loaded file is not accepted: one of its public functions is flashlib's (beyond the
+    ``allowed`` helpers) or comes from solutions/; else None. Catches what hides from ``borrowed``."""
+    package = Path(__file__).resolve().parent
+    solutions = (Path(root) / "solutions").resolve()
+    own = Path(module.__file__).resolve()
+    for attr, obj in vars(module).items():
+        where = None if attr.startswith("_") or isinstance(obj, types.ModuleType) else _origin(obj)
+        if where is None or where == own:
+            continue
+        fn = getattr(obj, "fn", obj)
+        dotted = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__name__', attr)}"
+        if where.is_relative_to(solutions):
+            return f"{attr} comes from solutions/{where.name}"
+        if where.is_relative_to(package) and dotted not in allowed:
+            return f"{attr} is flashlib's {dotted}"
+    return None
+
+
+NOT_ACCEPTED = "not accepted: write it yourself ({why})"
+
+
+# ---------------------------------------------------------------------------------------------
 # running checks
 
 @dataclass
@@ -234,7 +358,8 @@ class Report:
     total: int                      # number of checks in the grader
     results: list = field(default_factory=list)
     problem: str | None = None      # why nothing could be graded (missing file, syntax error)
-    status: str = "failed"          # "passed", "failed", "not done", "error", "missing", "timeout"
+    status: str = "failed"          # "passed", "failed", "not done", "error", "missing", "timeout",
+    #                                 "not accepted" (the file uses flashlib's answer or solutions/)
 
     @property
     def passed(self) -> int:
@@ -384,6 +509,16 @@ def run_checks(exercise, *, impl="exercises", path=None, seed=None, root=None) -
             if impl == "exercises" and path is None else "check the path"
         report.problem, report.status = f"{_display(file)} is missing: {where}", "missing"
         return report
+    allowed = allowed_flashlib(grader, name, root)
+    try:
+        import ast
+
+        why = borrowed(ast.parse(file.read_text(encoding="utf-8"), str(file)), allowed)
+    except (SyntaxError, ValueError):
+        why = None    # reported below, as load_module meets it
+    if why is not None:
+        report.problem, report.status = NOT_ACCEPTED.format(why=why), "not accepted"
+        return report
     try:
         module = load_module(file)
     except NotImplementedError:
@@ -397,6 +532,10 @@ def run_checks(exercise, *, impl="exercises", path=None, seed=None, root=None) -
     except Exception as e:
         report.problem = f"your file fails on import: {type(e).__name__}: {e}{_where(e, file)}"
         report.status = "error"
+        return report
+    why = foreign(module, allowed, root)
+    if why is not None:
+        report.problem, report.status = NOT_ACCEPTED.format(why=why), "not accepted"
         return report
     report.results = [run_one(c, module, seed) for c in checks]
     statuses = {r.status for r in report.results}

@@ -23,6 +23,9 @@ from flashlib.reference import attention_naive, attention_ref
 from flashlib.tiled import fa2_dkdv_update, fa2_tile_update, finish, load_block, masked_scores, store_block
 
 pytestmark = pytest.mark.ex09
+# what a learner's file may use of flashlib (the stub's imports); anything else is
+# "not accepted: write it yourself" (flashlib.grading.borrowed)
+FLASHLIB_ALLOWED = ()
 
 EMPTY, PARTIAL, FULL = masks.EMPTY, masks.PARTIAL, masks.FULL
 NAMES = {EMPTY: "EMPTY", PARTIAL: "PARTIAL", FULL: "FULL"}
