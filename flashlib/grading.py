@@ -552,7 +552,7 @@ def format_report(report: Report) -> str:
     """The friendly text report: one line per check, a hint under each failure."""
     sn = short(report.name)
     where = _display(report.path) if report.path is not None else ""
-    if report.status == "not done":
+    if report.status == "not done" and all(r.status == "not done" for r in report.results):
         return (f"{sn} not done yet: open {where} and replace the NotImplementedError "
                 "with your code (the docstring is the spec)")
     if report.problem is not None:
@@ -560,7 +560,8 @@ def format_report(report: Report) -> str:
     lines = [f"{report.name} ({where}, seed {report.seed})"]
     last_hint = None
     for r in report.results:
-        tag = {"ok": "ok  ", "failed": "FAIL", "error": "ERR "}.get(r.status, "----")
+        tag = {"ok": "ok  ", "failed": "FAIL", "error": "ERR ",
+               "not done": "todo"}.get(r.status, "----")
         lines.append(f"  {tag}  {r.title}")
         for line in r.message.splitlines() if r.status != "ok" else []:
             line = line.strip()
