@@ -1,0 +1,383 @@
+"""Grader of exercise 07b (lesson 07): the whole FA2 forward kernel ``fa2_kernel``.
+
+The grader launches the learner's ``@triton.jit`` kernel itself (its own launcher below, the
+stub's grid and arguments; the learner's ``attention_forward`` is not used, so it cannot stand in
+for the kernel), through Triton's interpreter on a CPU, with 64 x 64 blocks, on irregular shapes:
+Nq != Nk, N not a multiple of the block, head dim 80 (padded to 128), several batches and heads,
+grouped heads, K/V/out laid out differently from Q, causal on and off (bottom-right; Nq > Nk
+gives rows with no key: out 0, lse -inf), rows with large logits, float32 and float16. Results
+are compared with ``attention_ref`` (float64) under flashlib.testing's rule (baselines: textbook
+attention in the same dtype, and flashlib's own FA2 kernel).
+
+Every tensor is a view into a larger buffer filled with NaN: a load without its mask (rows past
+N, head dims past D) reads NaN, deterministically and inside the buffer; a store without its
+mask writes where the grader sees it. The inputs must come back unchanged.
+
+int32 offsets: one check gives the tensors a batch stride of 2**31 - 2**20 elements in a
+3-batch tensor, so batch 2 starts past 2**31 elements: ``off_b * stride_qb`` in int32 wraps round
+(to a place inside the buffer: no crash). The buffer is a 8.6 GB anonymous mapping of which only
+the touched pages are ever allocated (Linux, MAP_NORESERVE). Where that cannot be had (no such
+mapping, or ``flashlib grade``, whose student process receives copies of the tensors) the check
+falls back to reading the kernel's source for an int64 cast, and says so.
+
+Probes name the mistake: top-left causal, a missing tail or head-dim mask, lse in base 2, a
+tensor's strides mixed up with another's, a pointer not advanced, the loop stopping early, NaN on
+rows with no key, out not normalised, batch/head/group offsets, int32 offsets.
+Through the interpreter the whole grader takes a few seconds.
+"""
+import inspect
+import math
+import mmap
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+import triton
+from triton.runtime.jit import KernelInterface
+
+from flashlib import grading, runtime
+from flashlib.kernels.fa2_fwd import fa2_forward
+from flashlib.kernels.tile import LOG2E
+from flashlib.reference import attention_naive, attention_ref
+from flashlib.testing import attention_magnitudes
+
+pytestmark = pytest.mark.ex07b
+
+DEV = runtime.DEVICE
+BM = BN = 64
+LN2 = math.log(2.0)
+
+HINT_TOP_LEFT = ("causal here is bottom-right aligned: query i sees key j iff j <= i + Nk - Nq "
+                 "(the last query sees every key; with Nq > Nk the first Nq - Nk see none). Your "
+                 "mask is top-left (j <= i, SDPA's is_causal), which differs when Nq != Nk; the "
+                 "loop's end too: hi = min(Nk, max(0, (pid_m + 1) * BLOCK_M + Nk - Nq))")
+HINT_CAUSAL = ("causal is wrong although non-causal is right: scores of keys j > i + Nk - Nq "
+               "are -inf (bottom-right), and the loop must still reach every key a row of the "
+               "block sees: hi = min(Nk, max(0, (pid_m + 1) * BLOCK_M + Nk - Nq))")
+HINT_TAIL = ("keys past Nk are read: when Nk is not a multiple of BLOCK_N the last key block runs "
+             "past the end of K and V. Load them with mask cols < Nk (other=0.0) and set the "
+             "scores of those columns to -inf")
+HINT_HEAD_DIM = ("the padded head dims are read: with D = 80, BLOCK_D = 128 and lanes 80-127 lie "
+                 "past each row. Mask offs_d < D on every load (other=0.0) and on the store")
+HINT_QUERY_ROWS = ("query rows past Nq: load Q with mask offs_m < Nq (and dims < D), store out "
+                   "with mask (offs_m[:, None] < Nq) & (offs_d[None, :] < D) and lse with "
+                   "offs_m < Nq; nothing past the tensors may be written")
+HINT_LSE_BASE2 = ("lse must be in natural log: m_i and l_i are in base 2 (exp2 of scores scaled "
+                  "by log2(e)), so lse = (m_i + log2(l_i)) * ln(2); m_i + log2(l_i) is the "
+                  "base-2 log of the sum")
+HINT_NORMALISE = ("out is off by a factor on each row: divide acc by l_i once, after the loop "
+                  "(out = acc / l_i[:, None]); tile_update keeps acc unnormalised")
+HINT_STRIDE = ("each tensor has its own strides: K's batches, heads and rows are stride_kb, "
+               "stride_kh, stride_kn apart (V and Out likewise with theirs); yours is right when "
+               "all tensors share Q's layout but not when K, V or Out are laid out differently")
+HINT_OFFSETS = ("batch and head offsets: program (pid_m, bh) owns batch bh // Hq and query head "
+                "bh % Hq (tl.program_id(1)); Q starts at Q + b * stride_qb + h * stride_qh, and "
+                "lse at Lse + bh * Nq")
+HINT_GQA = ("grouped heads: query head h reads K/V head h // GROUP (GROUP query heads share one "
+            "K/V head), at K + b * stride_kb + (h // GROUP) * stride_kh")
+HINT_INT64 = ("offsets overflow int32: program ids and strides are int32, and b * stride_qb "
+              "passes 2**31 elements at large batch x heads x seqlen x headdim, where the product "
+              "wraps round to a wrong address. Do the batch and head offsets in int64: "
+              "off_b.to(tl.int64) * stride_qb (for Q, K, V and Out)")
+HINT_ADVANCE = ("the {what} pointers are not advanced: step start_n must load keys start_n .. "
+                "start_n + BLOCK_N - 1 of K and of V: move both by BLOCK_N * their row stride "
+                "each iteration (or recompute them from start_n)")
+HINT_LOOP_BOUND = ("the loop misses key blocks: run start_n over range(0, hi, BLOCK_N) with "
+                   "hi = Nk (non-causal), so the last block, partial or not, is included")
+HINT_EMPTY = ("rows with no visible key (causal with Nq > Nk) must give out 0 and lse -inf, not "
+              "NaN: l_i is 0 there, so divide by tl.where(l_i == 0, 1.0, l_i) and set lse to "
+              "-inf where l_i == 0")
+HINT_LARGE = ("rows with large scores overflow: keep the max and the sum apart to the end, "
+              "lse = (m_i + log2(l_i)) * ln(2), never log(exp2(m_i) * l_i), whose exp2 overflows "
+              "float32 past 128")
+
+
+# ---------------------------------------------------------------------------------------------
+# the learner's kernel and the grader's launcher
+
+def _kernel(impl):
+    """The learner's fa2_kernel, checked to be a @triton.jit function that is not the stub."""
+    fn = getattr(impl, "fa2_kernel", None)
+    if fn is None:
+        grading.fail("your file defines no fa2_kernel: keep the name and signature from the stub")
+    if not isinstance(fn, KernelInterface):
+        grading.fail("fa2_kernel is a plain Python function: keep its @triton.jit decorator")
+    source = inspect.getsource(getattr(fn, "fn", fn))
+    if "raise NotImplementedError" in source:
+        raise NotImplementedError("ex07b: fa2_kernel is still the stub")
+    params = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
+    if len(params) != 28:
+        grading.fail(f"fa2_kernel takes {len(params)} arguments; keep the stub's signature (28)")
+    return fn
+
+
+def _block_d(d):
+    return max(16, triton.next_power_of_2(d))
+
+
+def _launch(kernel, q, k, v, out, lse, causal, scale=None):
+    """The stub's launch: grid (cdiv(Nq, BLOCK_M), B * Hq), 64 x 64 blocks, ieee dots."""
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    kernel[(triton.cdiv(Nq, BM), B * Hq)](
+        q, k, v, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+        Hq, Nq, Nk, D, scale * LOG2E, Hq // Hkv, CAUSAL=bool(causal), BLOCK_M=BM, BLOCK_N=BN,
+        BLOCK_D=_block_d(D), DOT_PRECISION="ieee", num_warps=4, num_stages=1)
+    if DEV.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _place(x, layout="bhnd"):
+    """x (B, H, N, D) copied into a view of a NaN buffer: N padded by a block, D past BLOCK_D;
+    the buffer's dims in ``layout`` order (e.g. "bnhd": heads inside rows). Returns (view, buf)."""
+    B, H, N, D = x.shape
+    sizes = dict(b=B, h=H, n=N + BN, d=_block_d(D) + 8)
+    buf = torch.full([sizes[c] for c in layout], float("nan"), dtype=x.dtype, device=DEV)
+    view = buf.permute(*[layout.index(c) for c in "bhnd"])[:, :, :N, :D]
+    view.copy_(x)
+    return view, buf
+
+
+def _run(kernel, q, k, v, *, causal, layouts="bhnd bhnd bhnd bhnd", scale=None):
+    """Launch on q, k, v (B, H, N, D) tensors placed in NaN buffers. Returns a namespace with out
+    (B, Hq, Nq, D) and lse as float64 CPU tensors, and what was written outside or changed."""
+    lq, lk, lv, lo = layouts.split()
+    (qv, qb), (kv, kb), (vv, vb) = _place(q, lq), _place(k, lk), _place(v, lv)
+    inputs = [b.clone() for b in (qb, kb, vb)]
+    ov, ob = _place(torch.full_like(q, float("nan")), lo)
+    B, Hq, Nq, _ = q.shape
+    lse_buf = torch.full((B * Hq * Nq + BM,), float("nan"), dtype=torch.float32, device=DEV)
+    lse = lse_buf[:B * Hq * Nq].view(B, Hq, Nq)
+    _launch(kernel, qv, kv, vv, ov, lse, causal, scale)
+    out = ov.detach().double().cpu()
+    ob[tuple(slice(None) if c in "bh" else slice(0, q.shape[2] if c == "n" else q.shape[3])
+             for c in lo)] = float("nan")                      # leaves what lies outside the view
+    same = lambda a, b: torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())  # noqa: E731
+    return types.SimpleNamespace(
+        out=out, lse=lse.detach().double().cpu(),
+        wrote_outside=bool((~torch.isnan(ob)).any() or (~torch.isnan(lse_buf[B * Hq * Nq:])).any()),
+        changed_inputs=not all(same(a, b) for a, b in zip(inputs, (qb, kb, vb))))
+
+
+def _inputs(rng, shape_q, shape_kv, dtype=torch.float32, q_scale=1.0):
+    q = q_scale * rng.standard_normal(shape_q)
+    k, v = rng.standard_normal(shape_kv), rng.standard_normal(shape_kv)
+    return tuple(torch.from_numpy(x).to(DEV, dtype) for x in (q, k, v))
+
+
+def _close(a, b, tol=1e-3):
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    same = (a == b) | (a - b).abs().le(tol * (1 + b.abs()))
+    return bool(same.all())
+
+
+# ---------------------------------------------------------------------------------------------
+# probes: which mistake
+
+def _probe(kernel, shape_q, shape_kv, *, causal=False, layouts="bhnd bhnd bhnd bhnd",
+           same_blocks=None, seed=3):
+    """Run a float32 case; True if out and lse match attention_ref (and nothing else was hit).
+    same_blocks: "k" or "v": every key block of that tensor a copy of the first."""
+    q, k, v = _inputs(np.random.default_rng(seed), shape_q, shape_kv)
+    if same_blocks is not None:
+        t = k if same_blocks == "k" else v
+        t[:, :, BN:] = t[:, :, :BN].repeat(1, 1, t.shape[2] // BN - 1, 1)
+    res = _run(kernel, q, k, v, causal=causal, layouts=layouts)
+    out_ref, lse_ref = attention_ref(q, k, v, causal=causal)
+    ok = _close(res.out, out_ref.cpu()) and _close(res.lse, lse_ref.cpu())
+    return ok and not res.wrote_outside, res, (q, k, v, out_ref.cpu(), lse_ref.cpu())
+
+
+def _explain(res, ref):
+    """Mistakes visible on one result: lse in base 2, out not normalised, NaN on empty rows."""
+    q, k, v, out_ref, lse_ref = ref
+    empty = torch.isneginf(lse_ref)                                          # (B, H, Nq)
+    if empty.any() and (res.out[empty].isnan().any() or res.lse[empty].isnan().any()):
+        return HINT_EMPTY
+    finite = ~empty
+    if _close(res.lse[finite], lse_ref[finite] / LN2):
+        return HINT_LSE_BASE2
+    if _close(res.lse, lse_ref) and torch.isfinite(res.out).all():
+        o, r = res.out[finite], out_ref[finite]                              # (rows, D)
+        c = (o * r).sum(-1, keepdim=True) / (r * r).sum(-1, keepdim=True).clamp(min=1e-30)
+        if _close(o, c * r) and not _close(c, torch.ones_like(c)):
+            return HINT_NORMALISE
+    return None
+
+
+def _diagnose(kernel):
+    """Name the likely mistake from small float32 probes (64 x 64 blocks), or None."""
+    ok, res, ref = _probe(kernel, (1, 1, 64, 64), (1, 1, 64, 64))
+    if not ok:
+        return _explain(res, ref)
+    ok, res, ref = _probe(kernel, (1, 1, 64, 64), (1, 1, 192, 64))
+    if not ok:
+        for what in ("v", "k"):
+            if _probe(kernel, (1, 1, 64, 64), (1, 1, 192, 64), same_blocks=what)[0]:
+                return HINT_ADVANCE.format(what=what.upper())
+        q, k, v = ref[:3]
+        if any(_close(res.out, attention_ref(q, k[:, :, :n], v[:, :, :n])[0].cpu()) for n in (64, 128)):
+            return HINT_LOOP_BOUND
+        return _explain(res, ref) or HINT_ADVANCE.format(what="K and V")
+    if not _probe(kernel, (1, 1, 64, 64), (1, 1, 97, 64))[0]:
+        return HINT_TAIL
+    if not _probe(kernel, (1, 1, 64, 80), (1, 1, 64, 80))[0]:
+        return HINT_HEAD_DIM
+    if not _probe(kernel, (1, 1, 97, 64), (1, 1, 64, 64))[0]:
+        return HINT_QUERY_ROWS
+    if not _probe(kernel, (2, 3, 64, 64), (2, 3, 64, 64))[0]:
+        return HINT_OFFSETS
+    if not _probe(kernel, (1, 4, 64, 64), (1, 2, 64, 64))[0]:
+        return HINT_GQA
+    if not _probe(kernel, (2, 2, 64, 64), (2, 2, 64, 64), layouts="bhnd bnhd hbnd nbhd")[0]:
+        return HINT_STRIDE
+    ok, res, ref = _probe(kernel, (1, 1, 17, 64), (1, 1, 130, 64), causal=True)
+    if not ok:
+        q, k, v = ref[:3]
+        top_left = torch.ones(17, 130, dtype=torch.bool).tril()
+        if _close(res.out, attention_ref(q, k, v, mask=top_left)[0].cpu()):
+            return HINT_TOP_LEFT
+        return _explain(res, ref) or HINT_CAUSAL
+    ok, res, ref = _probe(kernel, (1, 1, 130, 64), (1, 1, 33, 64), causal=True)
+    if not ok:
+        return _explain(res, ref) or HINT_CAUSAL
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# one case against the oracle
+
+def _naive_lse(q, k, causal):
+    """logsumexp of the scaled scores in float32 (the lse baseline), -inf on empty rows."""
+    q, k = q.float(), k.float().repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    s = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5                 # (B, Hq, Nq, Nk)
+    if causal:
+        Nq, Nk = q.shape[-2], k.shape[-2]
+        allowed = torch.arange(Nk, device=q.device) <= torch.arange(Nq, device=q.device)[:, None] + Nk - Nq
+        s = s.masked_fill(~allowed, float("-inf"))
+    return torch.logsumexp(s, dim=-1)
+
+
+def _expect(impl, rng, shape_q, shape_kv, *, causal, dtype=torch.float32, q_scale=1.0,
+            layouts="bhnd bhnd bhnd bhnd", hint=None):
+    kernel = _kernel(impl)
+    q, k, v = _inputs(rng, shape_q, shape_kv, dtype, q_scale)
+    what = (f"{str(dtype)[6:]} q {tuple(shape_q)}, k and v {tuple(shape_kv)}, causal={causal}"
+            + ("" if layouts == "bhnd bhnd bhnd bhnd" else f", layouts q k v out: {layouts}"))
+    diagnose = hint or (lambda: _diagnose(kernel) or "follow the docstring step by step")
+    res = _run(kernel, q, k, v, causal=causal, layouts=layouts)
+    if res.changed_inputs:
+        grading.fail(f"your kernel changed its inputs q, k or v ({what})", HINT_QUERY_ROWS)
+    if res.wrote_outside:
+        grading.fail(f"your kernel wrote outside out[:, :, :Nq, :D] or lse ({what})", diagnose)
+    out_ref, lse_ref = attention_ref(q, k, v, causal=causal)
+    for name, got, ref in (("out", res.out, out_ref), ("lse", res.lse, lse_ref)):
+        if torch.isnan(got).any():
+            rows = torch.isnan(got if got.dim() == 3 else got.any(-1)).nonzero()[:, -1].unique().tolist()
+            grading.fail(f"{name} of {what} has NaN in query rows {rows[:8]}"
+                         f"{' ...' if len(rows) > 8 else ''}", diagnose)
+    out_lib, lse_lib = fa2_forward(q, k, v, causal=causal)
+    mags = attention_magnitudes(q, k, v, causal=causal)
+    grading.expect_close(res.out, out_ref.cpu(), name=f"out of {what}", dtype=dtype,
+                         baseline=(attention_naive(q, k, v, causal=causal).cpu(), out_lib.cpu()),
+                         hint=diagnose, magnitude=mags["out"])
+    grading.expect_close(res.lse, lse_ref.cpu(), name=f"lse of {what}", dtype=torch.float32,
+                         baseline=(_naive_lse(q, k, causal).cpu(), lse_lib.cpu()),
+                         hint=diagnose, magnitude=mags["lse"])
+
+
+# ---------------------------------------------------------------------------------------------
+# the checks
+
+def check_one_block(impl, rng):
+    """one query block, one key block (64 x 64, head dim 64, float32)"""
+    _expect(impl, rng, (1, 1, 64, 64), (1, 1, 64, 64), causal=False)
+
+
+def check_ragged(impl, rng):
+    """ragged lengths and a padded head dim: Nq = 97, Nk = 130, head dim 80, 2 heads"""
+    _expect(impl, rng, (1, 2, 97, 80), (1, 2, 130, 80), causal=False)
+
+
+def check_heads_and_layouts(impl, rng):
+    """2 batches, 6 query heads over 2 K/V heads, K/V/out laid out unlike Q, float16"""
+    _expect(impl, rng, (2, 6, 17, 80), (2, 2, 97, 80), causal=False, dtype=torch.float16,
+            layouts="bhnd bnhd hbnd nbhd")
+
+
+def check_causal(impl, rng):
+    """causal, bottom-right: Nq < Nk, and Nq > Nk (rows with no key: out 0, lse -inf)"""
+    _expect(impl, rng, (1, 2, 17, 80), (1, 2, 130, 80), causal=True)
+    # rows 0-96 see no key; query block 64-127 mixes empty rows and rows with keys
+    _expect(impl, rng, (1, 3, 130, 80), (1, 1, 33, 80), causal=True, dtype=torch.float16)
+
+
+def check_large_logits(impl, rng):
+    """rows with large logits (scores in the hundreds: exp2 overflows float32 past 128)"""
+    _expect(impl, rng, (1, 2, 33, 64), (1, 2, 97, 64), causal=False, q_scale=60.0,
+            hint=lambda: _diagnose(_kernel(impl)) or HINT_LARGE)
+
+
+def _static_int64(kernel, why):
+    source = inspect.getsource(getattr(kernel, "fn", kernel))
+    code = "\n".join(line.split("#")[0] for line in source.splitlines())
+    if "int64" not in code:
+        grading.fail(f"your kernel never computes an offset in int64 (read from its source: {why})",
+                     HINT_INT64)
+
+
+def _big_buffer(numel):
+    """A float16 tensor of numel elements whose untouched pages cost nothing, or None."""
+    if DEV.type == "cuda":
+        try:
+            return torch.empty(numel, dtype=torch.float16, device=DEV)
+        except torch.cuda.OutOfMemoryError:
+            return None
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        area = mmap.mmap(-1, 2 * numel, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x4000)
+    except (OSError, ValueError):                          # 0x4000: MAP_NORESERVE on Linux
+        return None
+    return torch.frombuffer(area, dtype=torch.float16)
+
+
+def check_int64_offsets(impl, rng):
+    """a batch stride near 2**31 elements (3 batches): offsets computed in int64"""
+    kernel = _kernel(impl)
+    if not isinstance(impl, types.ModuleType):
+        return _static_int64(kernel, "graded in a separate process, which gets copies of the "
+                                     "tensors, too large to copy here")
+    B, N, D = 3, 16, 16
+    stride_b = 2**31 - 2**20            # an int32; 2 * stride_b wraps to -2**21
+    lead = 2**21 + 5 * N * D            # where a wrapped offset lands: inside the buffer
+    flat = _big_buffer(lead + (B - 1) * stride_b + 5 * N * D)
+    if flat is None:
+        return _static_int64(kernel, "no 8.6 GB address range to be had on this machine")
+    q, k, v, out = (flat.as_strided((B, 1, N, D), (stride_b, N * D, D, 1), lead + i * N * D)
+                    for i in range(4))
+    data = _inputs(rng, (B, 1, N, D), (B, 1, N, D), torch.float16)
+    for view, x in zip((q, k, v), data):
+        view.copy_(x)
+    out.fill_(float("nan"))
+    lse = torch.full((B, 1, N), float("nan"), device=DEV)
+    _launch(kernel, q, k, v, out, lse, causal=False)
+    out_ref, lse_ref = attention_ref(*data)
+    wrong = [b for b in range(B) if not (_close(out[b].double().cpu(), out_ref[b].cpu(), 2e-2)
+                                         and _close(lse[b].double().cpu(), lse_ref[b].cpu(), 1e-2))]
+    if wrong:
+        grading.fail(f"with a batch stride of {stride_b} elements (batch 2 starts past 2**31), "
+                     f"batches {wrong} of out or lse are wrong; the others are right"
+                     if len(wrong) < B else "all batches are wrong on this case", HINT_INT64)
+
+
+CHECKS = [check_one_block, check_ragged, check_heads_and_layouts, check_causal,
+          check_large_logits, check_int64_offsets]
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
+def test_ex07b(check, exercise_impl, grader_seed):
+    grading.pytest_run(check, exercise_impl, grader_seed)
