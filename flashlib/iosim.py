@@ -13,6 +13,10 @@ The matmuls always fit in M; FA1 with the paper's block sizes B_c = ceil(M / 4d)
 B_r = min(B_c, d) may hold up to about 1.25 M (K_j, V_j: M/2; Q_i, O_i: up to M/2;
 S_ij: up to M/4): the paper's constants are asymptotic, and ``sram_peak`` shows it.
 
+``attention_standard_backward`` and ``attention_flash_backward`` walk the backward passes (the
+paper's Algorithms 3 and 4, appendix B), so forward + backward can be counted as the paper's
+Figure 2 does; ``attention_flops`` counts the matmul FLOPs, with FlashAttention's recomputation.
+
 ``attention_block_sparse`` walks block-sparse FlashAttention (section 3.3): FA2's loops over
 only the tiles a block mask lists, Theta(N d + N^2 d^2 s / M) for a fraction s of non-empty tiles.
 
@@ -27,7 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["Traffic", "matmul_naive", "matmul_row_reuse", "matmul_tiled", "attention_standard",
-           "attention_flash", "fa1_block_sizes", "attention_block_sparse", "visited_tiles", "sweep_sram"]
+           "attention_flash", "fa1_block_sizes", "attention_block_sparse", "visited_tiles", "sweep_sram",
+           "attention_standard_backward", "attention_flash_backward", "attention_flops"]
 
 
 @dataclass
@@ -200,6 +205,78 @@ def attention_flash(N: int, d: int, *, sram: int, block_q: int | None = None,
             chip.free(rows, 2 * d + 2)
         chip.free(cols, 2 * d)
     return chip.traffic
+
+
+def attention_standard_backward(N: int, d: int, *, sram: int) -> Traffic:
+    """Standard attention's backward (the paper's Algorithm 3): every N x N matrix through HBM.
+
+    Given Q, K, V, dO and the forward's P in HBM: dV = P^T dO, dP = dO V^T (tiled matmuls, dP
+    written), dS = P * (dP - rowsum(P * dP)) row by row (reads P and dP, writes dS; two passes
+    over a row that does not fit in SRAM), dQ = dS K, dK = dS^T Q. Theta(N d + N^2): about
+    7 N^2 elements once M >= 3 d^2 (P read twice, dP written and read, dS written and read twice).
+    """
+    chip = Chip(sram)
+    tile = square_tile(sram)
+    walk_matmul_tiled(chip, N, N, d, tile)         # dV = P^T dO  (reads P, dO; writes dV)
+    walk_matmul_tiled(chip, N, d, N, tile)         # dP = dO V^T  (reads dO, V; writes dP)
+    half = (sram - 1) // 2                         # room for a chunk of P and of dP, and D_i
+    chunk = N if N <= half else half
+    for _ in range(N):                             # dS, row by row
+        chip.hold(1)                               # D_i = sum_j P_ij dP_ij
+        passes = 1 if chunk == N else 2            # a long row: D_i first, then dS
+        for p in range(passes):
+            for _, length in blocks(N, chunk):
+                chip.read(1, length)               # P_i
+                chip.read(1, length)               # dP_i
+                if p == passes - 1:
+                    chip.write(1, length)          # dS_i
+                chip.free(2, length)
+        chip.free(1)
+    walk_matmul_tiled(chip, N, N, d, tile)         # dQ = dS K
+    walk_matmul_tiled(chip, N, N, d, tile)         # dK = dS^T Q
+    return chip.traffic
+
+
+def attention_flash_backward(N: int, d: int, *, sram: int, block_q: int | None = None,
+                             block_k: int | None = None) -> Traffic:
+    """FlashAttention-1's backward (the paper's Algorithm 4): P recomputed on chip from Q, K, l, m.
+
+    dQ, dK, dV are zeroed in HBM; KV blocks outer: K_j, V_j read once, dK_j, dV_j kept on chip
+    and written once; query blocks inner: Q_i, O_i, dO_i, dQ_i and l_i, m_i read, dQ_i written,
+    every step. Reads 2Nd + T_c (4Nd + 2N), writes 3Nd + T_c Nd + 2Nd, T_c = ceil(N / B_c).
+    Block sizes default to ``fa1_block_sizes(sram, d)``, as the forward's.
+    """
+    default_q, default_k = fa1_block_sizes(sram, d)
+    block_q = default_q if block_q is None else block_q
+    block_k = default_k if block_k is None else block_k
+    chip = Chip(sram, strict=False)                # the paper's blocks overshoot M a little
+    chip.write(N, 3 * d)                           # dQ, dK, dV = 0 in HBM
+    for _, cols in blocks(N, block_k):
+        chip.read(cols, 2 * d)                     # K_j, V_j
+        chip.hold(cols, 2 * d)                     # dK_j, dV_j accumulate on chip
+        for _, rows in blocks(N, block_q):
+            chip.read(rows, 4 * d)                 # Q_i, O_i, dO_i, dQ_i
+            chip.read(rows, 2)                     # l_i, m_i
+            chip.hold(rows, cols)                  # S_ij -> P_ij, dP_ij -> dS_ij, on chip
+            chip.write(rows, d)                    # dQ_i
+            chip.free(rows, cols + 4 * d + 2)
+        chip.write(cols, 2 * d)                    # dK_j, dV_j
+        chip.free(cols, 4 * d)
+    return chip.traffic
+
+
+def attention_flops(N: int, d: int, *, backward: bool = False, recompute: bool = False) -> int:
+    """Matmul FLOPs of attention for one head, N queries and N keys (a multiply-add is 2 FLOPs).
+
+    Forward: S = Q K^T and O = P V, 4 N^2 d. backward=True adds dV = P^T dO, dP = dO V^T,
+    dQ = dS K, dK = dS^T Q, 8 N^2 d; recompute=True (FlashAttention's backward, which keeps no P)
+    adds S = Q K^T once more, 2 N^2 d. The softmax's element-wise FLOPs (a few per score, against
+    4 d per score for the matmuls) are not counted.
+    """
+    if recompute and not backward:
+        raise ValueError("recompute=True counts the backward's recomputation: give backward=True")
+    per_score = 4 * d + (8 * d if backward else 0) + (2 * d if recompute else 0)
+    return per_score * N * N
 
 
 def visited_tiles(n_rows: int, n_cols: int, *, density=None, kinds=None) -> np.ndarray:

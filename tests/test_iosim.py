@@ -183,3 +183,48 @@ def test_block_sparse_bad_arguments():
         iosim.attention_block_sparse(130, 80, sram=4099, density=1.5)
     with pytest.raises(ValueError, match=r"kinds has shape \(3, 3\); expected \(9, 9\)"):
         iosim.attention_block_sparse(130, 80, sram=4099, kinds=np.ones((3, 3)), block_q=16, block_k=16)
+
+
+@pytest.mark.parametrize("N, d", [(130, 80), (97, 17), (1, 80), (256, 64)])
+@pytest.mark.parametrize("sram", [4099, 20000, 100_000])
+def test_flash_backward_counts_equal_closed_form(N, d, sram):
+    """Algorithm 4: K_j, V_j once; Q_i, O_i, dO_i, dQ_i, l_i, m_i read and dQ_i written per KV block."""
+    block_q, block_k = iosim.fa1_block_sizes(sram, d)
+    T_c = math.ceil(N / block_k)
+    walk = iosim.attention_flash_backward(N, d, sram=sram)
+    assert walk.reads == 2 * N * d + T_c * (4 * N * d + 2 * N)
+    assert walk.writes == 3 * N * d + T_c * N * d + 2 * N * d
+    small = iosim.attention_flash_backward(N, d, sram=sram, block_q=7, block_k=5)
+    assert small.reads == 2 * N * d + math.ceil(N / 5) * (4 * N * d + 2 * N)
+
+
+@pytest.mark.parametrize("N, d", [(130, 80), (97, 17), (1024, 64)])
+def test_standard_backward_moves_about_seven_n_squared(N, d):
+    """dV, dP, dS, dQ, dK with a large SRAM: P read twice (dV, dS), dP written and read, dS
+    written and read twice: 7 N^2, plus the N x d operands."""
+    sram = 3 * 128 * 128
+    walk = iosim.attention_standard_backward(N, d, sram=sram)
+    T = iosim.square_tile(sram)                                        # d <= T: one pass over d
+    assert walk.writes == 2 * N * N + 3 * N * d                       # dP, dS; dV, dQ, dK
+    # N^2: P twice, dP once, dS twice; the N x d operands (dO twice, V, K, Q) once per tile row
+    assert walk.reads == 5 * N * N + 5 * N * d * math.ceil(N / T)
+    # a row of dS that does not fit in SRAM is streamed twice: more reads, the same writes
+    tight = iosim.attention_standard_backward(N, d, sram=2 * N - 1) if N > 16 else walk
+    assert tight.writes == walk.writes and tight.reads >= walk.reads
+
+
+def test_forward_backward_flops_and_traffic_at_the_papers_setting():
+    """GPT-2 medium's attention (FA1 paper, Figure 2): N = 1024, d = 64. FlashAttention does more
+    FLOPs (S recomputed: 14 against 12 N^2 d) and moves several times fewer elements."""
+    N, d, sram = 1024, 64, 100_000
+    standard = iosim.attention_flops(N, d, backward=True)
+    flash = iosim.attention_flops(N, d, backward=True, recompute=True)
+    assert (iosim.attention_flops(N, d), standard, flash) == (4 * N * N * d, 12 * N * N * d,
+                                                              14 * N * N * d)
+    moved_standard = (iosim.attention_standard(N, d, sram=sram).total
+                      + iosim.attention_standard_backward(N, d, sram=sram).total)
+    moved_flash = (iosim.attention_flash(N, d, sram=sram).total
+                   + iosim.attention_flash_backward(N, d, sram=sram).total)
+    assert flash > standard and moved_flash * 3 < moved_standard
+    with pytest.raises(ValueError, match="backward=True"):
+        iosim.attention_flops(N, d, recompute=True)
