@@ -108,6 +108,86 @@ def pytest_run(check_fn, impl, seed: int) -> None:
     pytest.fail(f"{result.title}: {result.message}\n    {replay}", pytrace=False)
 
 
+class ReadRecorder(np.lib.mixins.NDArrayOperatorsMixin):
+    """An array stand-in that records which positions along ``axis`` each access reads, so a
+    grader can tell one streaming pass (blocks, in order, each read once) from two passes or a
+    whole-row computation. Indexing (``x[..., a:b]``, ``k[j]``) and iteration (axis 0) read what
+    they select; anything else (a NumPy function or operator on it, ``np.asarray``, ``.T``,
+    ``.max()``) reads everything. ``shape``, ``dtype``, ``ndim``, ``size`` and ``len`` read nothing.
+    ``reads``: one sorted array of positions per access."""
+
+    def __init__(self, array, axis):
+        self._a, self._axis = np.asarray(array), axis % np.ndim(array)
+        self.reads = []
+        self.shape, self.dtype, self.ndim, self.size = (self._a.shape, self._a.dtype,
+                                                        self._a.ndim, self._a.size)
+
+    def _all(self):
+        self.reads.append(np.arange(self._a.shape[self._axis]))
+
+    def __len__(self):
+        return len(self._a)
+
+    def __getitem__(self, index):
+        index = index._a if isinstance(index, ReadRecorder) else index
+        shape = [1] * self._a.ndim
+        shape[self._axis] = -1
+        where = np.broadcast_to(np.arange(self._a.shape[self._axis]).reshape(shape), self._a.shape)
+        self.reads.append(np.unique(where[index]))
+        return self._a[index]
+
+    def __iter__(self):
+        if self._axis != 0:
+            self._all()
+            yield from self._a
+            return
+        for i in range(len(self._a)):
+            self.reads.append(np.array([i]))
+            yield self._a[i]
+
+    def __array__(self, dtype=None, copy=None):
+        self._all()
+        return self._a if dtype is None else self._a.astype(dtype)
+
+    @staticmethod
+    def _plain(x):
+        if isinstance(x, ReadRecorder):
+            x._all()
+            return x._a
+        if isinstance(x, (tuple, list)):
+            return type(x)(ReadRecorder._plain(t) for t in x)
+        return x
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        inputs, kwargs = self._plain(inputs), {k: self._plain(v) for k, v in kwargs.items()}
+        return getattr(ufunc, method)(*inputs, **kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        return func(*self._plain(args), **{k: self._plain(v) for k, v in kwargs.items()})
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name in ("_a", "_axis", "reads"):
+            raise AttributeError(name)
+        self._all()
+        return getattr(self._a, name)
+
+
+def stream_problem(reads, n, most, what="columns") -> str | None:
+    """What is not one streaming pass in ``reads`` (ReadRecorder.reads over ``n`` positions):
+    an access reading more than ``most`` positions, or one going back before the block the
+    previous access started at (a second pass); None when it streams."""
+    start = -1
+    for i, r in enumerate(reads):
+        if r.size > most:
+            return (f"step {i + 1} reads {r.size} of the {n} {what} at once (at most {most} "
+                    "were expected)")
+        if r.size and r.min() < start:
+            return (f"step {i + 1} goes back to {what[:-1]} {int(r.min())} after a step that "
+                    f"started at {start}: a second pass over the {what}")
+        start = max(start, int(r.min()) if r.size else start)
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # finding files
 

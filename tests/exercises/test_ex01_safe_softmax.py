@@ -32,7 +32,13 @@ def _reference(x):
 
 
 def _call(impl, x):
-    y = grading.function(impl, "safe_softmax")(x.copy())
+    arg = x.copy()
+    y = grading.function(impl, "safe_softmax")(arg)
+    if not np.array_equal(arg, x):
+        grading.fail(f"safe_softmax changed its argument x ({x.dtype}) in place (x -= m, "
+                     "np.exp(x, out=x), or astype(..., copy=False), which is x itself when the "
+                     "dtype already matches): compute into a new array; the caller may still "
+                     "need x")
     y = grading.as_array(y, "safe_softmax's result")
     if y.shape != x.shape:
         grading.fail(f"for x of shape {x.shape} your output has shape {y.shape}: softmax keeps "
@@ -124,17 +130,29 @@ def check_rows_far_apart(impl, rng):
 
 
 def check_input_unchanged(impl, rng):
-    """leaves its input unchanged"""
-    x = rng.standard_normal((9, 97)).astype(np.float32)
-    before = x.copy()
-    grading.function(impl, "safe_softmax")(x)
-    if not np.array_equal(x, before):
-        grading.fail("safe_softmax changed its argument x in place (x -= m or np.exp(x, out=x)?): "
-                     "compute x - m into a new array; the caller may still need x")
+    """leaves its input unchanged (float32 and float64)"""
+    for dtype in DTYPES:
+        _call(impl, rng.standard_normal((9, 97)).astype(dtype))
+
+
+def check_max_in_last_column(impl, rng):
+    """rows of 1000+ whose max is the last element, above the rest by more than exp's range"""
+    for dtype in DTYPES:
+        n = int(rng.integers(1000, 1100))
+        x = 3 * rng.standard_normal((5, n))
+        x[:, -1] = x[:, :-1].max(axis=-1) + rng.uniform(1.2, 2, 5) * OVERFLOW[dtype]
+        x[1] -= 3e4                                        # a row far below 0 as well
+        x = x.astype(dtype)
+        y = _call(impl, x)
+        _expect(y, x, f"softmax of {dtype.__name__} rows of {n} whose last element is the max "
+                f"by {x[0, -1] - np.sort(x[0])[-2]:.0f}",
+                lambda: ("the max must come from the whole row, the last element too: x.max("
+                         "axis=-1, keepdims=True); with any smaller value exp overflows")
+                if not np.all(np.isfinite(y)) else _row_hint(y, x))
 
 
 CHECKS = [check_small_inputs, check_large_values, check_wide_rows, check_rows_far_apart,
-          check_input_unchanged]
+          check_input_unchanged, check_max_in_last_column]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)

@@ -32,7 +32,11 @@ def _three_pass(x):
 
 
 def _call(impl, x, block_size):
-    result = grading.function(impl, "online_normalizer")(x.copy(), block_size)
+    arg = x.copy()
+    result = grading.function(impl, "online_normalizer")(arg, block_size)
+    if not np.array_equal(arg, x):
+        grading.fail(f"online_normalizer changed its argument x ({x.dtype}) in place: compute "
+                     "into new arrays; the caller may still need x")
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         grading.fail(f"online_normalizer returned {type(result).__name__}; it should return "
                      "the pair (m, d)")
@@ -42,6 +46,10 @@ def _call(impl, x, block_size):
         if t.shape != want:
             grading.fail(f"{name} has shape {t.shape} for x of shape {x.shape}; expected {want}: "
                          "keep the reduced axis (keepdims=True), as the stub's m and d do")
+        if t.dtype != x.dtype:
+            grading.fail(f"{name} is {t.dtype} for {x.dtype} x: the docstring promises x's dtype "
+                         "(start from the stub's m and d, and add no float64 constants or "
+                         "astype)")
     return m, d
 
 
@@ -134,8 +142,30 @@ def check_large_values(impl, rng):
         _expect(impl, x, 7, "every exponent must be <= 0: subtract the running max")
 
 
+def check_one_pass(impl, rng):
+    """one pass over each row, block_size columns at a time (rows of 1000+, max in the last block)"""
+    for dtype in DTYPES:
+        n, block_size = int(rng.integers(1000, 1100)), int(rng.choice([7, 64, 100]))
+        x = (3 * rng.standard_normal((4, n))).astype(dtype)
+        x[:, -1] = x.max(axis=-1) + 150           # the max comes last, past exp's range (float32)
+        x[1] -= 3e4                                # a row far below 0
+        x = x.astype(dtype)
+        rec = grading.ReadRecorder(x.copy(), axis=-1)
+        result = grading.function(impl, "online_normalizer")(rec, block_size)
+        why = grading.stream_problem(rec.reads, n, block_size)
+        if why is not None:
+            grading.fail(f"for a row of {n} and block_size={block_size}, your online_normalizer "
+                         f"is not one pass in blocks: {why}",
+                         "read x one block at a time, x[..., start:start + block_size], in order, "
+                         "and fold each block into the running (m, d) before the next; a max over "
+                         "the whole row (x.max, np.max(x), x.T ...) or a second loop is the "
+                         "two-pass softmax this exercise replaces")
+        del result
+        _expect(impl, x, block_size, "the max is in the last block: rescale d when it comes")
+
+
 CHECKS = [check_random_rows, check_growing_max, check_max_first, check_shorter_last_block,
-          check_large_values]
+          check_large_values, check_one_pass]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)

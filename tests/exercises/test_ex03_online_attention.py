@@ -39,7 +39,13 @@ def _textbook(q, k, v, scale):
 
 
 def _call(impl, q, k, v, **kwargs):
-    result = grading.function(impl, "online_attention")(q.copy(), k.copy(), v.copy(), **kwargs)
+    args = [q.copy(), k.copy(), v.copy()]
+    result = grading.function(impl, "online_attention")(*args, **kwargs)
+    for name, before, after in zip("qkv", (q, k, v), args):
+        if not np.array_equal(before, after):
+            grading.fail(f"online_attention changed its argument {name} ({before.dtype}) in place "
+                         "(e.g. q *= scale): compute into new arrays (qs = q * scale); the caller "
+                         "may still need it")
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         grading.fail(f"online_attention returned {type(result).__name__}; it should return "
                      "the pair (out, lse)")
@@ -49,6 +55,11 @@ def _call(impl, q, k, v, **kwargs):
     if lse.shape != q.shape[:1]:
         grading.fail(f"lse has shape {lse.shape}; expected ({q.shape[0]},), one value per "
                      "query row")
+    for name, t in (("out", out), ("lse", lse)):
+        if t.dtype != q.dtype:
+            grading.fail(f"{name} is {t.dtype} for {q.dtype} inputs: the docstring promises q's "
+                         "dtype (start from the stub's m, l and acc; no astype, no float64 "
+                         "constants)")
     return out, lse
 
 
@@ -184,8 +195,29 @@ def check_scores_far_apart(impl, rng):
                     "subtract the running max: every exponent must be <= 0", check_lse=True)
 
 
+def check_one_pass(impl, rng):
+    """one pass over the keys: each key read once, in order, never all 1000+ at once"""
+    for dtype in DTYPES:
+        Nq, Nk, D = 5, int(rng.integers(1000, 1100)), 16
+        q, k, v = _random(rng, dtype, Nq, Nk, D)
+        k[-1] = q.sum(axis=0) * dtype(40)          # the last key scores highest, far above
+        recs = {name: grading.ReadRecorder(t.copy(), axis=0) for name, t in (("k", k), ("v", v))}
+        grading.function(impl, "online_attention")(q.copy(), recs["k"], recs["v"], scale=0.2)
+        for name, rec in recs.items():
+            why = grading.stream_problem(rec.reads, Nk, Nk // 2, what="keys")
+            if why is not None:
+                grading.fail(f"with {Nk} keys your online_attention is not one pass over {name}: "
+                             f"{why}",
+                             "walk over the keys once, k[j] and v[j] (or blocks k[j:j + b]) in "
+                             "order, folding each into m, l and acc before the next; the whole "
+                             "score matrix q @ k.T, or a first loop for the max and a second for "
+                             "the sums, is the two-pass attention this exercise replaces")
+        _expect(impl, q, k, v, 0.2, "the last key scores highest", "rescale when the max grows",
+                check_lse=True)
+
+
 CHECKS = [check_random, check_lse, check_default_scale, check_equal_scores, check_growing_scores,
-          check_scores_far_apart]
+          check_scores_far_apart, check_one_pass]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)

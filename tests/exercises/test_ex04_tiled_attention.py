@@ -56,6 +56,9 @@ def _call(impl, scores, v_block, m, l, acc):
         if got.shape != want.shape:
             grading.fail(f"the new {name} has shape {got.shape}; expected {want.shape}, the "
                          f"shape of the {name} passed in")
+        if got.dtype != want.dtype:
+            grading.fail(f"the new {name} is {got.dtype} for {want.dtype} inputs: the docstring "
+                         "promises the same dtype (no astype, no float64 constants)")
     return out
 
 
@@ -142,6 +145,41 @@ def check_masked_rows(impl, rng):
                                  hint=lambda: _update_hint(state, got))
 
 
+HINT_EXPONENT = ("your update overflows where the maths does not: scores far from 0 (here "
+                 "{where}) make exp(S) or exp(m) inf. Every exponent must be a difference that "
+                 "is <= 0: alpha = exp(m_old - m_new), P = exp(S - m_new), never exp(S) / "
+                 "exp(m_new) or exp(S) * exp(-m_new); and no floor such as -1e4 on the reference "
+                 "max: scores can lie below -1e4 (only -inf means masked)")
+
+
+def _extreme_state(rng, dtype, Bq=16, Bk=24, D=80):
+    """Rows 0-3: scores ~2000 far above the running max; 4-7: the running max ~2000 above this
+    block; 8-11: first block, scores ~ -3e4 (real scores below any -1e4 sentinel); 12-15: the
+    same with a running state."""
+    lead = (2, 3)
+    scores = 2 * rng.standard_normal(lead + (Bq, Bk))
+    offset = np.repeat([2000.0, 2000.0, -3e4, -3e4], 4)                  # (Bq,)
+    scores = scores + offset[:, None]
+    m = scores.max(axis=-1) + np.repeat([-150.0, 3.0, 0.0, 0.0], 4) + rng.uniform(-1, 1, lead + (Bq,))
+    l = rng.uniform(0.5, 5, lead + (Bq,))
+    acc = rng.standard_normal(lead + (Bq, D))
+    m[..., 8:12], l[..., 8:12], acc[..., 8:12, :] = -np.inf, 0.0, 0.0
+    v_block = rng.standard_normal(lead + (Bk, D))
+    return tuple(t.astype(dtype) for t in (scores, v_block, m, l, acc))
+
+
+def check_scores_far_from_zero(impl, rng):
+    """scores in the thousands above and below 0 (past exp's range, below -1e4)"""
+    for dtype in DTYPES:
+        state = _extreme_state(rng, dtype)
+        got = _call(impl, *state)
+        where = "rows 0-7 near 2000, rows 8-15 near -30000"
+        for name, g, e, b in zip(("m", "l", "acc"), got, _formulas(*state), library_update(*state)):
+            grading.expect_close(g, e, baseline=b, dtype=np.dtype(dtype),
+                                 name=f"the new {name} ({dtype.__name__}, {where})",
+                                 hint=lambda: _diagnose(impl) or HINT_EXPONENT.format(where=where))
+
+
 def _textbook(q, k, v, causal):
     """Naive attention in the inputs' dtype, empty rows -> out 0, lse -inf."""
     Nq, Nk, D = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -189,7 +227,8 @@ def check_fa2_causal(impl, rng):
         _expect_forward(impl, rng, dtype, (1, 9, 17, 80), (1, 9, 130, 80), 16, 48, causal=True)
 
 
-CHECKS = [check_one_update, check_masked_rows, check_fa2_forward, check_fa2_causal]
+CHECKS = [check_one_update, check_masked_rows, check_scores_far_from_zero, check_fa2_forward,
+          check_fa2_causal]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)

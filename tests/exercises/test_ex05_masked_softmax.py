@@ -24,7 +24,7 @@ pytestmark = pytest.mark.ex05
 FLASHLIB_ALLOWED = ("flashlib.runtime", "flashlib.kernels.primer.launch_row_softmax")
 
 DEV = runtime.DEVICE
-LENGTHS = (1, 17, 97, 130, 1000)
+LENGTHS = (1, 17, 97, 130, 1000, 2100)   # 2100: longer than a hard-coded block of 1024 or 2048
 
 HINT_LOAD_MASK = ("your kernel reads past the end of the row (its result changes with what lies "
                   "in memory after the row): load with mask=cols < n_cols and "
@@ -116,18 +116,38 @@ def _diagnose(impl):
     return None
 
 
+def _differs(got, expected):
+    """Which rows and columns are wrong, when no probe names the mistake."""
+    unwritten = np.isnan(got).any(axis=0)                            # (n_cols,)
+    if unwritten.any() and not unwritten.all():
+        first = int(np.argmax(unwritten))
+        return (f"columns {first} to {got.shape[1] - 1} of these rows were never written (they "
+                f"still hold the buffer's NaN): rows longer than {first} lose their tail. Use "
+                "the BLOCK the launcher passes (a power of two >= n_cols) for tl.arange, not a "
+                "fixed size")
+    bad = ~np.isclose(got, expected, rtol=1e-3, atol=1e-6)          # (rows, n_cols)
+    rows = np.flatnonzero(bad.any(axis=-1)).tolist()
+    if not rows:
+        return None
+    r, c = rows[0], int(np.argmax(bad[rows[0]]))
+    return (f"rows {rows[:8]} of {got.shape[0]} differ (row {r}, column {c}: "
+            f"{float(got[r, c])!r}, expected {float(expected[r, c])!r})")
+
+
 def _expect_rows(impl, x, *, dtype=torch.float32, what, hint=None):
     got, _, x_view = _run(impl, x, dtype=dtype)
     x_cast = x_view.double().cpu().numpy()                      # the values the kernel saw
     expected = _softmax64(x_cast)
+    if hint is None:
+        hint = lambda: _diagnose(impl) or _differs(got, expected)  # noqa: E731
     baseline = _naive(x_view.contiguous()).double().cpu().numpy()
     grading.expect_close(got, expected, baseline=baseline, dtype=dtype,
                          name=f"softmax of {what} ({x.shape[0]} rows of {x.shape[1]}, {dtype})",
-                         hint=(lambda: _diagnose(impl)) if hint is None else hint)
+                         hint=hint)
 
 
 def check_rows_any_length(impl, rng):
-    """every row right, for rows of length 1, 17, 97, 130 and 1000 (not powers of two)"""
+    """every row right, for rows of length 1, 17, 97, 130, 1000 and 2100 (not powers of two)"""
     for n_cols in LENGTHS:
         rows = int(rng.integers(3, 7))
         x = 2 * rng.standard_normal((rows, n_cols))
@@ -165,6 +185,17 @@ def check_large_inputs(impl, rng):
                      hint=lambda: _diagnose(impl) or HINT_MAX)
 
 
+def check_far_below_zero(impl, rng):
+    """rows far below 0 (values under -1e4: the tail lanes must load as -inf, not -1e4)"""
+    for n_cols in (17, 130):
+        x = rng.standard_normal((4, n_cols)) - rng.uniform(2e4, 4e4)
+        _expect_rows(impl, x, what="rows near -30000",
+                     hint=lambda: _diagnose(impl) or (
+                         "the tail lanes (cols >= n_cols) must load as other=float(\"-inf\"): a "
+                         "finite stand-in such as -1e4 is larger than these rows' values, so it "
+                         "becomes the max and the sum"))
+
+
 def check_float16(impl, rng):
     """float16 rows: computed in float32, stored as float16, within float16's tolerance"""
     for n_cols in (17, 130):
@@ -176,7 +207,7 @@ def check_float16(impl, rng):
 
 
 CHECKS = [check_rows_any_length, check_writes_only_its_row, check_negative_rows,
-          check_large_inputs, check_float16]
+          check_large_inputs, check_far_below_zero, check_float16]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)

@@ -200,6 +200,63 @@ def check_masked_rows(impl, rng):
     _expect_step(_update_fn(impl), _masked_state(rng), "rows 0-5 of this tile have only -inf scores")
 
 
+HINT_EXPONENT = ("your update overflows where the maths does not: scores far from 0 (here rows "
+                 "near 500 and near -30000, base 2) make exp2(s) inf. Every exponent must be a "
+                 "difference that is <= 0, exp2(m_i - m_new) and exp2(s - m_new[:, None]), never "
+                 "exp2(s) * exp2(-m_new); and no floor such as -1e4 on the reference max: "
+                 "scores can lie below -1e4 (only -inf means masked)")
+
+
+def _extreme_state(rng):
+    """Rows 0-7: scores near 500 (past exp2's range), the running max 150 below (0-3) or 3 above
+    (4-7); rows 8-15: near -3e4, below any -1e4 sentinel (8-11 with a state, 12-15 first block);
+    the rest ordinary."""
+    acc, m, l, s, v, v_dtype = _state(rng)
+    base = np.zeros(BM)
+    base[:8], base[8:16] = 500.0, -3e4
+    s = s + base[:, None]
+    m = s.max(axis=-1) + np.where(np.arange(BM) < 4, -150.0, 3.0) * (np.arange(BM) < 8) \
+        + rng.uniform(-1, 1, BM)
+    m[12:16], l[12:16], acc[12:16] = -np.inf, 0.0, 0.0
+    as32 = lambda x: x.astype(np.float32).astype(np.float64)  # noqa: E731
+    return as32(acc), as32(m), l, as32(s), v, v_dtype
+
+
+def check_far_from_zero(impl, rng):
+    """scores far from 0 (base 2: near 500, past exp2's range, and near -30000)"""
+    fn = _update_fn(impl)
+    state = _extreme_state(rng)
+    got = _run_step(fn, state)
+    for name, g, e, b in zip(("m", "l", "acc"), got, _formulas(state), _run_step(library_update, state)):
+        grading.expect_close(g, e, baseline=b, dtype=np.dtype(np.float32),
+                             name=f"the new {name} (rows near 500 and near -30000)",
+                             hint=lambda: _diagnose(impl) or HINT_EXPONENT)
+
+
+def check_dot_precision(impl, rng):
+    """tl.dot uses the precision it is given (input_precision=DOT_PRECISION)"""
+    import ast
+    import textwrap
+
+    fn = _update_fn(impl)
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn.fn)))
+    param = list(inspect.signature(fn.fn).parameters)[5]
+    dots = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and
+            isinstance(n.func, ast.Attribute) and n.func.attr == "dot"]
+    hint = (f"pass the precision the kernel gives you: tl.dot(p.to(v.dtype), v, acc, "
+            f"input_precision={param}). The kernel asks for exact \"ieee\" float32 dots, or for "
+            "TF32 when the caller allows it; Triton's interpreter ignores the precision, so only "
+            "a GPU would show the difference")
+    if not dots:
+        grading.fail("tile_update computes p @ v without tl.dot", hint)
+    for call in dots:
+        given = {k.arg: k.value for k in call.keywords}
+        value = given.get("input_precision")
+        if not (isinstance(value, ast.Name) and value.id == param):
+            what = "no input_precision" if value is None else f"input_precision={ast.unparse(value)}"
+            grading.fail(f"your tl.dot call (line {call.lineno} of tile_update) has {what}", hint)
+
+
 # ---------------------------------------------------------------------------------------------
 # flashlib's FA2 kernel with the learner's update
 
@@ -252,7 +309,8 @@ def check_fa2_causal(impl, rng):
     _expect_forward(impl, rng, torch.float32, (1, 2, 1, 16), (1, 2, 97, 16), causal=True)
 
 
-CHECKS = [check_one_update, check_masked_rows, check_fa2_forward, check_fa2_causal]
+CHECKS = [check_one_update, check_masked_rows, check_far_from_zero, check_dot_precision,
+          check_fa2_forward, check_fa2_causal]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)

@@ -196,6 +196,57 @@ def check_empty_rows(impl, rng):
                      HINT_NAN)
 
 
+HINT_EXPONENT = ("your step overflows where the maths does not. Set the masked scores to -inf "
+                 "before exp (np.where(mask, S, -np.inf)): a mask applied after exp multiplies "
+                 "an inf (a masked score far above lse) by 0, which is NaN; and use -inf, not a "
+                 "finite stand-in such as -1e4, which is larger than scores below -1e4. P = "
+                 "exp(S - lse), never exp(S) / exp(lse)")
+
+
+def _far_tile(rng, kind, Bq=16, Bk=24, D=80):
+    """One float32 tile whose scores are far from 0. "above": q and keys 12-23 share a large
+    component u, so those keys score ~800; they are masked for rows 0-7 (far above those rows'
+    lse) and visible to rows 8-15. "below": every score near -30000 (below any -1e4 stand-in),
+    with a causal band as mask."""
+    lead, scale = (2, 3), 1 / math.sqrt(D)
+    u = np.zeros(D)
+    u[0] = 1.0
+    q = rng.standard_normal(lead + (Bq, D))
+    k, v = (rng.standard_normal(lead + (Bk, D)) for _ in range(2))
+    if kind == "above":
+        q = q + 85 * u
+        k[..., 12:, :] += 85 * u
+        mask = np.ones((Bq, Bk), bool)
+        mask[:8, 12:] = False
+    else:
+        q = q - 520 * u
+        k = k + 520 * u
+        mask = np.arange(Bk)[None, :] <= np.arange(Bq)[:, None] + 4          # (Bq, Bk)
+    q, k, v = (t.astype(np.float32).astype(np.float64) for t in (q, k, v))
+    s = np.where(mask, scale * (q @ np.swapaxes(k, -1, -2)), -np.inf)        # (..., Bq, Bk)
+    m = s.max(-1)
+    other = m + rng.uniform(-1, 1, m.shape)                 # the row's mass outside this tile
+    lse = np.logaddexp(m + np.log(np.exp(s - m[..., None]).sum(-1)), other)   # (..., Bq)
+    out, dout = (rng.standard_normal(lead + (Bq, D)) for _ in range(2))
+    dk_j, dv_j = (rng.standard_normal(lead + (Bk, D)) for _ in range(2))
+    f32 = lambda t: t.astype(np.float32)  # noqa: E731
+    return [f32(q), f32(k), f32(v), f32(out), f32(dout), f32(lse), mask, scale, f32(dk_j), f32(dv_j)]
+
+
+def check_scores_far_from_zero(impl, rng):
+    """scores far from 0: masked keys ~800 above lse, and rows whose scores all lie near -30000"""
+    for kind, what in (("above", "rows 0-7 have masked keys ~800 above their lse"),
+                       ("below", "every score near -30000")):
+        args = _far_tile(rng, kind)
+        got = _call(impl, args)
+        expected = _formulas(*args)
+        library, base2 = library_update(*args), _base2_update(*args)
+        for name, g, e, b1, b2 in zip(NAMES, got, expected, library, base2):
+            grading.expect_close(g, e, baseline=(b1, b2), dtype=np.dtype(np.float32),
+                                 name=f"{name} ({what})",
+                                 hint=lambda: _diagnose(impl) or HINT_EXPONENT)
+
+
 def _grads_autograd(q, k, v, dout, causal, *, reference):
     """dq, dk, dv by torch.autograd: of attention_ref in float64 (reference=True) or of
     naive attention in the inputs' dtype (a baseline)."""
@@ -245,7 +296,8 @@ def check_backward_causal(impl, rng):
     _expect_backward(impl, rng, (1, 9, 17, 80), (1, 9, 130, 80), 16, 48, causal=True)
 
 
-CHECKS = [check_one_tile, check_empty_rows, check_backward, check_backward_causal]
+CHECKS = [check_one_tile, check_empty_rows, check_scores_far_from_zero, check_backward,
+          check_backward_causal]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)

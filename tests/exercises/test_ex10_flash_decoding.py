@@ -38,7 +38,13 @@ HINT_EMPTY = ("a row whose every split is empty (lse_s = -inf) must give out 0 a
 
 def _call(impl, out_parts, lse_parts):
     fn = grading.function(impl, "combine_splits")
-    result = fn(out_parts.copy(), lse_parts.copy())
+    args = [out_parts.copy(), lse_parts.copy()]
+    result = fn(*args)
+    for name, before, after in zip(("out_parts", "lse_parts"), (out_parts, lse_parts), args):
+        if not np.array_equal(before, after, equal_nan=True):
+            grading.fail(f"combine_splits changed its argument {name} ({before.dtype}) in place "
+                         "(e.g. lse_parts -= m): compute into new arrays; the caller may still "
+                         "need it")
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         grading.fail(f"combine_splits returned {type(result).__name__}; it should return the pair "
                      "(out, lse)")
@@ -49,6 +55,10 @@ def _call(impl, out_parts, lse_parts):
                      "(-2) of out_parts")
     if lse.shape != lead:
         grading.fail(f"lse has shape {lse.shape}; expected {lead}: one value per query row")
+    for name, t in (("out", out), ("lse", lse)):
+        if t.dtype != lse_parts.dtype:
+            grading.fail(f"{name} is {t.dtype} for {lse_parts.dtype} inputs: the docstring "
+                         "promises the inputs' dtype")
     return out, lse
 
 
@@ -106,7 +116,7 @@ def _diagnose(impl):
     return None
 
 
-def _expect(impl, out_parts, lse_parts, what, default_hint, *, expected=None):
+def _expect(impl, out_parts, lse_parts, what, default_hint, *, expected=None, magnitude=None):
     """Compare the learner's merge with the oracle (or ``expected``) under the tolerance rule."""
     dtype = out_parts.dtype
     out, lse = _call(impl, out_parts, lse_parts)
@@ -119,8 +129,11 @@ def _expect(impl, out_parts, lse_parts, what, default_hint, *, expected=None):
     if not np.array_equal(np.isneginf(lse), np.isneginf(lse_ref)):
         grading.fail(f"lse for {what} is -inf in the wrong rows: exactly the rows whose every split "
                      "is empty have nothing to attend to", hint())
-    grading.expect_close(out, out_ref, baseline=out_b, dtype=dtype, name=f"out for {what}", hint=hint)
-    grading.expect_close(lse, lse_ref, baseline=lse_b, dtype=dtype, name=f"lse for {what}", hint=hint)
+    mags = {} if magnitude is None else magnitude
+    grading.expect_close(out, out_ref, baseline=out_b, dtype=dtype, name=f"out for {what}", hint=hint,
+                         magnitude=mags.get("out"))
+    grading.expect_close(lse, lse_ref, baseline=lse_b, dtype=dtype, name=f"lse for {what}", hint=hint,
+                         magnitude=mags.get("lse"))
 
 
 def _split_attention(rng, dtype, Nq, Nk, D, cuts, scale):
@@ -181,6 +194,25 @@ def check_far_apart(impl, rng):
                 "subtract the largest lse_s before exp")
 
 
+def check_far_below_zero(impl, rng):
+    """every lse far below 0 (near -30000, below any -1e4 stand-in), some splits empty"""
+    for dtype in DTYPES:
+        lse_parts = rng.uniform(-3e4 - 5, -3e4 + 5, (6, 5))
+        lse_parts[::2, 1] = -np.inf
+        out_parts = rng.standard_normal((6, 5, 16))
+        out_parts[np.isneginf(lse_parts)] = 0.0
+        # the rule's floor: a weight exp(lse_s - lse) is rounded at the scale of |lse_s|
+        w = np.exp(lse_parts - np.logaddexp.reduce(lse_parts, axis=-1)[:, None])     # (6, 5)
+        mags = {"out": float((w * (1 + np.abs(np.where(w > 0, lse_parts, 0)))
+                              * np.abs(out_parts).max(-1)).sum(-1).max()),
+                "lse": float(np.abs(lse_parts[np.isfinite(lse_parts)]).max())}
+        _expect(impl, out_parts.astype(dtype), lse_parts.astype(dtype), "lse near -30000",
+                magnitude=mags, default_hint=(
+                "only -inf means an empty split: a reference max floored at a finite value such "
+                "as -1e4 is larger than these lse, exp(lse_s - m) underflows to 0 and the row "
+                "looks empty; use 0 as the reference only where the max is -inf"))
+
+
 def check_equal_lse(impl, rng):
     """equal lse give equal weights: the mean of the outputs"""
     for dtype in DTYPES:
@@ -203,7 +235,8 @@ def check_empty_splits(impl, rng):
                 "an empty split's weight exp(-inf - m) is 0; a row of empty splits gives 0, -inf")
 
 
-CHECKS = [check_real_splits, check_one_split, check_leading_dims, check_far_apart, check_equal_lse,
+CHECKS = [check_real_splits, check_one_split, check_leading_dims, check_far_apart, check_far_below_zero,
+          check_equal_lse,
           check_empty_splits]
 
 

@@ -1,0 +1,27 @@
+"""Mutant of ex05: other=-1e4 for the tail lanes instead of -inf: rows below -1e4 are swamped
+by the padding."""
+import torch
+import triton
+import triton.language as tl
+
+from flashlib.kernels.primer import launch_row_softmax
+
+EXPECTED_HINT = "must load as other=float(\"-inf\")"
+
+
+@triton.jit
+def softmax_kernel(out_ptr, in_ptr, in_row_stride, out_row_stride, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(in_ptr + row * in_row_stride + cols, mask=mask, other=-1e4).to(tl.float32)
+    z = x - tl.max(x, axis=0)
+    num = tl.exp(z)
+    y = num / tl.sum(num, axis=0)
+    tl.store(out_ptr + row * out_row_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def masked_softmax(x, out=None):
+    if out is None:
+        out = torch.empty_like(x)
+    return launch_row_softmax(softmax_kernel, x, out)
