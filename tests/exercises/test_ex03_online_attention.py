@@ -14,6 +14,7 @@ import pytest
 
 from flashlib import grading
 from flashlib.reference import attention_ref
+from flashlib.testing import attention_magnitudes
 from flashlib.tiled import online_attention as library_attention
 
 pytestmark = pytest.mark.ex03
@@ -127,13 +128,14 @@ def _expect(impl, q, k, v, scale, what, default_hint, *, check_lse=False):
     out_b, lse_b = _textbook(q, k, v, scale)
     out_lib, lse_lib = library_attention(q, k, v, scale=scale)
     hint = lambda: _diagnose(impl) or default_hint  # noqa: E731
+    mags = attention_magnitudes(q[None, None], k[None, None], v[None, None], scale=scale)
     what = f"{q.dtype} q {q.shape}, k and v {k.shape}, {what}"
-    grading.expect_close(out, out_ref, baseline=(out_b, out_lib),
-                         dtype=q.dtype, name=f"out for {what}", hint=hint)
+    grading.expect_close(out, out_ref, baseline=(out_b, out_lib), dtype=q.dtype,
+                         name=f"out for {what}", hint=hint, magnitude=mags["out"])
     if check_lse:
         baseline = (lse_b, lse_lib)
         grading.expect_close(lse, lse_ref, baseline=baseline, dtype=q.dtype,
-                             name=f"lse for {what}", hint=hint)
+                             name=f"lse for {what}", hint=hint, magnitude=mags["lse"])
 
 
 def _random(rng, dtype, Nq, Nk, D=80):

@@ -9,8 +9,10 @@ Nq != Nk, block sizes not dividing N, causal with Nq > Nk).
 
 Inputs are float32: a float64 answer has no float64 oracle fine enough to judge it by the 2x
 rule. The baseline is the loosest of several correct float32 implementations (the library's
-tile step, the kernel's base-2 arithmetic, the unfused formulas, torch's own autograd), so a
-correct answer that rounds in another order still passes. Probes name the mistake: NaN on
+tile step, the kernel's base-2 arithmetic, the unfused formulas, torch's own autograd), and the
+floor follows the size of the terms summed (flashlib.testing.attention_magnitudes, and its model
+for one tile in _tile_magnitudes), so a correct answer that rounds in another order passes under
+every seed (tests/test_mutants.py). Probes name the mistake: NaN on
 empty rows, mask forgotten, lse taken as base 2, D missing or taken from the tile's P, scale
 missing on dK, no accumulation.
 """
@@ -22,6 +24,7 @@ import torch
 
 from flashlib import grading
 from flashlib.reference import attention_naive, attention_ref
+from flashlib.testing import attention_magnitudes
 from flashlib.tiled import fa2_backward, fa2_dkdv_update as library_update, fa2_forward
 
 pytestmark = pytest.mark.ex08
@@ -69,19 +72,40 @@ def _formulas(q_i, k_j, v_j, o_i, do_i, lse_i, mask, scale, dk_j, dv_j, *, base2
     return (dk_j + dk, dv_j + dv, ds) if accumulate else (dk, dv, ds)
 
 
+def _tile_magnitudes(q_i, k_j, v_j, o_i, do_i, lse_i, mask, scale, dk_j, dv_j):
+    """{name: size of the terms summed into it} for dk_j, dv_j, ds (expect_close's magnitude):
+    flashlib.testing.attention_magnitudes' model for one tile whose lse and O are given. P_ij
+    carries a relative rounding error of about w_ij = 1 + |scale| |q_i|.|k_j| + |lse_i| (the
+    score's rounding and lse's); dS = P (dP - D) cancels terms of |dO|.|v| and |dO|.|O|."""
+    q_i, k_j, v_j, o_i, do_i, lse_i, dk_j, dv_j = (
+        np.asarray(t, np.float64) for t in (q_i, k_j, v_j, o_i, do_i, lse_i, dk_j, dv_j))
+    kT = lambda t: np.swapaxes(t, -1, -2)  # noqa: E731
+    s = np.where(mask, scale * (q_i @ kT(k_j)), -np.inf)                     # (..., Bq, Bk)
+    finite = np.isfinite(lse_i)[..., None]
+    p = np.where(finite, np.exp(s - np.where(finite, lse_i[..., None], 0.0)), 0.0)
+    w = 1 + abs(scale) * (np.abs(q_i) @ kT(np.abs(k_j))) + np.abs(np.where(finite, lse_i[..., None], 0))
+    dp_minus_d = do_i @ kT(v_j) - (do_i * o_i).sum(-1)[..., None]             # (..., Bq, Bk)
+    cancel = np.abs(do_i) @ kT(np.abs(v_j)) + (np.abs(do_i) * np.abs(o_i)).sum(-1)[..., None]
+    ds = p * cancel + p * w * np.abs(dp_minus_d)                             # (..., Bq, Bk)
+    dk = np.abs(dk_j) + abs(scale) * kT(ds) @ np.abs(q_i)                   # (..., Bk, D)
+    dv = np.abs(dv_j) + kT(p * (1 + w)) @ np.abs(do_i)                       # (..., Bk, D)
+    return {"dk_j": dk.max(), "dv_j": dv.max(), "ds": ds.max()}
+
+
 def _base2_update(q_i, k_j, v_j, o_i, do_i, lse_i, mask, scale, dk_j, dv_j):
-    """A correct step that rounds more, in the inputs' dtype: the Triton kernel's base-2 scores
-    (lse converted to base 2: one more rounding) and np.einsum's plain summation loops in place
-    of BLAS's blocked sums, as a learner may well write it."""
-    log2e = q_i.dtype.type(math.log2(math.e))
-    qk_scale = q_i.dtype.type(scale * math.log2(math.e))   # one constant, as the kernel gets it
-    s2 = np.einsum("...qd,...kd->...qk", q_i * qk_scale, k_j)
+    """A correct step that rounds more, in the inputs' dtype: the scale folded into a copy of q
+    (rounded), base-2 scores from a second multiply (rounded again: at scores near -30000 each
+    rounding moves P by ~0.4%), lse converted to base 2, and np.einsum's plain summation loops in
+    place of BLAS's blocked sums, as a learner may well write it."""
+    t = q_i.dtype.type
+    qs = q_i * t(scale)                                               # (..., Bq, D)
+    s2 = np.einsum("...qd,...kd->...qk", qs, k_j) * t(math.log2(math.e))
     s2 = np.where(mask, s2, -np.inf)                                  # (..., Bq, Bk)
-    lse2 = np.where(np.isneginf(lse_i), np.inf, lse_i * log2e)       # +inf: P = 0 on empty rows
+    lse2 = np.where(np.isneginf(lse_i), np.inf, lse_i * t(math.log2(math.e)))  # +inf: P = 0
     p = np.exp2(s2 - lse2[..., None])                                 # (..., Bq, Bk)
     dp = np.einsum("...qd,...kd->...qk", do_i, v_j)                   # (..., Bq, Bk)
     ds = p * (dp - np.einsum("...qd,...qd->...q", do_i, o_i)[..., None])
-    dk = np.einsum("...qk,...qd->...kd", ds, q_i * q_i.dtype.type(scale))
+    dk = np.einsum("...qk,...qd->...kd", ds, qs)
     return dk_j + dk, dv_j + np.einsum("...qk,...qd->...kd", p, do_i), ds
 
 
@@ -172,13 +196,15 @@ def _expect_tile(impl, rng, *, empty_rows, what):
     got = _call(impl, args)
     expected = _formulas(*args)
     library, base2 = library_update(*args), _base2_update(*args)
+    magnitude = _tile_magnitudes(*args)
     for name, g, e, b1, b2 in zip(NAMES, got, expected, library, base2):
         b = (b1, b2)  # the loosest of the two sets the tolerance
         if np.isnan(g).any():
             grading.fail(f"{name} has NaN ({what})",
                          _tile_hint(args, got) or HINT_NAN)
         grading.expect_close(g, e, baseline=b, dtype=np.dtype(np.float32),
-                             name=f"{name} ({what})", hint=lambda: _tile_hint(args, got))
+                             name=f"{name} ({what})", hint=lambda: _tile_hint(args, got),
+                             magnitude=magnitude[name])
     return args, got
 
 
@@ -241,9 +267,10 @@ def check_scores_far_from_zero(impl, rng):
         got = _call(impl, args)
         expected = _formulas(*args)
         library, base2 = library_update(*args), _base2_update(*args)
+        magnitude = _tile_magnitudes(*args)
         for name, g, e, b1, b2 in zip(NAMES, got, expected, library, base2):
             grading.expect_close(g, e, baseline=(b1, b2), dtype=np.dtype(np.float32),
-                                 name=f"{name} ({what})",
+                                 name=f"{name} ({what})", magnitude=magnitude[name],
                                  hint=lambda: _diagnose(impl) or HINT_EXPONENT)
 
 
@@ -278,10 +305,11 @@ def _expect_backward(impl, rng, shape_q, shape_k, block_q, block_k, causal):
     what = (f"fa2_backward with your step, float32 q {shape_q}, k and v {shape_k}, "
             f"block_q={block_q}, block_k={block_k}, causal={causal}")
     hint = lambda: _diagnose(impl) or "follow the formulas in the docstring"  # noqa: E731
+    magnitude = attention_magnitudes(q, k, v, dout, causal=causal)
     for n, name in enumerate(("dq", "dk", "dv")):
         baseline = (library[n], unfused[n], base2[n], np.nan_to_num(naive[n], nan=0.0))
         grading.expect_close(got[n], expected[n], baseline=baseline, dtype=np.dtype(np.float32),
-                             name=f"{name} of {what}", hint=hint)
+                             name=f"{name} of {what}", hint=hint, magnitude=magnitude[name])
 
 
 def check_backward(impl, rng):

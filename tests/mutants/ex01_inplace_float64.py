@@ -2,7 +2,7 @@
 is the input itself: x is changed in place (float32 inputs are left alone)."""
 import numpy as np
 
-EXPECTED_HINT = "changed its argument x in place"
+EXPECTED_HINT = "changed its argument x (float64) in place"
 
 
 def safe_softmax(x):

@@ -1,7 +1,7 @@
 """Mutant of ex08: P = exp(S) / exp(lse): equal on paper, inf / inf past exp's range."""
 import numpy as np
 
-EXPECTED_HINT = "exponent"
+EXPECTED_HINT = "never exp(S) / exp(lse)"
 
 
 def dkdv_update(q_i, k_j, v_j, o_i, do_i, lse_i, mask, scale, dk_j, dv_j):
