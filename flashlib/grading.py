@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .testing import assert_close
+from .testing import assert_close, tolerance
 
 _ROOT_ENV = "FLASHLIB_ROOT"
 _SEED_ENV = "FLASHLIB_SEED"
@@ -64,7 +64,36 @@ def expect_close(actual, expected, *, baseline, dtype, name, hint=None, magnitud
                      magnitude=magnitude)
     except AssertionError as e:
         bad = "" if np.all(np.isfinite(actual) | ~np.isfinite(expected)) else " (it has inf/NaN)"
-        fail(f"{e}{bad}", _resolve(hint))
+        tol = tolerance(expected, baseline, dtype, magnitude=magnitude)
+        fail(f"{e}{bad}\n    {where_it_differs(actual, expected, tol)}", _resolve(hint))
+
+
+def _distinct(a: float, e: float) -> tuple[str, str]:
+    """a and e with the fewest digits (6, 9 or 17) that tell them apart."""
+    for digits in (6, 9, 17):
+        shown = f"{a:.{digits}g}", f"{e:.{digits}g}"
+        if shown[0] != shown[1]:
+            break
+    return shown
+
+
+def where_it_differs(actual, expected, tol: float) -> str:
+    """Which entries are off and how: how many, the rows (second-to-last axis) they sit in, and
+    the worst one's index with the returned and expected values."""
+    a = np.asarray(actual, np.float64)
+    e = np.asarray(expected, np.float64)
+    with np.errstate(invalid="ignore"):
+        diff = np.where(a == e, 0.0, np.abs(a - e))
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    off = diff > tol
+    worst = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    shown = _distinct(float(a[worst]), float(e[worst]))
+    text = f"{int(off.sum())} of {off.size} entries off"
+    if a.ndim >= 2:
+        rows = np.flatnonzero(off.any(axis=-1).reshape(-1, a.shape[-2]).any(axis=0))
+        listed = ", ".join(str(r) for r in rows[:8]) + (", ..." if len(rows) > 8 else "")
+        text += f", in rows {listed} (of {a.shape[-2]})"
+    return f"{text}; worst at index {tuple(int(i) for i in worst)}: returned {shown[0]}, expected {shown[1]}"
 
 
 def _resolve(hint):

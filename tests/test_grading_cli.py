@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from flashlib import check, classroom, grading
@@ -198,3 +199,20 @@ def test_check_without_the_course_folder_says_so(monkeypatch, capsys):
     assert check("ex01") is False
     out = capsys.readouterr().out
     assert "cannot find the course's tests/exercises/ folder" in out and "pip install -e ." in out
+
+
+def test_a_failed_comparison_says_where_and_shows_distinct_values():
+    """Which entries, which rows, and values printed with enough digits to differ."""
+    expected = np.ones((2, 3, 4))
+    actual = expected.copy()
+    actual[1, 2, 3] = 1 + 3e-12                     # equal to 9 digits: 17 are printed
+    actual[0, 0, 1] = np.nan
+    with pytest.raises(grading.CheckFailed) as failure:
+        grading.expect_close(actual, expected, baseline=expected, dtype=np.dtype(np.float64),
+                             name="out", hint="the hint")
+    text = str(failure.value)
+    assert "2 of 24 entries off, in rows 0, 2 (of 3)" in text
+    assert "worst at index (0, 0, 1): returned nan, expected 1" in text
+    assert text.rstrip().endswith("hint: the hint")
+    first, second = grading._distinct(1 + 3e-12, 1.0)
+    assert first != second and float(first) == 1 + 3e-12
