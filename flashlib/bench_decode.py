@@ -21,9 +21,10 @@ steps) over enough copies of the inputs that every call reads from HBM: GPU time
 
 Records follow ``flashlib.bench``'s format with op "decode": Nq = new tokens, Nk = Lmax,
 density = sum(L) / (B * Lmax), gbps = K/V bytes read / ms, tflops = 4 B Hq Nq Nk D density / ms;
-plus gbps_graph, ratio_vs_sdpa_cudnn, copy_fraction (and each with _graph), seqlens (ragged),
-num_splits and config (flashlib). ``python -m flashlib.bench_decode --sweep`` times the partial
-kernel's configs against split counts (graph times), to tune ``kernels.decode`` on another GPU.
+plus gbps_graph, ratio_vs_sdpa_cudnn, copy_fraction (and each with _graph), host_us (host time
+per call, ``host_time``), seqlens (ragged), num_splits and config (flashlib).
+``python -m flashlib.bench_decode --sweep`` times the partial kernel's configs against split counts
+(graph times), to tune ``kernels.decode`` on another GPU.
 """
 import argparse
 import functools
@@ -171,6 +172,7 @@ def run_case(name, fn, shape, seqlens, dtype, *, ragged):
             rec.update(ms=ms, peak_mem_gb=round(torch.cuda.max_memory_allocated() / 1e9, 3),
                        gbps=kv_bytes(shape, seqlens, dtype.itemsize) / ms / 1e6,
                        tflops=4 * B * Hq * Nq * Lmax * D * rec["density"] / ms / 1e9)
+            rec["host_us"] = host_time(lambda: fn(q, k, v, lens))
             try:
                 ms_graph = graph_time(fn, q, k, v, lens)
                 rec.update(ms_graph=ms_graph,
@@ -188,6 +190,22 @@ def run_case(name, fn, shape, seqlens, dtype, *, ragged):
         rec["note"] = note
     torch.cuda.empty_cache()
     return rec
+
+
+def host_time(fn, *, calls=200, repeats=3):
+    """Microseconds of host (Python, launch) time per call: ``calls`` calls back to back without
+    a sync, best of ``repeats``. When it exceeds the GPU time, eager decoding is host-bound."""
+    import time
+    best = math.inf
+    with torch.no_grad():
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best = min(best, time.perf_counter() - start)
+            torch.cuda.synchronize()
+    return round(best / calls * 1e6, 1)
 
 
 def graph_time(fn, q, k, v, lens, *, cold_bytes=4e8, reps=10):
@@ -330,6 +348,10 @@ def print_table(records, copy_gbps):
             ratios = "".join(fmt(mine.get(name + suffix), 8) for name in
                              ("ratio_vs_sdpa_flash", "ratio_vs_sdpa_cudnn", "copy_fraction"))
             print(f"{label:8}{L:>7}{cells}{ratios}")
+    print(f"\nhost time per call, microseconds\n{'case':8}{'L':>7}" + "".join(f"{i:>11}" for i in IMPLS))
+    for (label, L), row in rows.items():
+        print(f"{label:8}{L:>7}" + "".join(fmt(row[i].get("host_us"), 11) if i in row
+                                           else f"{'-':>11}" for i in IMPLS))
     for r in records:
         for note in ("note", "note_graph"):
             if r.get(note):

@@ -10,8 +10,9 @@ Limits: inference only (no gradient); a few new tokens per step (any number work
 than 64 query rows per K/V head re-read the cache once per 64 rows: use ``flash_attention``
 for a prefill); ``cache_seqlens`` values are checked on the host only for CPU tensors (on a GPU
 that would cost a device sync per step; the kernel clamps them to [0, Lmax] instead). Each call
-costs host time (these checks, allocations and two Triton launches): at short caches it can
-exceed the GPU time, which CUDA graphs (or fewer, larger steps) hide; see benchmarks/NOTES.md.
+costs host time (these checks, a few allocations and one Triton launch, the merge being fused
+into the split-KV kernel): at short caches it can exceed the GPU time, which CUDA graphs (or
+fewer, larger steps) hide; see benchmarks/NOTES.md.
 """
 import numbers
 

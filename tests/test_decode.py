@@ -89,6 +89,20 @@ def test_empty_splits_have_zero_weight_and_empty_rows_give_zero_and_minus_inf():
     check_per_sequence(out, lse, q, k, v, lens)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3, 9])
+def test_one_launch_equals_the_two_kernels(num_splits):
+    # flash_decode merges in the split-KV kernel's last program per row block (an arrival
+    # counter); decode_partial + combine is the two-kernel form: same partials, same merge code,
+    # so the same bits. 9 tokens x group 8 = 72 rows: two row blocks, two counters.
+    q, k, v = inputs(2, 8, 1, 9, 70, 16, torch.float32)
+    lens = torch.tensor([70, 12], dtype=torch.int32, device=DEV)
+    out, lse = flash_decode(q, k, v, cache_seqlens=lens, num_splits=num_splits, return_lse=True)
+    two_out, two_lse = kernels.combine(*kernels.decode_partial(q, k, v, lens, num_splits=num_splits),
+                                       out_dtype=q.dtype)
+    assert torch.equal(out, two_out) and torch.equal(lse, two_lse)
+    check_per_sequence(out, lse, q, k, v, lens)
+
+
 def test_far_apart_scores_merge_without_overflow():
     # scale 8: scores up to about +-100, the splits' lse far apart. At such logits the kernels'
     # base-2 scaling (s * scale * log2 e, then exp2) rounds a few times more than textbook
@@ -231,3 +245,19 @@ def test_gpu_split_counts_and_float32():
     for num_splits in (1, 7, 64, 300):
         run_and_check(2, 8, 2, 1, 20000, 128, [20000, 12345], torch.float32, num_splits=num_splits)
 
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_one_launch_merge_has_no_race():
+    # the last program of each row block to arrive merges: if a merge could start before every
+    # split's stores were visible, some of these repeats would differ from the two-kernel result
+    # (same partials, same merge code: equal bits). 16 splits x 64 row blocks, ragged lengths.
+    q, k, v = inputs(8, 32, 8, 1, 32768, 128, torch.float16)
+    lens = torch.tensor([32768, 1, 0, 5000, 12345, 32000, 777, 20000], dtype=torch.int32, device=DEV)
+    expected = kernels.combine(*kernels.decode_partial(q, k, v, lens, num_splits=16),
+                               out_dtype=q.dtype)
+    for _ in range(50):
+        out, lse = flash_decode(q, k, v, cache_seqlens=lens, num_splits=16, return_lse=True)
+        assert torch.equal(out, expected[0]) and torch.equal(lse, expected[1])
+    check_per_sequence(out, lse, q, k, v, lens)

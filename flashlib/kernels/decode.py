@@ -6,11 +6,16 @@ of FlashAttention-2's inner loop (Dao 2023, Algorithm 1):
   programs, too few to fill a GPU; Flash-Decoding also splits the keys: each sequence's cache is
   cut into ``num_splits`` chunks of whole key blocks, and one program per (batch x KV head, row
   block, split) runs FA2's loop (``kernels.tile.tile_update``) over its chunk;
-- each program writes its normalised partial output and its lse (natural log, float32); a second
-  kernel merges the splits of every query row by their lse, lesson 03's merge:
+- each program writes its normalised partial output and its lse (natural log, float32), and the
+  splits of every query row are merged by their lse, lesson 03's merge (``merge_splits``):
   lse = logsumexp_s(lse_s), out = sum_s exp(lse_s - lse) * out_s. An empty split (past its
   sequence's length) has out 0 and lse -inf, so its weight is exactly 0; a row with nothing to
-  attend to gets out 0 and lse -inf, never NaN;
+  attend to gets out 0 and lse -inf, never NaN. The merge is a second kernel (``combine``, as
+  the post and lesson 10 present it) or, in ``flash_decode_forward``, the same launch: each
+  program bumps an arrival counter of its row block after its stores, and the last to arrive
+  merges (no program waits for another). One launch instead of two halves the host's time per
+  decoding step, which at short caches is longer than the GPU's; with one split there is
+  nothing to merge and the result is written directly;
 - grouped-query heads: the GROUP query heads that share a K/V head, times the new tokens, are the
   rows of one tile (row r = g * Nq + i), so each K/V block is read once per group, not once per
   query head;
@@ -36,7 +41,7 @@ import triton.language as tl
 from .. import runtime
 from .config import _smem_limit
 from .fa2_fwd import _attend_key_blocks
-from .tile import LOG2E, finalize, tile_update
+from .tile import LN2, LOG2E, finalize, tile_update
 
 # (BLOCK_N, num_warps, num_stages) for the partial kernel, best first (timed on an H100 at d=128,
 # float16: python -m flashlib.bench_decode --sweep): the first whose K/V pipeline fits in shared
@@ -50,17 +55,18 @@ NOMINAL_SMS = 132        # SM count assumed through the interpreter (an H100's),
 
 
 @triton.jit
-def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart,
+def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals,
                            stride_qb, stride_qh, stride_qm,
                            stride_kb, stride_kh, stride_kn,
                            stride_vb, stride_vh, stride_vn,
                            Hkv, Nq, Lmax, D, qk_scale, num_splits, n_row_blocks, GROUP,
-                           HAS_SEQLENS: tl.constexpr, CAUSAL: tl.constexpr,
+                           HAS_SEQLENS: tl.constexpr, CAUSAL: tl.constexpr, MERGE: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
                            DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr):
     # 1-D grid (CUDA caps grid axes 1 and 2 at 65535): (batch x kv head, row block, split),
-    # split fastest
+    # split fastest. MERGE: the last split of each row block to finish also merges them all into
+    # Out and Lse (one launch instead of two); otherwise Out, Lse and Arrivals are unused.
     pid = tl.program_id(0)
     split = pid % num_splits
     row_block = (pid // num_splits) % n_row_blocks
@@ -108,39 +114,75 @@ def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart,
 
     # partials are (B, Hq, Nq, S, D) and (B, Hq, Nq, S): a group's rows are contiguous
     row = off_bh.to(tl.int64) * rows + offs_r                 # (BM,) global query row
-    o_ptrs = OPart + (row[:, None] * num_splits + split) * D + offs_d[None, :]
-    tl.store(o_ptrs, out, mask=(offs_r[:, None] < rows) & (offs_d[None, :] < D))
-    tl.store(LsePart + row * num_splits + split, lse, mask=offs_r < rows)
+    row_mask = offs_r < rows
+    if not MERGE:
+        store_split(OPart, LsePart, out, lse, row, row_mask, split, num_splits, D, offs_d)
+    elif num_splits == 1:                                     # nothing to merge: the result
+        store_rows(Out, Lse, out, lse, row, row_mask, D, offs_d)
+    else:
+        store_split(OPart, LsePart, out, lse, row, row_mask, split, num_splits, D, offs_d)
+        # every thread's stores above happen before the release below (a CTA barrier, then a
+        # gpu-scope acq_rel atomic, as in a grid-wide sync); the program that arrives last
+        # sees every split's stores and merges them. No program waits for another.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(Arrivals + pid // num_splits, 1, sem="acq_rel")
+        if arrived == num_splits - 1:
+            merged, merged_lse = merge_splits(OPart, LsePart, row, row_mask, num_splits, D,
+                                              offs_d, BLOCK_M, BLOCK_D)
+            store_rows(Out, Lse, merged, merged_lse, row, row_mask, D, offs_d)
 
 
 @triton.jit
-def _combine_kernel(OPart, LsePart, Out, Lse, num_splits, D,
-                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Merge one query row's splits by their lse, BLOCK_S splits at a time (lesson 03's merge)."""
-    row = tl.program_id(0).to(tl.int64)                      # one (batch, head, new token)
-    offs_s = tl.arange(0, BLOCK_S)                           # (BS,)
-    offs_d = tl.arange(0, BLOCK_D)                           # (BD,)
-    m = tl.full([], float("-inf"), dtype=tl.float32)         # running max of the lse_s
-    total = tl.full([], 0.0, dtype=tl.float32)               # running sum of exp(lse_s - m)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)              # running sum of exp(lse_s - m) out_s
-    for s0 in range(0, num_splits, BLOCK_S):
-        splits = s0 + offs_s
-        lse_s = tl.load(LsePart + row * num_splits + splits, mask=splits < num_splits,
-                        other=float("-inf"))                 # (BS,)
-        o_s = tl.load(OPart + (row * num_splits + splits[:, None]) * D + offs_d[None, :],
-                      mask=(splits[:, None] < num_splits) & (offs_d[None, :] < D), other=0.0)
-        m_new = tl.maximum(m, tl.max(lse_s, 0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # all empty so far: no NaN
-        alpha = tl.exp(m - m_safe)
-        w = tl.exp(lse_s - m_safe)                           # (BS,) 0 for empty splits
-        total = total * alpha + tl.sum(w, 0)
-        acc = acc * alpha + tl.sum(w[:, None] * o_s, 0)
+def store_split(OPart, LsePart, out, lse, rows, row_mask, split, num_splits, D, offs_d):
+    """Split ``split``'s out (BR, BD) and lse (BR,) of query rows ``rows`` into the partials."""
+    tl.store(OPart + (rows[:, None] * num_splits + split) * D + offs_d[None, :], out,
+             mask=row_mask[:, None] & (offs_d[None, :] < D))
+    tl.store(LsePart + rows * num_splits + split, lse, mask=row_mask)
+
+
+@triton.jit
+def store_rows(Out, Lse, out, lse, rows, row_mask, D, offs_d):
+    """The merged out (BR, BD), in Out's dtype, and lse (BR,) of query rows ``rows``."""
+    tl.store(Out + rows[:, None] * D + offs_d[None, :], out.to(Out.dtype.element_ty),
+             mask=row_mask[:, None] & (offs_d[None, :] < D))
+    tl.store(Lse + rows, lse, mask=row_mask)
+
+
+@triton.jit
+def merge_splits(OPart, LsePart, rows, row_mask, num_splits, D, offs_d,
+                 BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Merge the S partial results of query rows ``rows`` (BR,) by their lse (lesson 03's merge,
+    the running max and sum of lesson 02 over the splits). Returns out (BR, BD) float32 and lse
+    (BR,), natural log; a row whose every split is empty (lse_s = -inf) gets 0 and -inf."""
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)   # running max of lse_s, base 2
+    total = tl.zeros([BLOCK_R], dtype=tl.float32)             # sum_s 2^(lse_s - m)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)     # sum_s 2^(lse_s - m) out_s
+    for s in range(0, num_splits):
+        # .cg: read from L2, where the other programs' stores are, never a stale L1 line
+        lse_s = tl.load(LsePart + rows * num_splits + s, mask=row_mask, other=float("-inf"),
+                        cache_modifier=".cg") / LN2           # (BR,) base 2
+        o_s = tl.load(OPart + (rows[:, None] * num_splits + s) * D + offs_d[None, :],
+                      mask=row_mask[:, None] & (offs_d[None, :] < D), other=0.0,
+                      cache_modifier=".cg")                   # (BR, BD)
+        m_new = tl.maximum(m, lse_s)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all empty so far: no NaN
+        alpha = tl.math.exp2(m - m_safe)                      # rescale of the old state
+        w = tl.math.exp2(lse_s - m_safe)                      # 0 for an empty split
+        total = total * alpha + w
+        acc = acc * alpha[:, None] + w[:, None] * o_s
         m = m_new
-    empty = total == 0.0
-    out = acc / tl.where(empty, 1.0, total)
-    lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, total)))
-    tl.store(Out + row * D + offs_d, out.to(Out.dtype.element_ty), mask=offs_d < D)
-    tl.store(Lse + row, lse)
+    return finalize(acc, m, total)                            # acc / total, (m + log2 total) ln 2
+
+
+@triton.jit
+def _combine_kernel(OPart, LsePart, Out, Lse, n_rows, num_splits, D,
+                    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Merge the splits of BLOCK_R query rows (one (batch, head, new token) each) by their lse."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)   # (BR,)
+    offs_d = tl.arange(0, BLOCK_D)                                          # (BD,)
+    out, lse = merge_splits(OPart, LsePart, rows, rows < n_rows, num_splits, D, offs_d,
+                            BLOCK_R, BLOCK_D)
+    store_rows(Out, Lse, out, lse, rows, rows < n_rows, D, offs_d)
 
 
 @functools.lru_cache(maxsize=None)
@@ -175,16 +217,21 @@ def launch_plan(q, k_cache, cache_seqlens=None, *, num_splits=None, config=None)
     """What ``decode_partial`` launches: (BLOCK_M, row blocks, (BLOCK_N, num_warps, num_stages),
     num_splits), from the shapes (and ``num_splits_heuristic`` unless num_splits is given)."""
     B, Hq, Nq, D = q.shape
-    Hkv, Lmax = k_cache.shape[1], k_cache.shape[2]
+    return _plan(B, Hq, Nq, D, k_cache.shape[1], k_cache.shape[2], q.element_size(), q.device,
+                 cache_seqlens is not None, num_splits, config)
+
+
+@functools.lru_cache(maxsize=4096)  # a decoding loop asks for the same plan at every step
+def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, num_splits, config):
     rows = Hq // Hkv * Nq
     block_m = max(16, min(MAX_ROWS, triton.next_power_of_2(rows)))
     row_blocks = triton.cdiv(rows, block_m)
     if config is None:
-        config = block_n_for(max(16, triton.next_power_of_2(D)), q.element_size())
+        config = block_n_for(max(16, triton.next_power_of_2(D)), elem_bytes)
     if num_splits is None:
         num_splits = num_splits_heuristic(B, Hkv, row_blocks, Lmax, block_n=config[0],
-                                          sms=sm_count(q.device), ragged=cache_seqlens is not None)
-    return block_m, row_blocks, config, num_splits
+                                          sms=sm_count(device), ragged=ragged)
+    return block_m, row_blocks, tuple(config), num_splits
 
 
 def _prepare(q, k_cache, v_cache):
@@ -193,6 +240,40 @@ def _prepare(q, k_cache, v_cache):
         # the interpreter computes bfloat16 dots wrongly: run the same kernel in float32 on CPU
         q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
     return q, k_cache, v_cache
+
+
+def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, merge_into=None):
+    """Run the split-KV kernel; return (o_part, lse_part). merge_into=(out, lse): also merge the
+    splits into them (the last split of each row block does it), and skip the partials if S = 1."""
+    runtime.check_kernel(_decode_partial_kernel)
+    q, k_cache, v_cache = _prepare(q, k_cache, v_cache)
+    B, Hq, Nq, D = q.shape
+    Hkv, Lmax = k_cache.shape[1], k_cache.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    block_d = max(16, triton.next_power_of_2(D))
+    block_m, row_blocks, (block_n, warps, stages), num_splits = launch_plan(
+        q, k_cache, cache_seqlens, num_splits=num_splits, config=config)
+    grid = (B * Hkv * row_blocks * num_splits,)
+    out, lse = (None, None) if merge_into is None else merge_into
+    o_part = lse_part = arrivals = None
+    if merge_into is None or num_splits > 1:
+        o_part = torch.empty((B, Hq, Nq, num_splits, D), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((B, Hq, Nq, num_splits), dtype=torch.float32, device=q.device)
+    if merge_into is not None and num_splits > 1:
+        arrivals = torch.zeros(B * Hkv * row_blocks, dtype=torch.int32, device=q.device)
+    if grid[0] == 0:
+        return o_part, lse_part
+    _decode_partial_kernel[grid](
+        q, k_cache, v_cache, q if cache_seqlens is None else cache_seqlens,
+        *(q if t is None else t for t in (o_part, lse_part, out, lse, arrivals)),
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        Hkv, Nq, Lmax, D, scale * LOG2E, num_splits, row_blocks, Hq // Hkv,
+        HAS_SEQLENS=cache_seqlens is not None, CAUSAL=Nq > 1, MERGE=merge_into is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, EVEN_D=(D == block_d),
+        DOT_PRECISION="ieee", TILE_UPDATE=tile_update, num_warps=warps, num_stages=stages)
+    return o_part, lse_part
 
 
 def decode_partial(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=None, scale=None,
@@ -205,29 +286,7 @@ def decode_partial(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=None, 
     with no key to attend to (its o_part is 0). config: (BLOCK_N, num_warps, num_stages) to use
     instead of ``block_n_for``'s (for tuning). Inputs are validated by ``flashlib.decode``.
     """
-    runtime.check_kernel(_decode_partial_kernel)
-    q, k_cache, v_cache = _prepare(q, k_cache, v_cache)
-    B, Hq, Nq, D = q.shape
-    Hkv, Lmax = k_cache.shape[1], k_cache.shape[2]
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    block_d = max(16, triton.next_power_of_2(D))
-    block_m, row_blocks, (block_n, warps, stages), num_splits = launch_plan(
-        q, k_cache, cache_seqlens, num_splits=num_splits, config=config)
-    o_part = torch.empty((B, Hq, Nq, num_splits, D), dtype=torch.float32, device=q.device)
-    lse_part = torch.empty((B, Hq, Nq, num_splits), dtype=torch.float32, device=q.device)
-    grid = (B * Hkv * row_blocks * num_splits,)
-    if grid[0] == 0:
-        return o_part, lse_part
-    _decode_partial_kernel[grid](
-        q, k_cache, v_cache, q if cache_seqlens is None else cache_seqlens, o_part, lse_part,
-        q.stride(0), q.stride(1), q.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        Hkv, Nq, Lmax, D, scale * LOG2E, num_splits, row_blocks, Hq // Hkv,
-        HAS_SEQLENS=cache_seqlens is not None, CAUSAL=Nq > 1, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=block_d, EVEN_D=(D == block_d),
-        DOT_PRECISION="ieee", TILE_UPDATE=tile_update, num_warps=warps, num_stages=stages)
-    return o_part, lse_part
+    return _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config)
 
 
 def combine(o_part, lse_part, *, out_dtype=None):
@@ -241,18 +300,25 @@ def combine(o_part, lse_part, *, out_dtype=None):
     out = torch.empty((*lead, D), dtype=o_part.dtype if out_dtype is None else out_dtype,
                       device=o_part.device)
     lse = torch.empty(lead, dtype=torch.float32, device=o_part.device)
-    rows = out.numel() // max(D, 1)
+    rows = lse.numel()
     if rows == 0:
         return out, lse
-    _combine_kernel[(rows,)](o_part.contiguous(), lse_part.contiguous(), out, lse, S, D,
-                             BLOCK_S=min(64, triton.next_power_of_2(S)),
-                             BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4)
+    block_r = 16
+    _combine_kernel[(triton.cdiv(rows, block_r),)](
+        o_part.contiguous(), lse_part.contiguous(), out, lse, rows, S, D,
+        BLOCK_R=block_r, BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4)
     return out, lse
 
 
 def flash_decode_forward(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=None, scale=None,
                          config=None):
-    """Both kernels: ``decode_partial`` then ``combine``. Returns ``(out, lse)``, out like q."""
-    o_part, lse_part = decode_partial(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
-                                      scale=scale, config=config)
-    return combine(o_part, lse_part, out_dtype=q.dtype)
+    """Flash-Decoding in one launch: the split-KV kernel, whose last split per row block merges
+    (``decode_partial`` then ``combine``, fused). Returns ``(out, lse)``, out like q.
+
+    One launch instead of two matters at short caches, where the host's time per Triton launch
+    (tens of microseconds) exceeds the GPU's work (benchmarks/NOTES.md)."""
+    B, Hq, Nq, D = q.shape
+    out = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
+    _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, merge_into=(out, lse))
+    return out, lse
