@@ -144,6 +144,9 @@ def attention_forward(q, k, v, *, causal=False, scale=None, block_m=64, block_n=
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(Nq, block_m), B * Hq)
+    if B * Hq > 65535:  # CUDA caps grid axes 1 and 2 (flashlib's kernels use one flat axis)
+        raise ValueError(f"batch x heads_q = {B} x {Hq} = {B * Hq} exceeds 65535, the grid's "
+                         "axis-1 limit of this exercise's launcher; use fewer sequences per call")
     kernel[grid](q, k, v, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
                  *out.stride()[:3], Hq, Nq, Nk, D, scale * LOG2E, Hq // Hkv,
                  CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n,
