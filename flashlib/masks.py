@@ -9,8 +9,10 @@ a user function, ...). Cut into ``block_size`` x ``block_size`` tiles, each tile
 
     empty    no pair allowed: the kernel never loads it;
     full     every pair allowed: the kernel visits it with no mask at all;
-    partial  some pairs allowed: the kernel visits it and masks element-wise, reading the
-             tile's bit pattern from ``bitmaps`` (one (block_size, block_size) uint8 tile each).
+    partial  some pairs allowed: the kernel visits it and masks element-wise: by arithmetic
+             for a band mask (``band``: causal, sliding windows and their intersections), else
+             reading the tile's bit pattern from ``bitmaps`` (a (block_size, block_size) uint8
+             tile each).
 
 Key tiles that run past seqlen_k are partial (their bitmap is 0 past the end), so a full tile
 never pays for a bounds check. Query rows past seqlen_q do not count: a short last query tile
@@ -41,10 +43,13 @@ class BlockMask:
 
     rule(q0, q1) -> bool tensor broadcastable to (Bm, Hm, q1 - q0, seqlen_k): True where query
     row q0 + r may attend key j. Build masks with this module's functions rather than by hand.
+    band: None, or (lo, hi) when the rule is exactly "lo <= j - p <= hi" with p = i + seqlen_k -
+    seqlen_q (query i placed bottom-right): the kernels then compute partial tiles' masks instead
+    of loading bitmaps. Only this module's band builders set it.
     """
 
     def __init__(self, rule, seqlen_q, seqlen_k, *, block_size=128, batch_heads=(1, 1),
-                 device=None, name="mask"):
+                 device=None, name="mask", band=None):
         if not (isinstance(block_size, int) and block_size >= 16 and block_size & (block_size - 1) == 0):
             raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
         for arg, n in (("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k)):
@@ -52,6 +57,7 @@ class BlockMask:
                 raise ValueError(f"{arg} must be a positive int, got {n!r}")
         self.rule, self.seqlen_q, self.seqlen_k = rule, seqlen_q, seqlen_k
         self.block_size, self.batch_heads, self.name = block_size, tuple(batch_heads), name
+        self.band = None if band is None else (int(band[0]), int(band[1]))
         self.device = torch.device("cpu") if device is None else torch.device(device)
         self.kinds, self.bitmaps, bitmap_id = self._classify()
         self.kv_index, self.kv_full, self.kv_count, self.kv_bitmap = visit_lists(self.kinds, bitmap_id)
@@ -128,9 +134,12 @@ class BlockMask:
         if (self.seqlen_q, self.seqlen_k, self.block_size) != (other.seqlen_q, other.seqlen_k, other.block_size):
             raise ValueError(f"cannot combine {self!r} with {other!r}: seqlens and block_size must match")
         batch_heads = tuple(max(a, b) for a, b in zip(self.batch_heads, other.batch_heads))
+        band = None if self.band is None or other.band is None else \
+            (max(self.band[0], other.band[0]), min(self.band[1], other.band[1]))
         return BlockMask(lambda q0, q1: self._rows(q0, q1) & other._rows(q0, q1).to(self.device),
                          self.seqlen_q, self.seqlen_k, block_size=self.block_size,
-                         batch_heads=batch_heads, device=self.device, name=f"{self.name} & {other.name}")
+                         batch_heads=batch_heads, device=self.device, name=f"{self.name} & {other.name}",
+                         band=band)
 
     def to_string(self, batch=0, head=0, *, max_blocks=64) -> str:
         """ASCII drawing of one (batch, head) slice: rows are query blocks, columns key blocks.
@@ -201,7 +210,8 @@ def causal(seqlen_q, seqlen_k, *, block_size=128, device=None) -> BlockMask:
     def rule(q0, q1):
         i, j = _positions(q0, q1, seqlen_q, seqlen_k, device)
         return j <= i
-    return BlockMask(rule, seqlen_q, seqlen_k, block_size=block_size, device=device, name="causal")
+    return BlockMask(rule, seqlen_q, seqlen_k, block_size=block_size, device=device, name="causal",
+                     band=(-(seqlen_q + seqlen_k), 0))
 
 
 def sliding_window(seqlen_q, seqlen_k, window, *, causal=True, block_size=128, device=None) -> BlockMask:
@@ -216,7 +226,8 @@ def sliding_window(seqlen_q, seqlen_k, window, *, causal=True, block_size=128, d
     """
     return BlockMask(_window_rule(window, causal, seqlen_q, seqlen_k, device), seqlen_q, seqlen_k,
                      block_size=block_size, device=device,
-                     name=f"sliding window {window}{' causal' if causal else ''}")
+                     name=f"sliding window {window}{' causal' if causal else ''}",
+                     band=(1 - window, 0 if causal else window - 1))
 
 
 def _window_rule(window, causal, seqlen_q, seqlen_k, device):

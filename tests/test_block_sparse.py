@@ -219,6 +219,45 @@ def test_mask_density_drawing_and_combination():
     assert "density" in repr(r)
 
 
+def band_dense(mask):
+    """The element mask that ``mask.band`` describes: lo <= j - (i + Nk - Nq) <= hi."""
+    lo, hi = mask.band
+    i = torch.arange(mask.seqlen_q)[:, None] + (mask.seqlen_k - mask.seqlen_q)
+    j = torch.arange(mask.seqlen_k)[None, :]
+    return (j - i >= lo) & (j - i <= hi)
+
+
+@pytest.mark.parametrize("Nq,Nk", [(97, 130), (130, 97), (64, 64)])
+def test_band_masks_are_exactly_their_rule(Nq, Nk):
+    # the kernels mask partial tiles of band masks by arithmetic instead of their bitmaps
+    window = masks.sliding_window(Nq, Nk, 40, block_size=32)
+    bands = [masks.causal(Nq, Nk, block_size=32), window,
+             masks.sliding_window(Nq, Nk, 23, causal=False, block_size=32),
+             masks.sliding_window(Nq, Nk, 1, block_size=32),
+             masks.sliding_window(Nq, Nk, 50, causal=False, block_size=32) & masks.causal(Nq, Nk, block_size=32)]
+    for mask in bands:
+        assert mask.band is not None and torch.equal(band_dense(mask), mask.to_dense()[0, 0].cpu()), mask
+    doc = masks.document(doc_ids(1, Nq, 3, 1), doc_ids(1, Nk, 3, 2), block_size=32)
+    for mask in (doc, doc & window, masks.local_global(Nq, Nk, 20, 9, block_size=32),
+                 masks.random_blocks(Nq, Nk, 0.4, block_size=32)):
+        assert mask.band is None, mask
+
+
+def test_band_and_bitmap_masking_give_the_same_bits():
+    B, Hq, Hkv, Nq, Nk, D = 1, 4, 2, 97, 130, 48
+    banded = masks.sliding_window(Nq, Nk, 40, block_size=32, device=DEV)
+    bitmapped = banded.to(DEV)
+    bitmapped = masks.BlockMask.__new__(masks.BlockMask)
+    bitmapped.__dict__.update(banded.__dict__, band=None)            # the same tables, no band
+    results = []
+    for mask in (banded, bitmapped):
+        leaves = [t.requires_grad_() for t in qkv(B, Hq, Hkv, Nq, Nk, D)]
+        out = block_sparse_attention(*leaves, mask)
+        results.append((out, *torch.autograd.grad(out.sum(), leaves)))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *results):
+        assert torch.equal(a, b), name
+
+
 def test_bad_input_names_the_argument():
     q, k, v = qkv(1, 2, 2, 40, 40, 16)
     with pytest.raises(ValueError, match="block_mask has shape"):

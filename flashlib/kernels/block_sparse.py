@@ -5,8 +5,9 @@ with FlashAttention-2's loop order and backward (Dao 2023, Algorithms 1 and 2). 
 ``flashlib.masks.BlockMask``, stored the way these kernels read it:
 
 - forward and dQ: one program per query tile walks the key blocks listed for its query block,
-  full blocks first (no mask, no bounds check), then partial ones (the element mask read from
-  the block's bitmap); empty blocks are never loaded;
+  full blocks first (no mask, no bounds check), then partial ones (the element mask computed from
+  the mask's band for causal and sliding-window masks, else read from the block's bitmap); empty
+  blocks are never loaded;
 - dK/dV: one program per key tile walks the transposed lists (the query blocks that see its key
   block), summing over the query heads of a grouped-query group as the dense kernel does.
 
@@ -29,7 +30,7 @@ from .fa2_bwd import DKDV_CONFIGS, DQ_CONFIGS, _load_lse2, compute_delta, dkdv_t
 from .fa2_fwd import CONFIGS, attend_tile, load_rows, write_output
 from .tile import LOG2E, tile_update
 
-KEY = ["n_bucket", "visits", "BLOCK_D", "SPARSE_BLOCK", "DOT_PRECISION"]
+KEY = ["n_bucket", "visits", "BAND", "BLOCK_D", "SPARSE_BLOCK", "DOT_PRECISION"]
 
 
 @triton.jit
@@ -61,10 +62,17 @@ def _next_start(index, t, n_tiles, start, TILES: tl.constexpr, SPARSE_BLOCK: tl.
 
 
 @triton.jit
-def _bitmap_tile(Bitmaps, bitmap_id, rows, cols, SPARSE_BLOCK: tl.constexpr):
-    """The element mask of a partial block at in-block ``rows`` x ``cols`` (any shapes that broadcast)."""
-    base = Bitmaps + bitmap_id.to(tl.int64) * (SPARSE_BLOCK * SPARSE_BLOCK)
-    return tl.load(base + rows * SPARSE_BLOCK + cols) != 0
+def _partial_mask(Bitmaps, bitmap_entry, rows, cols, Nq, Nk, band_lo, band_hi, BAND: tl.constexpr,
+                  SPARSE_BLOCK: tl.constexpr):
+    """The element mask of a partial block at query ``rows`` x key ``cols`` (absolute indices, any
+    shapes that broadcast). BAND: computed from the mask's band, key j allowed for query i iff
+    band_lo <= j - (i + Nk - Nq) <= band_hi (causal and sliding windows), no memory read;
+    otherwise loaded from the block's bitmap, whose id ``bitmap_entry`` points to."""
+    if BAND:
+        offset = cols - (rows + (Nk - Nq))
+        return (offset >= band_lo) & (offset <= band_hi) & (cols < Nk)
+    base = Bitmaps + tl.load(bitmap_entry).to(tl.int64) * (SPARSE_BLOCK * SPARSE_BLOCK)
+    return tl.load(base + (rows % SPARSE_BLOCK) * SPARSE_BLOCK + cols % SPARSE_BLOCK) != 0
 
 
 @triton.jit
@@ -72,6 +80,7 @@ def _bs_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmap
                    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                    stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
                    slice_b, slice_h, Hq, Nq, Nk, D, n_qblocks, n_kblocks, qk_scale, n_bucket, visits, GROUP,
+                   band_lo, band_hi, BAND: tl.constexpr,
                    SPARSE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, EVEN_M: tl.constexpr, EVEN_D: tl.constexpr,
                    DOT_PRECISION: tl.constexpr):
@@ -101,12 +110,11 @@ def _bs_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmap
                                     start_n + offs_n, Nk, qk_scale, offs_d, D, 0, False, EVEN_D,
                                     DOT_PRECISION, tile_update)
         start_n = _next_start(index, t, n_full * TILES, start_n, TILES, SPARSE_BLOCK, BLOCK_N)
-    rows_in_block = (offs_m % SPARSE_BLOCK)[:, None]                        # (BM, 1)
     start_n = _first_start(index + n_full, n_all - n_full, SPARSE_BLOCK)
-    for t in range(0, (n_all - n_full) * TILES):           # partial blocks: the bitmap's mask
-        in_block = (t % TILES) * BLOCK_N + offs_n                           # (BN,)
-        visible = _bitmap_tile(Bitmaps, tl.load(bitmap + n_full + t // TILES), rows_in_block,
-                               in_block[None, :], SPARSE_BLOCK)             # (BM, BN)
+    for t in range(0, (n_all - n_full) * TILES):           # partial blocks: element mask
+        visible = _partial_mask(Bitmaps, bitmap + n_full + t // TILES, offs_m[:, None],
+                                (start_n + offs_n)[None, :], Nq, Nk, band_lo, band_hi, BAND,
+                                SPARSE_BLOCK)                               # (BM, BN)
         acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                                     start_n + offs_n, Nk, qk_scale, offs_d, D, visible, True, EVEN_D,
                                     DOT_PRECISION, tile_update)
@@ -122,7 +130,7 @@ def _bs_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, KvBit
                   stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                   stride_dqb, stride_dqh, stride_dqm, slice_b, slice_h,
                   Hq, Nq, Nk, D, n_qblocks, n_kblocks, scale, qk_scale, n_bucket, visits, GROUP,
-                  SPARSE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  band_lo, band_hi, BAND: tl.constexpr, SPARSE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
     n_m = tl.cdiv(Nq, BLOCK_M)
     pid_m = tl.program_id(0) % n_m
@@ -151,12 +159,11 @@ def _bs_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, KvBit
         dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_n + offs_n, Nk,
                      qk_scale, offs_d, D, 0, False, DOT_PRECISION)
         start_n = _next_start(index, t, n_full * TILES, start_n, TILES, SPARSE_BLOCK, BLOCK_N)
-    rows_in_block = (offs_m % SPARSE_BLOCK)[:, None]
     start_n = _first_start(index + n_full, n_all - n_full, SPARSE_BLOCK)
     for t in range(0, (n_all - n_full) * TILES):
-        in_block = (t % TILES) * BLOCK_N + offs_n
-        visible = _bitmap_tile(Bitmaps, tl.load(bitmap + n_full + t // TILES), rows_in_block,
-                               in_block[None, :], SPARSE_BLOCK)                             # (BM, BN)
+        visible = _partial_mask(Bitmaps, bitmap + n_full + t // TILES, offs_m[:, None],
+                                (start_n + offs_n)[None, :], Nq, Nk, band_lo, band_hi, BAND,
+                                SPARSE_BLOCK)                                               # (BM, BN)
         dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_n + offs_n, Nk,
                      qk_scale, offs_d, D, visible, True, DOT_PRECISION)
         start_n = _next_start(index + n_full, t, (n_all - n_full) * TILES, start_n, TILES, SPARSE_BLOCK,
@@ -172,8 +179,9 @@ def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QB
                     stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                     slice_b, slice_h, Hq, Hkv, Nq, Nk, D, n_kblocks, n_qblocks, scale, qk_scale, n_bucket, visits,
-                    GROUP, SPARSE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    GROUP, band_lo, band_hi, BAND: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr):
     n_n = tl.cdiv(Nk, BLOCK_N)
     off_bkv = tl.program_id(0) // n_n
     off_b, off_hkv = off_bkv // Hkv, off_bkv % Hkv
@@ -186,7 +194,6 @@ def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QB
                   offs_n, offs_d, stride_vn, Nk, D, False)                                  # (BN, BD)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    cols_in_block = (offs_n % SPARSE_BLOCK)[:, None]                                        # (BN, 1)
     TILES: tl.constexpr = SPARSE_BLOCK // BLOCK_M
     for g in range(GROUP):                         # the query heads that share this K/V head
         off_h = off_hkv * GROUP + g
@@ -205,10 +212,10 @@ def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QB
             start_m = _next_start(index, t, n_full * TILES, start_m, TILES, SPARSE_BLOCK, BLOCK_M)
         start_m = _first_start(index + n_full, n_all - n_full, SPARSE_BLOCK)
         for t in range(0, (n_all - n_full) * TILES):
-            in_block = (t % TILES) * BLOCK_M + tl.arange(0, BLOCK_M)                        # (BM,)
-            # the bitmap is stored [query row, key column]: read it transposed, (BN, BM)
-            visible = _bitmap_tile(Bitmaps, tl.load(bitmap + n_full + t // TILES), in_block[None, :],
-                                   cols_in_block, SPARSE_BLOCK)
+            # keys are this tile's rows: the mask transposed, (BN, BM)
+            visible = _partial_mask(Bitmaps, bitmap + n_full + t // TILES,
+                                    (start_m + tl.arange(0, BLOCK_M))[None, :], offs_n[:, None],
+                                    Nq, Nk, band_lo, band_hi, BAND, SPARSE_BLOCK)
             dk, dv = dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                start_m + tl.arange(0, BLOCK_M), Nq, qk_scale, offs_d, D, visible, True,
                                DOT_PRECISION)
@@ -230,6 +237,12 @@ def _slices(mask):
     """(slice_b, slice_h): how far apart (in (batch, head) slices) the mask's tables are; 0 broadcasts."""
     Bm, Hm = mask.batch_heads
     return (0 if Bm == 1 else Hm), (0 if Hm == 1 else 1)
+
+
+def _band(mask):
+    """(band_lo, band_hi, BAND): partial blocks of a band mask (causal, sliding window) are masked
+    by arithmetic, others by their bitmaps."""
+    return (*mask.band, True) if mask.band is not None else (0, 0, False)
 
 
 def _prepare(q, k, v, *rest):
@@ -263,7 +276,8 @@ def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False):
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         slice_b, slice_h, Hq, Nq, Nk, D, mask.shape[2], mask.shape[3], scale * LOG2E, size_bucket(Nq, Nk),
-        mask.kv_visits, Hq // Hkv, SPARSE_BLOCK=bs, BLOCK_D=block_d, EVEN_M=Nq % bs == 0, EVEN_D=D == block_d,
+        mask.kv_visits, Hq // Hkv, *_band(mask), SPARSE_BLOCK=bs, BLOCK_D=block_d, EVEN_M=Nq % bs == 0,
+        EVEN_D=D == block_d,
         DOT_PRECISION="tf32" if allow_tf32 else "ieee", **config)
     return out.to(out_dtype), lse
 
@@ -288,12 +302,13 @@ def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf
         q, k, v, dout, lse, delta, dk, dv, mask.q_count, mask.q_full, mask.q_index, mask.q_bitmap,
         mask.bitmaps, *common, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
         dv.stride(2), slice_b, slice_h, Hq, Hkv, Nq, Nk, D, mask.shape[3], mask.shape[2], scale, scale * LOG2E,
-        n_bucket, mask.q_visits, Hq // Hkv, SPARSE_BLOCK=bs, BLOCK_D=block_d, DOT_PRECISION=precision,
+        n_bucket, mask.q_visits, Hq // Hkv, *_band(mask), SPARSE_BLOCK=bs, BLOCK_D=block_d,
+        DOT_PRECISION=precision,
         **_pick_dkdv(block_d, q.element_size(), bs))
     _dq[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)](
         q, k, v, dout, lse, delta, dq, mask.kv_count, mask.kv_full, mask.kv_index, mask.kv_bitmap,
         mask.bitmaps, *common, dq.stride(0), dq.stride(1), dq.stride(2), slice_b, slice_h,
         Hq, Nq, Nk, D, mask.shape[2], mask.shape[3], scale, scale * LOG2E, n_bucket, mask.kv_visits, Hq // Hkv,
-        SPARSE_BLOCK=bs,
+        *_band(mask), SPARSE_BLOCK=bs,
         BLOCK_D=block_d, DOT_PRECISION=precision, **_pick_dq(block_d, q.element_size(), bs))
     return dq.to(grad_dtype), dk.to(grad_dtype), dv.to(grad_dtype)
