@@ -21,6 +21,7 @@ How the pieces fit:
 Limits: ``check`` runs the learner's code in-process with the learner's rights (a teaching aid);
 instructors grade untrusted work with ``flashlib grade``.
 """
+import functools
 import os
 import re
 import secrets
@@ -448,13 +449,86 @@ def foreign(module, allowed, root) -> str | None:
 NOT_ACCEPTED = "not accepted: write it yourself ({why})"
 
 
+# A runtime tripwire for what ``borrowed`` and ``foreign`` cannot see (a name built from strings,
+# pkgutil.resolve_name, getattr on a module found at run time): while a learner's function runs,
+# flashlib's own answers to the exercise (the grader's FLASHLIB_ANSWERS, dotted names) are
+# replaced by wrappers that record a call made with the graded file on the stack.
+_ACTIVE = []       # (graded file, calls recorded) for each tripwire set
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolved(filename) -> str:
+    return str(Path(filename).resolve())
+
+
+def _on_stack(file) -> bool:
+    frame = sys._getframe(2)
+    while frame is not None:
+        if _resolved(frame.f_code.co_filename) == file:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _recording(original, dotted):
+    def recorder(*args, **kwargs):
+        for file, calls in list(_ACTIVE):
+            if _on_stack(file):
+                calls.append(dotted)
+        return original(*args, **kwargs)
+
+    recorder.__name__, recorder.__doc__ = original.__name__, original.__doc__
+    recorder._flashlib_tripwire = True
+    return recorder
+
+
+class tripwire:
+    """``with tripwire(names, path) as calls:`` the functions ``names`` ("flashlib.softmax.
+    safe_softmax", ...) record in ``calls`` each call made from the file ``path`` (on the stack)."""
+
+    def __init__(self, names, path):
+        self.names, self.path, self.calls, self._undo = tuple(names or ()), path, [], []
+
+    def __enter__(self):
+        import importlib
+
+        if not self.names or self.path is None:
+            return self.calls
+        for dotted in self.names:
+            module_name, attr = dotted.rsplit(".", 1)
+            module = importlib.import_module(module_name)
+            original = getattr(module, attr)
+            if not getattr(original, "_flashlib_tripwire", False):
+                setattr(module, attr, _recording(original, dotted))
+                self._undo.append((module, attr, original))
+        self._entry = (str(Path(self.path).resolve()), self.calls)
+        _ACTIVE.append(self._entry)
+        return self.calls
+
+    def __exit__(self, *exc):
+        if self.names and self.path is not None:
+            _ACTIVE.remove(self._entry)
+        for module, attr, original in reversed(self._undo):
+            setattr(module, attr, original)
+        return False
+
+
+def answers(check_fn) -> tuple:
+    """flashlib's own answers to the exercise a check belongs to: its grader's FLASHLIB_ANSWERS."""
+    return tuple(getattr(check_fn, "__globals__", {}).get("FLASHLIB_ANSWERS", ()))
+
+
+def _tripped(calls) -> str:
+    return NOT_ACCEPTED.format(why=f"calls {calls[0]}, flashlib's own answer")
+
+
 # ---------------------------------------------------------------------------------------------
 # running checks
 
 @dataclass
 class CheckResult:
     title: str                      # what the check tests, from its docstring
-    status: str                     # "ok" | "failed" | "not done" | "error"
+    status: str                     # "ok" | "failed" | "not done" | "error" | "not accepted"
     message: str = ""
     exception: BaseException | None = field(default=None, repr=False)
 
@@ -582,19 +656,27 @@ def run_one(check_fn, impl, seed: int) -> CheckResult:
     """Run one check on a loaded implementation; never raises (except KeyboardInterrupt)."""
     title = check_title(check_fn)
     path = getattr(impl, "__file__", None)
+    calls = []
     try:
-        with warnings.catch_warnings(), np.errstate(all="ignore"):
+        with warnings.catch_warnings(), np.errstate(all="ignore"), \
+                tripwire(answers(check_fn), path) as calls:
             # overflow warnings from a wrong answer are expected; the report says what matters
             warnings.simplefilter("ignore", RuntimeWarning)
             check_fn(impl, np.random.default_rng(seed))
     except CheckFailed as e:
+        if calls:
+            return CheckResult(title, "not accepted", _tripped(calls), e)
         return CheckResult(title, "failed", str(e), e)
     except NotImplementedError as e:
         return CheckResult(title, "not done", str(e), e)
     except RecursionError as e:
         return CheckResult(title, "error", f"RecursionError{_where(e, path)}", e)
     except Exception as e:  # the learner's code raised: report it, don't crash the grader
+        if calls:
+            return CheckResult(title, "not accepted", _tripped(calls), e)
         return CheckResult(title, "error", _error_message(e, path), e)
+    if calls:
+        return CheckResult(title, "not accepted", _tripped(calls))
     return CheckResult(title, "ok")
 
 
@@ -629,7 +711,8 @@ def run_checks(exercise, *, impl="exercises", path=None, seed=None, root=None) -
         report.problem, report.status = NOT_ACCEPTED.format(why=why), "not accepted"
         return report
     try:
-        module = load_module(file)
+        with tripwire(getattr(grader, "FLASHLIB_ANSWERS", ()), file) as calls:
+            module = load_module(file)   # an answer taken at import is still the recorder
     except NotImplementedError:
         report.status = "not done"
         return report
@@ -643,10 +726,16 @@ def run_checks(exercise, *, impl="exercises", path=None, seed=None, root=None) -
         report.status = "error"
         return report
     why = foreign(module, allowed, root)
+    if why is None and calls:
+        why = f"calls {calls[0]}, flashlib's own answer"
     if why is not None:
         report.problem, report.status = NOT_ACCEPTED.format(why=why), "not accepted"
         return report
-    report.results = [run_one(c, module, seed) for c in checks]
+    for c in checks:
+        report.results.append(run_one(c, module, seed))
+        if report.results[-1].status == "not accepted":
+            report.problem, report.status = report.results[-1].message, "not accepted"
+            return report
     statuses = {r.status for r in report.results}
     if statuses == {"ok"}:
         report.status = "passed"

@@ -16,6 +16,9 @@ pytestmark = pytest.mark.ex01
 # what a learner's file may use of flashlib (the stub's imports); anything else is
 # "not accepted: write it yourself" (flashlib.grading.borrowed)
 FLASHLIB_ALLOWED = ()
+# flashlib's own answers: calling one while graded is "not accepted" too, however it is
+# reached (flashlib.grading.tripwire)
+FLASHLIB_ANSWERS = ("flashlib.softmax.safe_softmax", "flashlib.softmax.online_softmax")
 
 DTYPES = (np.float32, np.float64)
 OVERFLOW = {np.float32: 88.72, np.float64: 709.78}   # exp(x) is inf past these

@@ -31,6 +31,9 @@ pytestmark = pytest.mark.ex08
 # what a learner's file may use of flashlib (the stub's imports); anything else is
 # "not accepted: write it yourself" (flashlib.grading.borrowed)
 FLASHLIB_ALLOWED = ()
+# flashlib's own answers: calling one while graded is "not accepted" too, however it is
+# reached (flashlib.grading.tripwire)
+FLASHLIB_ANSWERS = ("flashlib.tiled.fa2_dkdv_update",)
 
 HINT_NAN = ("a row with nothing to attend to has lse = -inf, and exp(-inf - (-inf)) is NaN: use "
             "0 instead of -inf as that row's lse, so that its P is 0")
