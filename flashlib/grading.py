@@ -218,6 +218,40 @@ def stream_problem(reads, n, most, what="columns") -> str | None:
     return None
 
 
+def peak_allocation(fn, *args, **kwargs) -> int:
+    """Bytes ``fn(*args, **kwargs)`` holds at its peak beyond what was allocated before the call
+    (tracemalloc: Python objects and NumPy's buffers). Run it at two sizes of the input: an
+    algorithm that keeps O(block) state holds the same at both, one that keeps every block (or
+    every score) until the end holds more in proportion."""
+    import tracemalloc
+
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        fn(*args, **kwargs)
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        if started:
+            tracemalloc.stop()
+
+
+def memory_problem(fn, make_args, sizes, per_position, what="columns") -> str | None:
+    """Why ``fn`` is not O(1) in memory along the streamed axis, or None. make_args(n): the
+    arguments for an input of n positions; sizes: (small, large); per_position: the bytes one
+    position of the input holds (so that a buffer of the input is its own size in bytes). A
+    growth by more than a tenth of the extra input is a buffer (a correct stream grows by 0)."""
+    small, large = sizes
+    peaks = [peak_allocation(fn, *make_args(n)) for n in (small, large)]
+    growth = peaks[1] - peaks[0]
+    if growth > 0.1 * (large - small) * per_position:
+        return (f"your memory grows with the number of {what}: {peaks[0] / 1024:.0f} KiB at "
+                f"its peak for {small} {what}, {peaks[1] / 1024:.0f} KiB for {large}")
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # finding files
 

@@ -148,7 +148,8 @@ def check_large_values(impl, rng):
 def check_one_pass(impl, rng):
     """one pass over each row, block_size columns at a time (rows of 1000+, max in the last block)"""
     for dtype in DTYPES:
-        n, block_size = int(rng.integers(1000, 1100)), int(rng.choice([7, 64, 100]))
+        # never a power of two: a loop that rounds the block up to one reads more than asked
+        n, block_size = int(rng.integers(1000, 1100)), int(rng.choice([7, 48, 100]))
         x = (3 * rng.standard_normal((4, n))).astype(dtype)
         x[:, -1] = x.max(axis=-1) + 150           # the max comes last, past exp's range (float32)
         x[1] -= 3e4                                # a row far below 0
@@ -167,8 +168,22 @@ def check_one_pass(impl, rng):
         _expect(impl, x, block_size, "the max is in the last block: rescale d when it comes")
 
 
+def check_memory(impl, rng):
+    """memory stays O(block_size) as the rows grow (no buffer of the blocks already read)"""
+    fn = grading.function(impl, "online_normalizer")
+    rows, block_size = 4, int(rng.choice([7, 10, 13]))
+    x = 3 * rng.standard_normal((rows, 5000))
+    why = grading.memory_problem(lambda t: fn(t, block_size), lambda n: (x[:, :n].copy(),),
+                                 (1000, 5000), rows * x.itemsize)
+    if why is not None:
+        grading.fail(f"for {rows} float64 rows in blocks of {block_size}: {why}",
+                     "keep only the running (m, d) between blocks: each block is folded in and "
+                     "dropped. Keeping the blocks (or their exps) to finish after the loop is "
+                     "O(N) memory, the two-pass softmax this exercise replaces")
+
+
 CHECKS = [check_random_rows, check_growing_max, check_max_first, check_shorter_last_block,
-          check_large_values, check_one_pass]
+          check_large_values, check_one_pass, check_memory]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
