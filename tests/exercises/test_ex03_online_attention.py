@@ -202,6 +202,23 @@ def check_scores_far_apart(impl, rng):
                     "subtract the running max: every exponent must be <= 0", check_lse=True)
 
 
+def check_scores_far_below_zero(impl, rng):
+    """every score far below 0 (about -1000): the running max starts at -inf, not 0"""
+    for dtype in DTYPES:
+        Nq, Nk, D = 9, 33, 32
+        q = 1 + 0.1 * rng.standard_normal((Nq, D))
+        k = -30 + 0.5 * rng.standard_normal((Nk, D))
+        v = rng.standard_normal((Nk, D))
+        out, _ = _call(impl, *(t.astype(dtype) for t in (q, k, v)), scale=1.0)
+        hint = None
+        if not np.all(np.isfinite(out)):
+            hint = ("with every score far below 0 your output is inf/NaN: start the running max at "
+                    "-inf (np.full(Nq, -np.inf)), not 0 or another number; from 0, exp(s - m) "
+                    "underflows to 0 for every key and l = 0")
+        _expect(impl, *(t.astype(dtype) for t in (q, k, v)), 1.0, "scores about -1000",
+                hint or "m starts at -inf and is the max of the scores seen", check_lse=True)
+
+
 def check_one_pass(impl, rng):
     """one pass over the keys: each key read once, in order, never all 1000+ at once"""
     for dtype in DTYPES:
@@ -239,7 +256,7 @@ def check_memory(impl, rng):
 
 
 CHECKS = [check_random, check_lse, check_default_scale, check_equal_scores, check_growing_scores,
-          check_scores_far_apart, check_one_pass, check_memory]
+          check_scores_far_apart, check_scores_far_below_zero, check_one_pass, check_memory]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
