@@ -186,14 +186,16 @@ def check_large_inputs(impl, rng):
 
 
 def check_far_below_zero(impl, rng):
-    """rows far below 0 (values under -1e4: the tail lanes must load as -inf, not -1e4)"""
+    """rows far below 0 (near -3e4, -3e9 and -1e34: the tail lanes must load as -inf, not as a
+    finite stand-in such as -1e4, -1e9 or -1e30)"""
     for n_cols in (17, 130):
-        x = rng.standard_normal((4, n_cols)) - rng.uniform(2e4, 4e4)
-        _expect_rows(impl, x, what="rows near -30000",
-                     hint=lambda: _diagnose(impl) or (
-                         "the tail lanes (cols >= n_cols) must load as other=float(\"-inf\"): a "
-                         "finite stand-in such as -1e4 is larger than these rows' values, so it "
-                         "becomes the max and the sum"))
+        for offset in (rng.uniform(2e4, 4e4), rng.uniform(2e9, 4e9), rng.uniform(0.5e34, 2e34)):
+            x = -offset * (1 + 1e-3 * rng.random((4, n_cols)))     # spread: a thousandth of it
+            _expect_rows(impl, x, what=f"rows near {-offset:.1g}",
+                         hint=lambda: _diagnose(impl) or (
+                             "the tail lanes (cols >= n_cols) must load as other=float(\"-inf\"): "
+                             "a finite stand-in such as -1e4, -1e9 or -1e30 is larger than these "
+                             "rows' values, so it becomes the max and the sum"))
 
 
 def check_float16(impl, rng):

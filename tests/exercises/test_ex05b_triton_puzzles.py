@@ -40,11 +40,17 @@ HINT_FP16_ACC = ("right for float32 inputs but off by float16 rounding for float
                  "accumulate in float32, acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), "
                  "acc = tl.dot(a, b, acc), and convert only when storing")
 HINT_PAD_SCORE = ("right when n_keys is a power of two but not otherwise: the lanes j >= n_keys "
-                  "are no keys; their scores must be -inf (not 0), e.g. "
+                  "are no keys; their scores must be -inf (not 0, and not a finite stand-in such "
+                  "as -1e4 or -1e9: real scores can be lower still), e.g. "
                   "s = tl.where(keys < n_keys, s, float(\"-inf\")), so that exp gives them "
                   "probability 0")
 HINT_MAX = ("matches only for small scores: exp overflows past 88.72 in float32 (inf/inf = NaN): "
-            "subtract the max score, p = tl.exp(s - tl.max(s, axis=0)), before dividing by the sum")
+            "subtract the max score, p = tl.exp(s - tl.max(s, axis=0)), before dividing by the sum; "
+            "s is the scaled score, and the max subtracted must be the max of that same s (with "
+            "exp(scale * s - max(s)) the exponents are off by (1 - scale) max(s))")
+HINT_BLOCK_K = ("right with block_k=32 only: the K lanes of a tile are tl.arange(0, BLOCK_K), "
+                "and the loop steps by BLOCK_K; use the BLOCK_K the launcher passes, never a "
+                "fixed width")
 HINT_D_MASK = ("your kernel writes past the head dim d (up to BLOCK_D) or outside the output "
                "rows: store o with mask=dims < d at o_ptr + i * stride_om + dims * stride_od")
 
@@ -179,7 +185,8 @@ def check_copy_tile(impl, rng):
 
 # ---- (c) one matmul tile ----------------------------------------------------------------------
 
-def _matmul(impl, a, b, *, layouts=("rows", "transposed", "rows"), pad=40.0, dtype=torch.float32):
+def _matmul(impl, a, b, *, layouts=("rows", "transposed", "rows"), pad=40.0, dtype=torch.float32,
+            **blocks):
     """C = A @ B, inputs in ``dtype`` and the output in float32. Returns (C, written outside,
     the inputs as the kernel saw them in float64)."""
     av, _ = _matrix(a, layout=layouts[0], pad=pad, dtype=dtype)
@@ -187,7 +194,7 @@ def _matmul(impl, a, b, *, layouts=("rows", "transposed", "rows"), pad=40.0, dty
     out, out_buf = _matrix(np.zeros((a.shape[0], b.shape[1])), layout=layouts[2],
                            pad=float("nan"), dtype=torch.float32)
     out.fill_(float("nan"))
-    grading.function(impl, "matmul")(av, bv, out)
+    grading.function(impl, "matmul")(av, bv, out, **blocks)
     return _np(out), _written_outside(out, out_buf).any(), _np(av), _np(bv)
 
 
@@ -212,23 +219,35 @@ def _diagnose_matmul(impl):
     return None
 
 
+def _block_k_hint(impl, a, b, layouts, dtype):
+    """HINT_BLOCK_K when the same product is right with the default block_k, else None."""
+    got, _, a64, b64 = _matmul(impl, a, b, layouts=layouts, dtype=dtype)
+    return HINT_BLOCK_K if _ok(got, a64 @ b64, rtol=1e-5, atol=1e-5) else None
+
+
 def check_matmul_tile(impl, rng):
-    """(c) matmul tiles: K = 1, 70, 130, 200, transposed inputs, float16 inputs summed in float32"""
-    cases = (((1, 1, 1), torch.float32, ("rows", "rows", "rows")),
-             ((17, 33, 70), torch.float32, ("transposed", "every_other", "rows")),
-             ((45, 37, 130), torch.float32, ("rows", "transposed", "transposed")),
-             ((40, 20, 200), torch.float16, ("rows", "transposed", "rows")))
-    for (M, N, K), dtype, layouts in cases:
+    """(c) matmul tiles: K = 1, 70, 130, 200, transposed inputs, float16 inputs summed in float32,
+    block_k = 16 and 64"""
+    cases = (((1, 1, 1), torch.float32, ("rows", "rows", "rows"), 32),
+             ((17, 33, 70), torch.float32, ("transposed", "every_other", "rows"), 32),
+             ((45, 37, 130), torch.float32, ("rows", "transposed", "transposed"), 32),
+             ((40, 20, 200), torch.float16, ("rows", "transposed", "rows"), 32),
+             ((20, 24, 100), torch.float32, ("rows", "transposed", "rows"), 16),
+             ((20, 24, 150), torch.float32, ("transposed", "rows", "rows"), 64))
+    for (M, N, K), dtype, layouts, block_k in cases:
         a = rng.standard_normal((M, K)) + (1.5 if dtype == torch.float16 else 0.0)
         b = rng.standard_normal((K, N)) + (1.5 if dtype == torch.float16 else 0.0)
-        got, outside, a64, b64 = _matmul(impl, a, b, layouts=layouts, dtype=dtype)
-        what = f"matmul ({M}, {K}) @ ({K}, {N}), {dtype} inputs, layouts {layouts}"
+        blocks = {} if block_k == 32 else {"block_k": block_k}
+        got, outside, a64, b64 = _matmul(impl, a, b, layouts=layouts, dtype=dtype, **blocks)
+        what = (f"matmul ({M}, {K}) @ ({K}, {N}), {dtype} inputs, layouts {layouts}, "
+                f"block_k={block_k}")
         if outside:
             grading.fail(f"{what}: wrote outside C", _diagnose_matmul(impl) or HINT_2D_MASK)
         baseline = (torch.from_numpy(a64).float() @ torch.from_numpy(b64).float()).double().numpy()
         grading.expect_close(got, a64 @ b64, baseline=baseline, dtype=torch.float32, name=what,
                              magnitude=float((np.abs(a64) @ np.abs(b64)).max()),
-                             hint=lambda: _diagnose_matmul(impl))
+                             hint=lambda: _diagnose_matmul(impl) or (
+                                 _block_k_hint(impl, a, b, layouts, dtype) if blocks else None))
 
 
 # ---- (d) one attention row --------------------------------------------------------------------
@@ -239,6 +258,20 @@ def _qkv(rng, M, n_keys, d, size):
     q = size * (rng.standard_normal((M, d)) - 0.5)
     k = size * (rng.standard_normal((n_keys, d)) + 1.0)
     return q, k, size * rng.standard_normal((n_keys, d))
+
+
+def _far_qkv(rng, M, n_keys, d, score, scale):
+    """Q (M, d), K and V (n_keys, d) whose scaled scores all lie near ``score`` (far below 0,
+    under any finite stand-in a padded lane might be given): a few units apart within a row where
+    float32 resolves that (|score| <= 1e5), else a thousandth of |score| apart (one key takes
+    all the probability, whatever the rounding)."""
+    a = np.sqrt(-score / (scale * d))
+    q = -a * (1 + 0.01 * rng.standard_normal((M, d)))
+    if -score <= 1e5:
+        k = a + 3 * rng.standard_normal((n_keys, d)) / (scale * a * np.sqrt(d))
+    else:
+        k = a * (1 + 1e-3 * rng.permutation(n_keys))[:, None] * np.ones(d)
+    return q, k, rng.standard_normal((n_keys, d))
 
 
 def _attention64(q, k, v, scale):
@@ -262,8 +295,9 @@ def _diagnose_attention(impl):
     rng = np.random.default_rng(8)
     plain = ("contiguous",) * 4
 
-    def right(n_keys, d, *, scale=0.125, layouts=plain, size=1.0):
-        q, k, v = _qkv(rng, 3, n_keys, d, size)
+    def right(n_keys, d, *, scale=0.125, layouts=plain, size=1.0, far=None):
+        q, k, v = _qkv(rng, 3, n_keys, d, size) if far is None else \
+            _far_qkv(rng, 3, n_keys, d, far, scale)
         got, outside, (q64, k64, v64) = _attention(impl, q, k, v, scale=scale, layouts=layouts)
         return outside, np.all(np.isfinite(got)) and _ok(got, _attention64(q64, k64, v64, scale))
 
@@ -274,17 +308,24 @@ def _diagnose_attention(impl):
         if right(16, 64)[1]:
             return HINT_STRIDE_2D if right(17, 80)[1] else HINT_PAD_SCORE
         return None
-    if not right(16, 64, scale=1.0, size=4.0)[1]:
+    if not right(16, 64, scale=1.0, size=4.0)[1] or not right(16, 64, scale=0.25, size=8.0)[1]:
         return HINT_MAX
+    if not right(17, 80, far=-3e9)[1] and right(16, 64, far=-3e9)[1]:
+        return HINT_PAD_SCORE
     return None
 
 
 def check_attention_row(impl, rng):
-    """(d) attention rows: 1, 17, 97, 130 keys, head dim 80 and 33, transposed K, large scores"""
+    """(d) attention rows: 1, 17, 97, 130 keys, head dim 80 and 33, transposed K, large scores,
+    scores far below 0"""
     cases = ((3, 1, 80, 0.125, 1.0, torch.float32), (5, 17, 80, 0.125, 1.0, torch.float32),
-             (4, 97, 33, 1.0, 1.0, torch.float16), (3, 130, 80, 1.0, 4.0, torch.float32))
+             (4, 97, 33, 1.0, 1.0, torch.float16), (3, 130, 80, 1.0, 4.0, torch.float32),
+             (3, 50, 64, 0.25, 8.0, torch.float32),        # large scores, scale != 1
+             (3, 37, 80, 0.5, -3e4, torch.float32),        # every score near -3e4 ...
+             (3, 100, 48, 0.3, -3e9, torch.float32))       # ... or -3e9: padding must be -inf
     for M, n_keys, d, scale, size, dtype in cases:
-        q, k, v = _qkv(rng, M, n_keys, d, size)
+        q, k, v = _qkv(rng, M, n_keys, d, size) if size > 0 else \
+            _far_qkv(rng, M, n_keys, d, size, scale)
         got, outside, (q64, k64, v64) = _attention(impl, q, k, v, scale=scale, dtype=dtype)
         what = (f"attention of {M} queries over {n_keys} keys, d={d}, scale={scale}, {dtype} "
                 f"(scores up to {np.abs(scale * q64 @ k64.T).max():.0f})")
