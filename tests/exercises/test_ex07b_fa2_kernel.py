@@ -56,6 +56,10 @@ HINT_TOP_LEFT = ("causal here is bottom-right aligned: query i sees key j iff j 
 HINT_CAUSAL = ("causal is wrong although non-causal is right: scores of keys j > i + Nk - Nq "
                "are -inf (bottom-right), and the loop must still reach every key a row of the "
                "block sees: hi = min(Nk, max(0, (pid_m + 1) * BLOCK_M + Nk - Nq))")
+HINT_CAUSAL_BOUND = ("causal misses one key block: the loop's end hi is exclusive. The last row of "
+                     "query block pid_m is (pid_m + 1) * BLOCK_M - 1 and sees keys up to that "
+                     "row + Nk - Nq, so hi = min(Nk, max(0, (pid_m + 1) * BLOCK_M + Nk - Nq)), "
+                     "not one less: when that last key starts a key block, hi - 1 skips the block")
 HINT_TAIL = ("keys past Nk are read: when Nk is not a multiple of BLOCK_N the last key block runs "
              "past the end of K and V. Load them with mask cols < Nk (other=0.0) and set the "
              "scores of those columns to -inf")
@@ -244,6 +248,9 @@ def _diagnose(kernel):
     ok, res, ref = _probe(kernel, (1, 1, 130, 64), (1, 1, 33, 64), causal=True)
     if not ok:
         return _explain(res, ref) or HINT_CAUSAL
+    ok, res, ref = _probe(kernel, (1, 1, 97, 64), (1, 1, 98, 64), causal=True)
+    if not ok:
+        return _explain(res, ref) or HINT_CAUSAL_BOUND
     return None
 
 
@@ -310,8 +317,10 @@ def check_heads_and_layouts(impl, rng):
 
 
 def check_causal(impl, rng):
-    """causal, bottom-right: Nq < Nk, and Nq > Nk (rows with no key: out 0, lse -inf)"""
+    """causal, bottom-right: Nq < Nk, and Nq > Nk (rows with no key: out 0, lse -inf), and
+    Nk = Nq + 1, where row 63's last key (64) starts a key block of its own"""
     _expect(impl, rng, (1, 2, 17, 80), (1, 2, 130, 80), causal=True)
+    _expect(impl, rng, (1, 1, 97, 64), (1, 1, 98, 64), causal=True)
     # rows 0-96 see no key; query block 64-127 mixes empty rows and rows with keys
     _expect(impl, rng, (1, 3, 130, 80), (1, 1, 33, 80), causal=True, dtype=torch.float16)
 

@@ -38,6 +38,9 @@ HINT_ALIGN = ("the window is bottom-right aligned: query i sits at position p = 
 HINT_NOT_CAUSAL = "the window is causal: no key after the query's own position p (j <= p)"
 HINT_CEIL = ("there are ceil(n / block_size) blocks, not n // block_size: the last, shorter block "
              "of rows or keys is still a block, and with floor its pairs are never attended")
+HINT_CEIL_PLUS_ONE = ("n // block_size + 1 blocks is one too many when n is a multiple of block_size "
+                      "(128 rows in blocks of 32 are 4 blocks, not 5): there are ceil(n / "
+                      "block_size) = (n + block_size - 1) // block_size")
 HINT_PARTIAL_AS_FULL = ("a tile with some pairs allowed and some not is PARTIAL: calling it FULL makes "
                         "the kernel skip the mask and attend the masked keys")
 HINT_EMPTY_VISITED = ("a tile with no allowed pair is EMPTY (0): the kernel never loads it, that is "
@@ -113,7 +116,8 @@ def _call_classify(impl, allowed, block_size):
     if got.shape != want:
         floor = (n_q // block_size, n_k // block_size)
         grading.fail(f"{what} has shape {got.shape}; expected {want}",
-                     HINT_CEIL if got.shape == floor else None)
+                     HINT_CEIL if got.shape == floor else
+                     HINT_CEIL_PLUS_ONE if got.shape == (floor[0] + 1, floor[1] + 1) else None)
     if got.size and not np.isin(got, (EMPTY, PARTIAL, FULL)).all():
         grading.fail(f"{what} holds values {sorted(set(got.ravel().tolist()))[:6]}; tile kinds are "
                      "EMPTY 0, PARTIAL 1, FULL 2")
@@ -131,9 +135,12 @@ def _as_lists(value, n, n_other, what):
     lists = []
     for r, entry in enumerate(value):
         arr = np.asarray(entry)
-        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
             grading.fail(f"{what}[{r}] should be a 1-D int array of block indices, got "
-                         f"{arr.dtype} of shape {arr.shape}")
+                         f"{arr.dtype} of shape {arr.shape}",
+                         "an empty list too must be an int array: np.array([]) is float64 (a "
+                         "kernel cannot index with it); build it with dtype=np.int64, e.g. "
+                         "np.array(blocks, dtype=np.int64)" if arr.size == 0 else None)
         if arr.size and (arr.min() < 0 or arr.max() >= n_other):
             grading.fail(f"{what}[{r}] = {arr.tolist()} names a block outside 0..{n_other - 1}")
         lists.append(arr.astype(np.int64))
@@ -388,8 +395,9 @@ def _random_rule(rng, n_q, n_k, block_size):
 
 
 def check_classify_any_rule(impl, rng):
-    """classify_blocks on packed documents and random tile patterns matches BlockMask.kinds"""
-    for n_q, n_k in [(130, 130), (1, 130), (130, 1), (17, 97), (97, 17)]:
+    """classify_blocks on packed documents and random tile patterns matches BlockMask.kinds
+    (lengths that are multiples of the block too)"""
+    for n_q, n_k in [(130, 130), (1, 130), (130, 1), (17, 97), (97, 17), (128, 64)]:
         block_size = int(rng.choice([16, 32]))
         _expect_kinds(impl, _random_rule(rng, n_q, n_k, block_size), block_size, "a random pattern")
     docs = torch.from_numpy(np.repeat(np.arange(4), [40, 7, 64, 19]))         # 130 packed tokens
