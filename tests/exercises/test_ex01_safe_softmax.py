@@ -1,7 +1,7 @@
 """Grader of exercise 01 (lesson 01): safe_softmax(x), the stable three-pass softmax.
 
-Compared with a float64 softmax under flashlib.testing's rule (baseline: flashlib's own safe
-softmax in the same dtype) on irregular shapes, float32 and float64, and on inputs chosen to
+Compared with a float64 softmax under flashlib.testing's rule (baselines: flashlib's own safe
+softmax in the same dtype, and exp(x - lse) through the log-sum-exp, whose rounding follows |lse|) on irregular shapes, float32 and float64, and on inputs chosen to
 break the usual mistakes: values past exp's overflow point (88.72 in float32, 709.78 in
 float64), rows whose values spread wider than that, rows far apart from each other. A small
 probe (large values close together) tells a missing max subtraction from a wrong one.
@@ -75,9 +75,15 @@ def _row_hint(y, x):
             "(axis=-1), not by its max or anything else")
 
 
+def _log_space(x):
+    """Softmax in log space in x's dtype, exp(x - lse) with lse = np.logaddexp.reduce(x) (stable,
+    one rounding of lse per element): the second baseline, whose error follows |lse| and N."""
+    return np.exp(x - np.logaddexp.reduce(x, axis=-1, keepdims=True))
+
+
 def _expect(y, x, name, hint):
-    grading.expect_close(y, _reference(x), baseline=library_softmax(x), dtype=x.dtype,
-                         name=name, hint=hint)
+    grading.expect_close(y, _reference(x), baseline=(library_softmax(x), _log_space(x)),
+                         dtype=x.dtype, name=name, hint=hint)
 
 
 def check_small_inputs(impl, rng):

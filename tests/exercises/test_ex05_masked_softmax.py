@@ -7,9 +7,9 @@ the padding after each row holds large values: an unmasked load reads them (dete
 inside the buffer, never past the allocation) and the row's softmax comes out wrong. The output
 too is a view into a buffer filled with NaN, so a store past the row, or into another row, shows.
 Row lengths are not powers of two (1, 17, 97, 130, 1000), every row is compared with the float64
-softmax under flashlib.testing's rule (baseline: a naive softmax in the same dtype), and probes
-name the mistake: no mask on the load, other=0 instead of -inf, no max subtraction, no mask on
-the store, a wrong row stride.
+softmax under flashlib.testing's rule (baselines: a naive softmax in the same dtype, and
+exp(x - lse) through the log-sum-exp), and probes name the mistake: no mask on the load, other=0
+instead of -inf, no max subtraction, no mask on the store, a wrong row stride.
 """
 import numpy as np
 import pytest
@@ -53,6 +53,13 @@ def _naive(x):
     """The baseline: exp(x - max) / sum in x's own dtype (torch, same device)."""
     z = (x - x.max(dim=-1, keepdim=True).values).exp()
     return z / z.sum(dim=-1, keepdim=True)
+
+
+def _log_space(x):
+    """The second baseline: exp(x - lse), lse = max + log(sum(exp(x - max))), in x's own dtype;
+    its rounding follows |lse| (the rows far below 0 have |lse| in the thousands and more)."""
+    m = x.max(dim=-1, keepdim=True).values
+    return (x - (m + (x - m).exp().sum(dim=-1, keepdim=True).log())).exp()
 
 
 def _run(impl, x, *, pad=40.0, dtype=torch.float32, seed=0):
@@ -140,7 +147,7 @@ def _expect_rows(impl, x, *, dtype=torch.float32, what, hint=None):
     expected = _softmax64(x_cast)
     if hint is None:
         hint = lambda: _diagnose(impl) or _differs(got, expected)  # noqa: E731
-    baseline = _naive(x_view.contiguous()).double().cpu().numpy()
+    baseline = tuple(f(x_view.contiguous()).double().cpu().numpy() for f in (_naive, _log_space))
     grading.expect_close(got, expected, baseline=baseline, dtype=dtype,
                          name=f"softmax of {what} ({x.shape[0]} rows of {x.shape[1]}, {dtype})",
                          hint=hint)

@@ -5,7 +5,8 @@ one chunk empty), merged and compared with attention_ref over all the keys; and 
 lse values: far apart and in the thousands (past exp's range in float32 and float64), equal, a
 single split, empty splits (-inf) mixed in and rows whose every split is empty (out 0, lse -inf).
 float32 and float64, leading dims (batch, heads, tokens). The tolerance rule is flashlib.testing's
-(baseline: the textbook merge in the same dtype). Probes name the mistake: outputs averaged,
+(baselines: the textbook merge in the same dtype, and the merge through the merged lse, weights
+exp(lse_s - lse), whose rounding follows |lse|). Probes name the mistake: outputs averaged,
 weights not normalised, base 2 instead of base e, max instead of log-sum-exp, no max
 subtracted, NaN on empty rows.
 """
@@ -82,6 +83,15 @@ def _textbook(out_parts, lse_parts):
     return out, np.where(total == 0, -np.inf, m[..., 0] + np.log(safe)).astype(lse_parts.dtype)
 
 
+def _log_space(out_parts, lse_parts):
+    """The merge in the inputs' dtype through the merged lse (flash-decoding's combine): lse by
+    np.logaddexp, weights exp(lse_s - lse), which carry lse's rounding (ulps of |lse|, one
+    rounding per split): the second baseline."""
+    lse = np.logaddexp.reduce(lse_parts, axis=-1)                    # -inf where all empty
+    w = np.exp(lse_parts - np.where(np.isneginf(lse), 0, lse).astype(lse_parts.dtype)[..., None])
+    return (w[..., None] * out_parts).sum(axis=-2), lse
+
+
 def _probe(impl, lse, dtype=np.float64):
     """Two splits with outputs e1, e2 (D=2) and the given lse: returns (out, lse) of the learner."""
     out_parts = np.eye(2, dtype=dtype)[None]                  # (1, 2 splits, 2)
@@ -121,7 +131,7 @@ def _expect(impl, out_parts, lse_parts, what, default_hint, *, expected=None, ma
     dtype = out_parts.dtype
     out, lse = _call(impl, out_parts, lse_parts)
     out_ref, lse_ref = _merge64(out_parts, lse_parts) if expected is None else expected
-    out_b, lse_b = _textbook(out_parts, lse_parts)
+    out_b, lse_b = zip(_textbook(out_parts, lse_parts), _log_space(out_parts, lse_parts))
     hint = lambda: _diagnose(impl) or default_hint  # noqa: E731
     what = f"{dtype} out_parts {out_parts.shape}, {what}"
     if np.isnan(out).any() or np.isnan(lse).any():
