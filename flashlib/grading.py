@@ -14,6 +14,11 @@ How the pieces fit:
   them in a thread stopped after ``TIME_LIMIT_S`` (as ``grade``), so a loop that never ends is
   reported and a notebook's kernel survives it. Errors raised inside a Triton kernel are reported
   as the learner's own error at the learner's line, with a hint where the mistake is a common one.
+- A file that reaches for the answer is "not accepted: write it yourself": statically
+  (``borrowed``: flashlib beyond the stub's imports, solutions/, exec/importlib/sys.modules),
+  once loaded (``foreign``: a public function that is flashlib's), and while it runs
+  (``tripwire``: the grader's FLASHLIB_ANSWERS, flashlib's own answers to the exercise, record
+  any call made from the learner's file, however the learner reached them).
 - ``flashlib.classroom.grade`` (``flashlib grade DIR``) runs these checks in its own process
   against proxies of a student's functions, which run in a confined process
   (``flashlib.sandbox``), with a time limit.

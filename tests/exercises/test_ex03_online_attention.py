@@ -244,10 +244,10 @@ def check_memory(impl, rng):
     """memory stays O(Nq D) as the keys grow (no buffer of the scores or keys already read)"""
     fn = grading.function(impl, "online_attention")
     Nq, D = 16, 8
-    q, k, v = (rng.standard_normal(s) for s in ((Nq, D), (3000, D), (3000, D)))
+    q, k, v = (rng.standard_normal(s) for s in ((Nq, D), (1500, D), (1500, D)))
     why = grading.memory_problem(lambda *t: fn(*t, scale=0.3),
                                  lambda n: (q.copy(), k[:n].copy(), v[:n].copy()),
-                                 (600, 3000), Nq * q.itemsize, what="keys")
+                                 (300, 1500), Nq * q.itemsize, what="keys")
     if why is not None:
         grading.fail(f"for {Nq} float64 queries of head dim {D}: {why}",
                      "keep only m, l and acc between keys: fold each key's score into them and "
