@@ -243,6 +243,13 @@ def peak_allocation(fn, *args, **kwargs) -> int:
             tracemalloc.stop()
 
 
+def runs_in_sandbox(fn) -> bool:
+    """True for a proxy of a student's function that runs in ``flashlib.sandbox``'s confined
+    process (``flashlib grade``): memory measured here would be the proxy's own copies, not the
+    student's, so memory checks do not apply there (they do in ``flashlib check`` and pytest)."""
+    return type(fn).__module__ == "flashlib.sandbox"
+
+
 def memory_problem(fn, make_args, sizes, per_position, what="columns") -> str | None:
     """Why ``fn`` is not O(1) in memory along the streamed axis, or None. make_args(n): the
     arguments for an input of n positions; sizes: (small, large); per_position: the bytes one

