@@ -21,6 +21,7 @@ BLAS_SETTINGS = ", ".join(f"{name}={value}" for name, value in sorted(os.environ
 
 import pytest  # noqa: E402
 
+import seed_sweep  # noqa: E402  (tests/seed_sweep.py)
 from flashlib import grading  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,15 +47,33 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` need a CUDA GPU: skip them, saying so, on a machine without one."""
+    """The seed sweep's verdicts are read last (it runs in the background meanwhile). Tests marked
+    ``gpu`` need a CUDA GPU: skip them, saying so, on a machine without one."""
     from flashlib import runtime
 
+    items.sort(key=lambda item: getattr(item, "originalname", None) == seed_sweep.TEST)  # stable
     if runtime.HAS_CUDA and not runtime.INTERPRET:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session):
+    """Start the seed sweep of the collected test_verdicts_do_not_depend_on_the_seed items."""
+    exercises = [item.callspec.params["exercise"] for item in session.items
+                 if getattr(item, "originalname", None) == seed_sweep.TEST]
+    if exercises and not session.config.option.collectonly:
+        pool, futures = seed_sweep.start(exercises, SEED)
+        session.config.stash[seed_sweep.POOL], session.config.stash[seed_sweep.FUTURES] = \
+            pool, futures
+
+
+def pytest_sessionfinish(session):
+    pool = session.config.stash.get(seed_sweep.POOL, None)
+    if pool is not None:
+        pool.shutdown(cancel_futures=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,19 +1,18 @@
 """The graders are proven: every mutant (a plausible wrong answer in tests/mutants/) is rejected
 by its exercise's grader with a report containing the words it declares in EXPECTED_HINT, every
 reference solution passes, and every exercise has at least four mutants. Verdicts do not depend
-on the seed: under SEEDS seeds every mutant is rejected and every reference solution and correct
+on the seed: under 20 seeds (tests/seed_sweep.py) every mutant is rejected and every reference solution and correct
 variant (tests/variants/: the same answer written another way) passes every check."""
 import ast
 from pathlib import Path
 
 import pytest
 
+import seed_sweep
 from flashlib import grading
 
 ROOT = Path(__file__).resolve().parent.parent
-MUTANTS = sorted((ROOT / "tests" / "mutants").glob("ex[0-9]*_*.py"))
-VARIANTS = sorted((ROOT / "tests" / "variants").glob("ex[0-9]*_*.py"))
-SEEDS = 20
+MUTANTS, VARIANTS = seed_sweep.MUTANTS, seed_sweep.VARIANTS
 EXERCISES = grading.list_exercises(ROOT)
 MIN_MUTANTS = 4
 
@@ -51,39 +50,12 @@ def test_every_mutant_belongs_to_an_exercise_and_declares_a_hint():
         assert isinstance(hint, str) and hint.strip(), f"{mutant.name} needs EXPECTED_HINT"
 
 
-def _mine(files, exercise):
-    return [f for f in files if grading.exercise_number(f.stem) == grading.exercise_number(exercise)]
-
-
 @pytest.mark.parametrize("exercise", EXERCISES)
-def test_verdicts_do_not_depend_on_the_seed(exercise, grader_seed):
-    """Each file loaded once; per seed, a mutant must fail some check (the first failure ends its
-    seed) and the solution and every variant must pass every check."""
-    grader = grading.load_grader(exercise, ROOT)
-    allowed = grading.allowed_flashlib(grader, exercise, ROOT)
-    seeds = [grader_seed + 7919 * i for i in range(SEEDS)]
-    problems = []
-    correct = [ROOT / "solutions" / f"{exercise}.py", *_mine(VARIANTS, exercise)]
-    for path in _mine(MUTANTS, exercise) + correct:
-        why = grading.borrowed(ast.parse(path.read_text()), allowed)
-        with grading.tripwire(getattr(grader, "FLASHLIB_ANSWERS", ()), path):
-            module = None if why else grading.load_module(path)
-        why = why or grading.foreign(module, allowed, ROOT)
-        if path in correct:
-            assert why is None, f"{path.name} is refused: {why}"
-        elif why is not None:
-            continue                                     # refused whatever the seed
-        for seed in seeds:
-            for check in grader.CHECKS:
-                result = grading.run_one(check, module, seed)
-                if path not in correct and result.status != "ok":
-                    break
-                if path in correct and result.status != "ok":
-                    problems.append(f"{path.name} fails {check.__name__} with seed {seed}: "
-                                    f"{result.message.splitlines()[0]}")
-            else:
-                if path not in correct:
-                    problems.append(f"{path.name} is accepted with seed {seed}")
+def test_verdicts_do_not_depend_on_the_seed(exercise, request):
+    """Under seed_sweep.SEEDS seeds, every mutant is rejected and the solution and every variant
+    pass (run in the background since collection: tests/seed_sweep.py)."""
+    problems = [line for future in request.config.stash[seed_sweep.FUTURES][exercise]
+                for line in future.result()]
     assert not problems, "\n".join(problems)
 
 
