@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from . import bench, runtime
-from .decode import flash_decode
+from .decode import check_decode_inputs, flash_decode
 from .kernels import decode as kernels
 from .reference import attention_ref
 from .testing import max_error, tolerance
@@ -384,11 +384,42 @@ def sweep(dtype=torch.float16, lengths=(1024, 4096, 16384, 131072),
             torch.cuda.empty_cache()
 
 
+def host_report(dtype):
+    """Where one decoding step's host time goes, per call (``host_time``; B=1 H=32 and B=8 Hq=32
+    Hkv=8, L=1k, d=128): flash_decode with and without ``kernels.launch.fast_launch``, the
+    two-kernel form, its parts, and SDPA's whole call."""
+    import triton
+
+    from .kernels import launch
+    for shape in (MHA, GQA):
+        B, Hq, Hkv, D = shape["B"], shape["Hq"], shape["Hkv"], shape["D"]
+        q, k, v = bench.make_inputs(B, Hq, Hkv, 1, 1024, D, dtype, runtime.DEVICE)
+        rows = {"flash_decode": lambda: flash_decode(q, k, v)}
+        fast = launch.ENABLED
+        launch.ENABLED = False
+        try:
+            rows["flash_decode, plain kernel[grid] launch"] = host_time(rows["flash_decode"])
+        finally:
+            launch.ENABLED = fast
+        rows["flash_decode"] = host_time(rows["flash_decode"])
+        rows["decode_partial + combine"] = host_time(
+            lambda: kernels.combine(*kernels.decode_partial(q, k, v), out_dtype=q.dtype))
+        rows["checks (check_decode_inputs)"] = host_time(lambda: check_decode_inputs(q, k, v))
+        rows["torch.empty"] = host_time(lambda: torch.empty_like(q))
+        rows["F.scaled_dot_product_attention"] = host_time(
+            lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=Hq != Hkv))
+        print(f"B={B} Hq={Hq} Hkv={Hkv} L=1024 d={D}, splits={kernels.launch_plan(q, k)[3]}, "
+              f"Triton {triton.__version__}, fast launch {'on' if fast else 'off'}: host us per call")
+        for name, us in rows.items():
+            print(f"  {name:40s} {us:7.1f}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m flashlib.bench_decode", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true", help="tune: configs x split counts")
     parser.add_argument("--quick", action="store_true", help="L = 4k and 32k only")
+    parser.add_argument("--host", action="store_true", help="host time per call, by part")
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     parser.add_argument("--out", default=None, help="folder (default benchmarks/results/<gpu>)")
     args = parser.parse_args(argv)
@@ -399,6 +430,8 @@ def main(argv=None):
     dtype = getattr(torch, args.dtype)
     if args.sweep:
         sweep(dtype)
+    elif args.host:
+        host_report(dtype)
     else:
         run_suite(dtype, out_dir, quick=args.quick)
 

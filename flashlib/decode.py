@@ -72,7 +72,7 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, sc
     scale = check_decode_inputs(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
                                 num_splits=num_splits, scale=scale)
     out, lse = flash_decode_forward(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
-                                    scale=scale)
+                                    scale=scale, return_lse=return_lse)
     return (out, lse) if return_lse else out
 
 

@@ -261,3 +261,48 @@ def test_gpu_one_launch_merge_has_no_race():
         out, lse = flash_decode(q, k, v, cache_seqlens=lens, num_splits=16, return_lse=True)
         assert torch.equal(out, expected[0]) and torch.equal(lse, expected[1])
     check_per_sequence(out, lse, q, k, v, lens)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_workspace_is_shared_safely():
+    # the one-launch path keeps its partials and arrival counters in one workspace per stream:
+    # split counts and return_lse alternating, another stream, and two CUDA graphs captured and
+    # replayed after eager calls must all give the two-kernel result, bit for bit
+    from flashlib.kernels import launch
+    q, k, v = inputs(8, 32, 8, 1, 32768, 128, torch.float16)
+    lens = torch.tensor([32768, 1, 0, 5000, 12345, 32000, 777, 20000], dtype=torch.int32, device=DEV)
+
+    def expected(s):
+        return kernels.combine(*kernels.decode_partial(q, k, v, lens, num_splits=s),
+                               out_dtype=q.dtype)
+
+    def decode(s, return_lse=True):
+        return flash_decode(q, k, v, cache_seqlens=lens, num_splits=s, return_lse=return_lse)
+
+    want = {s: expected(s) for s in (3, 16, 64)}
+    for s in (16, 3, 64, 16, 3):
+        out, lse = decode(s)
+        assert torch.equal(out, want[s][0]) and torch.equal(lse, want[s][1]), s
+        assert torch.equal(decode(s, return_lse=False), want[s][0]), s
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = [decode(s) for s in (16, 3)]
+    torch.cuda.current_stream().wait_stream(side)
+    for (out, lse), s in zip(got, (16, 3)):
+        assert torch.equal(out, want[s][0]) and torch.equal(lse, want[s][1]), s
+    graphs, results = [], []
+    for s in (16, 64):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            results.append(decode(s))
+        graphs.append(graph)
+    decode(3)
+    for graph, (out, lse), s in zip(graphs, results, (16, 64)):
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want[s][0]) and torch.equal(lse, want[s][1]), s
+    if launch.ENABLED:   # the direct launches above reused the kernel compiled on the first call
+        assert launch._compiled[kernels._decode_partial_kernel]

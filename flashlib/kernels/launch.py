@@ -1,0 +1,69 @@
+"""Launching a compiled Triton kernel with less host time (the decode kernel's launcher uses it).
+
+Why: one decoding step over a short KV cache is ~10 us of GPU work, but ``kernel[grid](...)``
+spends ~50 us of Python on an H100's host before the launch: it binds and specializes every
+argument (35 for the decode kernel), builds a cache key from them and looks the compiled kernel
+up (benchmarks/results/h100/decode_host_time.log). A decoding loop calls the same kernel with
+the same shapes at every step, so ``fast_launch`` remembers the compiled kernel per call
+signature and launches it directly (~12 us there). A call signature is everything Triton
+specializes on, or finer: each tensor's dtype and 16-byte alignment, every other argument's
+value (ints, floats, constexprs, ``num_warps``...), and the device. A new signature goes through
+Triton's own ``kernel[grid](...)`` (compiling if needed), which returns the kernel to remember.
+
+Direct launches call ``CompiledKernel.run``, an internal of Triton; its signature is the one of
+the versions in ``TESTED_TRITON``. Elsewhere, through the interpreter, with Triton's launch hooks
+set (profilers), or with ``FLASHLIB_FAST_LAUNCH=0``, every call is a plain ``kernel[grid](...)``.
+"""
+import os
+
+import torch
+import triton
+
+from .. import runtime
+
+TESTED_TRITON = ("3.6.",)
+MAX_SIGNATURES = 256     # per kernel; a loop that keeps changing shapes starts the memo again
+ENABLED = (not runtime.INTERPRET and triton.__version__.startswith(TESTED_TRITON)
+           and os.environ.get("FLASHLIB_FAST_LAUNCH", "1") != "0")
+
+_compiled = {}           # kernel -> {call signature: CompiledKernel}
+
+
+def _signature(device, args, kwargs):
+    return (device,
+            *((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a for a in args),
+            *kwargs.items())
+
+
+def fast_launch(kernel, grid, *args, **kwargs):
+    """``kernel[grid](*args, **kwargs)``, with the arguments' binding and the kernel's look-up
+    skipped after the first call of each signature. ``grid``: a tuple of up to 3 ints; args:
+    the kernel's parameters up to its constexprs; kwargs: the constexprs and launch options."""
+    if not ENABLED or _hooks_set():
+        return kernel[grid](*args, **kwargs)
+    driver = triton.runtime.driver.active
+    device = driver.get_current_device()
+    memo = _compiled.setdefault(kernel, {})
+    key = _signature(device, args, kwargs)
+    hit = memo.get(key)
+    if hit is None:
+        if len(memo) >= MAX_SIGNATURES:
+            memo.clear()
+        compiled = kernel[grid](*args, **kwargs)
+        # CompiledKernel.run takes every parameter in order, constexprs included (it skips them)
+        memo[key] = compiled, [p.name for p in kernel.params[len(args):]]
+        return compiled
+    compiled, constexpr_names = hit
+    grid = (*grid, 1, 1)
+    compiled.run(grid[0], grid[1], grid[2], driver.get_current_stream(device), compiled.function,
+                 compiled.packed_metadata, None, None, None,
+                 *args, *(kwargs[name] for name in constexpr_names))
+    return compiled
+
+
+def _hooks_set():
+    """Whether a launch hook is registered (Triton's profilers use them): then launch plainly,
+    so that the hooks see every launch. The hooks are HookChains, empty ones when unused."""
+    hooks = triton.knobs.runtime
+    return any(getattr(hook, "calls", hook) for hook in (hooks.launch_enter_hook,
+                                                          hooks.launch_exit_hook))
