@@ -418,6 +418,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m flashlib.bench_decode", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true", help="tune: configs x split counts")
+    parser.add_argument("--lengths", type=int, nargs="+", default=None,
+                        help="cache lengths of --sweep (default 1k, 4k, 16k, 128k)")
     parser.add_argument("--quick", action="store_true", help="L = 4k and 32k only")
     parser.add_argument("--host", action="store_true", help="host time per call, by part")
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
@@ -429,7 +431,7 @@ def main(argv=None):
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = getattr(torch, args.dtype)
     if args.sweep:
-        sweep(dtype)
+        sweep(dtype, **({} if args.lengths is None else {"lengths": args.lengths}))
     elif args.host:
         host_report(dtype)
     else:

@@ -262,17 +262,18 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
         out = lse = arrivals = None
         o_part = torch.empty((B, Hq, Nq, num_splits, D), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((B, Hq, Nq, num_splits), dtype=torch.float32, device=q.device)
-    else:    # scratch: lse (rows) if not asked for, then lse_part (rows x S), o_part (rows x S x D)
+    else:
         out, lse = merge_into
         o_part = lse_part = arrivals = None
-        if lse is None or num_splits > 1:
-            scratch = workspace(q.device, torch.float32, (lse is None) * rows
-                                + (num_splits > 1) * rows * num_splits * (D + 1))
-            if lse is None:
-                lse, scratch = scratch[:rows], scratch[rows:]
-            if num_splits > 1:
-                lse_part, o_part = scratch[:rows * num_splits], scratch[rows * num_splits:]
-                arrivals = workspace(q.device, torch.int32, B * Hkv * row_blocks)
+        needs = {"lse": rows} if lse is None else {}
+        if num_splits > 1:
+            needs.update(o_part=rows * num_splits * D, lse_part=rows * num_splits,
+                         arrivals=B * Hkv * row_blocks)
+        if needs:
+            scratch = workspace(q.device, needs)
+            lse = scratch["lse"] if lse is None else lse
+            o_part, lse_part, arrivals = (scratch[role] if role in needs else None
+                                          for role in ("o_part", "lse_part", "arrivals"))
     if grid[0] == 0:
         return o_part, lse_part
     fast_launch(
@@ -289,24 +290,28 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
     return (None, None) if merge_into is not None else (o_part, lse_part)
 
 
-_workspaces = {}   # (device, stream, dtype) -> flat buffer
+_workspaces = {}   # (device index, stream) -> {role: flat buffer}
 
 
-def workspace(device, dtype, numel):
-    """A flat buffer of at least ``numel`` elements for the one-launch path's scratch (partials,
-    arrival counters, an lse nobody asked for), one per stream, grown as needed, int32 ones
-    zeroed when made. Two allocations fewer per decoding step: ~15 us of host time on an H100.
-    Launches on one stream run one after another, so they can share it; the merging program
-    sets its row block's counter back to 0. Under CUDA graph capture every call gets its own
-    buffer (the graph keeps it), so graphs never share one."""
+def workspace(device, needs):
+    """Scratch buffers of the one-launch path, ``needs`` = {role: elements}: "o_part", "lse_part",
+    "lse" (one nobody asked for), float32, and "arrivals", int32 counters zeroed when made.
+    Returns {role: buffer}, each at least that long. Kept per stream and grown as needed: three
+    allocations fewer per decoding step (each a few us of host time on an H100). Launches on one
+    stream run one after another, so they can share them; the merging program sets its row
+    block's counter back to 0. Under CUDA graph capture every call gets fresh buffers (the graph
+    keeps them), so graphs never share one."""
+    def make(role, numel):
+        return torch.zeros(numel, dtype=torch.int32 if role == "arrivals" else torch.float32,
+                           device=device)
     if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        return torch.zeros(numel, dtype=dtype, device=device)
-    key = (device.index, triton.runtime.driver.active.get_current_stream(device.index), dtype)
-    buffer = _workspaces.get(key)
-    if buffer is None or buffer.numel() < numel:
-        size = numel if buffer is None else max(numel, 2 * buffer.numel())
-        buffer = _workspaces[key] = torch.zeros(size, dtype=dtype, device=device)
-    return buffer[:numel]
+        return {role: make(role, numel) for role, numel in needs.items()}
+    stream = triton.runtime.driver.active.get_current_stream(device.index)
+    mine = _workspaces.setdefault((device.index, stream), {})
+    for role, numel in needs.items():
+        if role not in mine or mine[role].numel() < numel:
+            mine[role] = make(role, max(numel, 2 * mine[role].numel() if role in mine else 0))
+    return mine
 
 
 def decode_partial(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=None, scale=None,

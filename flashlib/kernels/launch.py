@@ -30,9 +30,8 @@ _compiled = {}           # kernel -> {call signature: CompiledKernel}
 
 
 def _signature(device, args, kwargs):
-    return (device,
-            *((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a for a in args),
-            *kwargs.items())
+    return (device, *kwargs.items(),
+            *[(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a for a in args])
 
 
 def fast_launch(kernel, grid, *args, **kwargs):
