@@ -52,6 +52,7 @@ INTERPRETER_BLOCK_N = 32
 MAX_ROWS = 64            # query rows per program (group x new tokens); more rows: more row blocks
 MAX_SPLITS = 128         # the heuristic's cap; an explicit num_splits may be anything >= 1
 MIN_BLOCKS_PER_SPLIT = 4  # the heuristic gives each split at least this many key blocks
+SHORT_CACHE = 2048       # ... and does not split a shorter cache in two (num_splits_heuristic)
 NOMINAL_SMS = 132        # SM count assumed through the interpreter (an H100's), for the counts
 
 
@@ -209,10 +210,14 @@ def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, 
     program streaming one long chunk through its software pipeline; measured best on an H100).
     Lengths given (``ragged``): 8x that, so that the long sequences' chunks spread over the SMs
     the short ones leave idle. At least 1, at most ``MAX_SPLITS``, no split shorter than
-    ``MIN_BLOCKS_PER_SPLIT`` key blocks."""
+    ``MIN_BLOCKS_PER_SPLIT`` key blocks. Exception: a short cache (< ``SHORT_CACHE`` keys) whose
+    unsplit grid already busies half the SMs is not split in two: there the merge costs more than
+    the SMs it adds (one launch, H100, B=8 Hkv=8 1k keys: 1.76 TB/s unsplit, 1.54 in two; at 2k
+    the two tie; benchmarks/results/h100/decode_sweep.log)."""
     programs = max(1, batch * heads_kv * row_blocks)
     longest = triton.cdiv(max_len, block_n * MIN_BLOCKS_PER_SPLIT)
-    return max(1, min(sms // programs * (8 if ragged else 1), longest, MAX_SPLITS))
+    splits = max(1, min(sms // programs * (8 if ragged else 1), longest, MAX_SPLITS))
+    return 1 if splits == 2 and max_len < SHORT_CACHE else splits
 
 
 def launch_plan(q, k_cache, cache_seqlens=None, *, num_splits=None, config=None):
