@@ -300,15 +300,17 @@ _workspaces = {}   # (device index, stream) -> {role: flat buffer}
 
 def workspace(device, needs):
     """Scratch buffers of the one-launch path, ``needs`` = {role: elements}: "o_part", "lse_part",
-    "lse" (one nobody asked for), float32, and "arrivals", int32 counters zeroed when made.
+    "lse" (one nobody asked for), float32, and "arrivals", int32 counters, zeroed when made.
     Returns {role: buffer}, each at least that long. Kept per stream and grown as needed: three
     allocations fewer per decoding step (each a few us of host time on an H100). Launches on one
     stream run one after another, so they can share them; the merging program sets its row
     block's counter back to 0. Under CUDA graph capture every call gets fresh buffers (the graph
-    keeps them), so graphs never share one."""
+    keeps them), so graphs never share one; only the counters are zeroed there (each zeroing is
+    a memset in the graph, GPU time at every replay)."""
     def make(role, numel):
-        return torch.zeros(numel, dtype=torch.int32 if role == "arrivals" else torch.float32,
-                           device=device)
+        if role == "arrivals":
+            return torch.zeros(numel, dtype=torch.int32, device=device)
+        return torch.empty(numel, dtype=torch.float32, device=device)
     if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return {role: make(role, numel) for role, numel in needs.items()}
     stream = triton.runtime.driver.active.get_current_stream(device.index)
