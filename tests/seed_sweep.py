@@ -32,7 +32,8 @@ def mine(files, exercise):
 
 def sweep(exercise, path, seeds):
     """One file under every seed: the problems found, as lines. A mutant must fail some check
-    (its first failure ends that seed); a solution or variant must pass every check."""
+    (its first failure ends that seed; the check that failed goes first for the next seed); a
+    solution or variant must pass every check."""
     grader = grading.load_grader(exercise, ROOT)
     allowed = grading.allowed_flashlib(grader, exercise, ROOT)
     is_correct = path.parent.name in ("solutions", "variants")
@@ -42,11 +43,13 @@ def sweep(exercise, path, seeds):
     why = why or grading.foreign(module, allowed, ROOT)
     if why is not None:
         return [f"{path.name} is refused: {why}"] if is_correct else []   # refused whatever the seed
-    problems = []
+    problems, checks = [], list(grader.CHECKS)
     for seed in seeds:
-        for check in grader.CHECKS:
+        for check in checks:
             result = grading.run_one(check, module, seed)
             if not is_correct and result.status != "ok":
+                checks.remove(check)      # a mutant: try the check that caught it first next seed
+                checks.insert(0, check)
                 break
             if is_correct and result.status != "ok":
                 problems.append(f"{path.name} fails {check.__name__} with seed {seed}: "
