@@ -358,7 +358,8 @@ def combine(o_part, lse_part, *, out_dtype=None):
 def flash_decode_forward(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=None, scale=None,
                          config=None, return_lse=True):
     """Flash-Decoding in one launch: the split-KV kernel, whose last split per row block merges
-    (``decode_partial`` then ``combine``, fused). Returns ``(out, lse)``, out like q.
+    (``decode_partial`` then ``combine``, fused). Returns ``(out, lse)``, out like q; lse is None
+    unless ``return_lse`` (then it goes to the stream's scratch instead of a new tensor).
 
     One launch instead of two matters at short caches, where the host's time per Triton launch
     (tens of microseconds) exceeds the GPU's work (benchmarks/NOTES.md)."""
