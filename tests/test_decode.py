@@ -138,7 +138,8 @@ def test_heuristic_splits_fill_the_gpu_but_keep_splits_long():
     assert pick(64, 32, 1, 131072, block_n=64, sms=132) == 1      # 2048 programs: no need
     assert pick(1, 1, 1, 100, block_n=64, sms=132) == 1           # 2 blocks: too short to split
     assert pick(8, 8, 1, 1024, block_n=64, sms=132) == 1          # half the SMs busy, short cache
-    assert pick(8, 8, 1, 2048, block_n=64, sms=132) == 2
+    assert pick(8, 8, 1, 4096, block_n=64, sms=132) == 1
+    assert pick(8, 8, 1, 8192, block_n=64, sms=132) == 2
     assert pick(1, 32, 1, 1024, block_n=64, sms=132) == 4         # a quarter busy: split anyway
     assert 1 <= pick(1, 1, 1, 10 ** 7, block_n=64, sms=132) <= kernels.MAX_SPLITS
     # lengths given (maybe ragged): more, shorter splits, so long sequences spread over idle SMs

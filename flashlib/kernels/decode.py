@@ -48,11 +48,15 @@ from .tile import LN2, LOG2E, finalize, tile_update
 # float16: python -m flashlib.bench_decode --sweep): the first whose K/V pipeline fits in shared
 # memory is used. Through the interpreter, 32-key blocks: small caches still have blocks to split.
 CONFIGS = [(64, 4, 3), (32, 4, 3), (64, 8, 3), (64, 4, 2), (32, 4, 2), (16, 4, 1)]
+# ... except for an unsplit cache (one program streams a sequence's whole cache), where 128-key
+# blocks keep more bytes in flight, if they fit (H100, B=8 Hkv=8 1k keys, one split: 2.02 TB/s
+# against 1.77 with 64-key blocks; benchmarks/results/h100/decode_sweep.log)
+UNSPLIT_CONFIG = (128, 4, 3)
 INTERPRETER_BLOCK_N = 32
 MAX_ROWS = 64            # query rows per program (group x new tokens); more rows: more row blocks
 MAX_SPLITS = 128         # the heuristic's cap; an explicit num_splits may be anything >= 1
 MIN_BLOCKS_PER_SPLIT = 4  # the heuristic gives each split at least this many key blocks
-SHORT_CACHE = 2048       # ... and does not split a shorter cache in two (num_splits_heuristic)
+SHORT_CACHE = 8192       # ... and does not split a shorter cache in two (num_splits_heuristic)
 NOMINAL_SMS = 132        # SM count assumed through the interpreter (an H100's), for the counts
 
 
@@ -193,8 +197,13 @@ def block_n_for(block_d, elem_bytes):
     """The partial kernel's (BLOCK_N, num_warps, num_stages): the first config that fits SRAM."""
     if runtime.INTERPRET:
         return INTERPRETER_BLOCK_N, 4, 1
-    fits = [c for c in CONFIGS if elem_bytes * block_d * (16 + 2 * c[0] * c[2]) <= _smem_limit()]
-    return (fits or CONFIGS[-1:])[0]
+    return next((c for c in CONFIGS if fits(c, block_d, elem_bytes)), CONFIGS[-1])
+
+
+def fits(config, block_d, elem_bytes):
+    """Whether config's K/V pipeline (and Q) fits in shared memory."""
+    block_n, _, stages = config
+    return elem_bytes * block_d * (16 + 2 * block_n * stages) <= _smem_limit()
 
 
 @functools.lru_cache(maxsize=None)
@@ -210,10 +219,10 @@ def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, 
     program streaming one long chunk through its software pipeline; measured best on an H100).
     Lengths given (``ragged``): 8x that, so that the long sequences' chunks spread over the SMs
     the short ones leave idle. At least 1, at most ``MAX_SPLITS``, no split shorter than
-    ``MIN_BLOCKS_PER_SPLIT`` key blocks. Exception: a short cache (< ``SHORT_CACHE`` keys) whose
+    ``MIN_BLOCKS_PER_SPLIT`` key blocks. Exception: a cache under ``SHORT_CACHE`` keys whose
     unsplit grid already busies half the SMs is not split in two: there the merge costs more than
-    the SMs it adds (one launch, H100, B=8 Hkv=8 1k keys: 1.76 TB/s unsplit, 1.54 in two; at 2k
-    the two tie; benchmarks/results/h100/decode_sweep.log)."""
+    the SMs it adds (H100, B=8 Hkv=8: 2.02 / 2.37 / 2.65 TB/s unsplit with 128-key blocks at
+    1k / 2k / 4k keys, 1.74 / 2.16 / 2.52 in two; at 16k they tie; decode_sweep.log)."""
     programs = max(1, batch * heads_kv * row_blocks)
     longest = triton.cdiv(max_len, block_n * MIN_BLOCKS_PER_SPLIT)
     splits = max(1, min(sms // programs * (8 if ragged else 1), longest, MAX_SPLITS))
@@ -233,11 +242,15 @@ def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, num_splits, confi
     rows = Hq // Hkv * Nq
     block_m = max(16, min(MAX_ROWS, triton.next_power_of_2(rows)))
     row_blocks = triton.cdiv(rows, block_m)
-    if config is None:
-        config = block_n_for(max(16, triton.next_power_of_2(D)), elem_bytes)
+    block_d, chosen = max(16, triton.next_power_of_2(D)), config is None
+    if chosen:
+        config = block_n_for(block_d, elem_bytes)
     if num_splits is None:
         num_splits = num_splits_heuristic(B, Hkv, row_blocks, Lmax, block_n=config[0],
                                           sms=sm_count(device), ragged=ragged)
+    if chosen and num_splits == 1 and not runtime.INTERPRET and \
+            fits(UNSPLIT_CONFIG, block_d, elem_bytes):
+        config = UNSPLIT_CONFIG
     return block_m, row_blocks, tuple(config), num_splits
 
 
