@@ -232,6 +232,8 @@ GPU_CASES = [  # (B, Hq, Hkv, Nq, Lmax, D, seqlens): real sizes
     (8, 32, 8, 1, 131072, 128, [131072, 100000, 65536, 4097, 30000, 1, 128, 70000]),
     (4, 32, 8, 4, 8192, 128, [8192, 3, 4000, 8190]),            # 4 draft tokens, causal
     (2, 9, 3, 2, 10000, 80, [10000, 6543]),
+    (8, 32, 8, 1, 4096, 128, None),                             # unsplit: 128-key blocks
+    (16, 32, 8, 3, 3000, 128, None),                            # unsplit, causal, ragged tail block
 ]
 
 
