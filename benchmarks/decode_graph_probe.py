@@ -1,0 +1,54 @@
+"""Decode bandwidth of one call timed four ways, to tell a CUDA graph's effect from the suite's:
+events around each synced eager call, ten eager calls back to back, a graph of one call replayed
+(as ``flashlib.bench_decode.graph_time`` does), a graph of ten calls. GPU only:
+
+    PYTHONPATH=. python benchmarks/decode_graph_probe.py
+"""
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+import flashlib  # noqa: F401
+from flashlib.decode import flash_decode
+
+dev = "cuda"
+for B, Hq, Hkv, L in [(8, 32, 8, 131072), (1, 32, 32, 131072), (8, 32, 8, 32768)]:
+    q = torch.randn(B, Hq, 1, 128, device=dev, dtype=torch.float16)
+    k = torch.randn(B, Hkv, L, 128, device=dev, dtype=torch.float16); v = torch.randn_like(k)
+    gb = 2 * k.numel() * 2 / 1e9
+    fns = {"flashlib": lambda: flash_decode(q, k, v), "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=Hq != Hkv)}
+    for name, fn in fns.items():
+        fn(); torch.cuda.synchronize()
+        # eager, events around each call, synced
+        ts = []
+        for _ in range(10):
+            s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+            s.record(); fn(); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e))
+        eager = statistics.median(ts)
+        # eager, 10 back to back
+        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+        s.record()
+        for _ in range(10): fn()
+        e.record(); torch.cuda.synchronize(); b2b = s.elapsed_time(e) / 10
+        # graph of one call
+        side = torch.cuda.Stream(); side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side): fn()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g): fn()
+        g.replay(); torch.cuda.synchronize()
+        ts = []
+        for _ in range(10):
+            s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+            s.record(); g.replay(); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e))
+        graph = statistics.median(ts)
+        # graph of 10 calls
+        g10 = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g10):
+            for _ in range(10): fn()
+        g10.replay(); torch.cuda.synchronize()
+        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+        s.record(); g10.replay(); e.record(); torch.cuda.synchronize(); g10t = s.elapsed_time(e) / 10
+        print(f"B={B} Hkv={Hkv} L={L} {name:8s} TB/s: eager-synced {gb/eager:.2f}  eager-b2b {gb/b2b:.2f}  graph1 {gb/graph:.2f}  graph10 {gb/g10t:.2f}", flush=True)
+        del g, g10
