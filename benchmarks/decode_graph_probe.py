@@ -1,10 +1,13 @@
 """Decode bandwidth of one call timed four ways, to tell a CUDA graph's effect from the suite's:
 events around each synced eager call, ten eager calls back to back, a graph of one call replayed
-(as ``flashlib.bench_decode.graph_time`` does), a graph of ten calls. GPU only:
+(as ``flashlib.bench_decode.graph_time`` does), a graph of ten calls. With ``--order``: the
+suite's own ``graph_time`` on the suite's inputs (B=8 Hkv=8), first, after ``do_bench`` and after
+``host_time``, as the suite runs them. GPU only:
 
-    PYTHONPATH=. python benchmarks/decode_graph_probe.py
+    PYTHONPATH=. python benchmarks/decode_graph_probe.py [--order]
 """
 import statistics
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +16,29 @@ import flashlib  # noqa: F401
 from flashlib.decode import flash_decode
 
 dev = "cuda"
+
+
+def order():
+    from flashlib import bench, bench_decode as bd
+    fns = bd.implementations(["flashlib", "sdpa_flash"])
+    for L in (131072, 32768):
+        B, Hq, Hkv, D = 8, 32, 8, 128
+        q, _, _ = bench.make_inputs(B, Hq, Hkv, 1, 1, D, torch.float16, dev)
+        _, k, v = bench.make_inputs(B, 1, Hkv, 1, L, D, torch.float16, dev)
+        gb = bd.kv_bytes(bd.GQA, [L] * B, 2) / 1e9
+        for name, f in fns.items():
+            g0 = gb / bd.graph_time(f, q, k, v, None)
+            ms = bench._time(lambda: f(q, k, v, None))
+            g1 = gb / bd.graph_time(f, q, k, v, None)
+            bd.host_time(lambda: f(q, k, v, None))
+            g2 = gb / bd.graph_time(f, q, k, v, None)
+            print(f"L={L} {name}: graph first {g0:.2f}, after do_bench {g1:.2f} (eager {gb / ms:.2f}), "
+                  f"after host_time {g2:.2f} TB/s", flush=True)
+
+
+if "--order" in sys.argv:
+    order()
+    sys.exit()
 for B, Hq, Hkv, L in [(8, 32, 8, 131072), (1, 32, 32, 131072), (8, 32, 8, 32768)]:
     q = torch.randn(B, Hq, 1, 128, device=dev, dtype=torch.float16)
     k = torch.randn(B, Hkv, L, 128, device=dev, dtype=torch.float16); v = torch.randn_like(k)
