@@ -312,3 +312,19 @@ def test_gpu_workspace_is_shared_safely():
         assert torch.equal(out, want[s][0]) and torch.equal(lse, want[s][1]), s
     if launch.ENABLED:   # the direct launches above reused the kernel compiled on the first call
         assert launch._compiled[kernels._decode_partial_kernel]
+
+
+def test_fast_launch_signature_separates_what_triton_specializes_on():
+    # a remembered kernel is reused only for calls that Triton would compile the same way: tensor
+    # dtype and 16-byte alignment, and the value of every other argument, must all match
+    from flashlib.kernels import launch
+    a, b = torch.zeros(64), torch.ones(64)
+    sig = lambda *args, **kw: launch._signature(0, args, kw)          # noqa: E731
+    assert sig(a, 16, BLOCK=64) == sig(b, 16, BLOCK=64)               # other data, same kernel
+    assert sig(a, 16, BLOCK=64) != sig(a[1:], 16, BLOCK=64)           # 4 bytes off alignment
+    assert sig(a, 16, BLOCK=64) != sig(a.half(), 16, BLOCK=64)
+    assert sig(a, 16, BLOCK=64) != sig(a, 17, BLOCK=64)               # ints: divisibility, value
+    assert sig(a, 16, BLOCK=64) != sig(a, 16, BLOCK=32)
+    assert launch._signature(0, (a,), {}) != launch._signature(1, (a,), {})   # another device
+    if runtime.INTERPRET:
+        assert not launch.ENABLED                                     # the interpreter: plain calls
