@@ -1,11 +1,11 @@
 """Launching a compiled Triton kernel with less host time (the decode kernel's launcher uses it).
 
-Why: one decoding step over a short KV cache is ~10 us of GPU work, but ``kernel[grid](...)``
-spends ~50 us of Python on an H100's host before the launch: it binds and specializes every
-argument (35 for the decode kernel), builds a cache key from them and looks the compiled kernel
-up (benchmarks/results/h100/decode_host_time.log). A decoding loop calls the same kernel with
-the same shapes at every step, so ``fast_launch`` remembers the compiled kernel per call
-signature and launches it directly (~12 us there). A call signature is everything Triton
+Why: one decoding step over a short KV cache is ~10 us of GPU work, but at every call
+``kernel[grid](...)`` binds and specializes every argument (35 for the decode kernel), builds a
+cache key from them and looks the compiled kernel up, in Python. A decoding loop calls the same
+kernel with the same shapes at every step, so ``fast_launch`` remembers the compiled kernel per
+call signature and launches it directly: 15-23 us less host time per decoding call on H100 hosts
+(benchmarks/results/h100/decode_host_time.log). A call signature is everything Triton
 specializes on, or finer: each tensor's dtype and 16-byte alignment, every other argument's
 value (ints, floats, constexprs, ``num_warps``...), and the device. A new signature goes through
 Triton's own ``kernel[grid](...)`` (compiling if needed), which returns the kernel to remember.
