@@ -292,19 +292,18 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
             lse = scratch["lse"] if lse is None else lse
             o_part, lse_part, arrivals = (scratch[role] if role in needs else None
                                           for role in ("o_part", "lse_part", "arrivals"))
-    if grid[0] == 0:
-        return o_part, lse_part
-    fast_launch(
-        _decode_partial_kernel, grid,
-        q, k_cache, v_cache, q if cache_seqlens is None else cache_seqlens,
-        *(q if t is None else t for t in (o_part, lse_part, out, lse, arrivals)),
-        q.stride(0), q.stride(1), q.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        Hkv, Nq, Lmax, D, scale * LOG2E, num_splits, row_blocks, Hq // Hkv,
-        HAS_SEQLENS=cache_seqlens is not None, CAUSAL=Nq > 1, MERGE=merge_into is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, EVEN_D=(D == block_d),
-        DOT_PRECISION="ieee", TILE_UPDATE=tile_update, num_warps=warps, num_stages=stages)
+    if grid[0] > 0:
+        fast_launch(
+            _decode_partial_kernel, grid,
+            q, k_cache, v_cache, q if cache_seqlens is None else cache_seqlens,
+            *(q if t is None else t for t in (o_part, lse_part, out, lse, arrivals)),
+            q.stride(0), q.stride(1), q.stride(2),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            Hkv, Nq, Lmax, D, scale * LOG2E, num_splits, row_blocks, Hq // Hkv,
+            HAS_SEQLENS=cache_seqlens is not None, CAUSAL=Nq > 1, MERGE=merge_into is not None,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, EVEN_D=(D == block_d),
+            DOT_PRECISION="ieee", TILE_UPDATE=tile_update, num_warps=warps, num_stages=stages)
     return (None, None) if merge_into is not None else (o_part, lse_part)
 
 

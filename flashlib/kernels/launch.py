@@ -1,14 +1,15 @@
 """Launching a compiled Triton kernel with less host time (the decode kernel's launcher uses it).
 
-Why: one decoding step over a short KV cache is ~10 us of GPU work, but at every call
+Why: one decoding step over a 1k-key cache is 13-17 us of GPU work on an H100, but at every call
 ``kernel[grid](...)`` binds and specializes every argument (35 for the decode kernel), builds a
 cache key from them and looks the compiled kernel up, in Python. A decoding loop calls the same
 kernel with the same shapes at every step, so ``fast_launch`` remembers the compiled kernel per
 call signature and launches it directly: 15-23 us less host time per decoding call on H100 hosts
-(benchmarks/results/h100/decode_host_time.log). A call signature is everything Triton
-specializes on, or finer: each tensor's dtype and 16-byte alignment, every other argument's
-value (ints, floats, constexprs, ``num_warps``...), and the device. A new signature goes through
-Triton's own ``kernel[grid](...)`` (compiling if needed), which returns the kernel to remember.
+(benchmarks/results/h100/decode_host_time.log; GPU times from decode_float16.json). A call
+signature is everything Triton specializes on, or finer: each tensor's dtype and 16-byte alignment,
+every other argument's value (ints, floats, constexprs, ``num_warps``...), and the device. A new
+signature goes through Triton's own ``kernel[grid](...)`` (compiling if needed), which returns the
+kernel to remember.
 
 Direct launches call ``CompiledKernel.run``, an internal of Triton; its signature is the one of
 the versions in ``TESTED_TRITON``. Elsewhere, through the interpreter, with Triton's launch hooks
