@@ -141,6 +141,10 @@ def test_heuristic_splits_fill_the_gpu_but_keep_splits_long():
     assert pick(8, 8, 1, 4096, block_n=64, sms=132) == 1
     assert pick(8, 8, 1, 8192, block_n=64, sms=132) == 2
     assert pick(1, 32, 1, 1024, block_n=64, sms=132) == 4         # a quarter busy: split anyway
+    # how short a cache stays unsplit is per GPU: an H200 splits in two from 2k keys
+    assert pick(8, 8, 1, 1024, block_n=64, sms=132, short_cache=2048) == 1
+    assert pick(8, 8, 1, 2048, block_n=64, sms=132, short_cache=2048) == 2
+    assert kernels.short_cache_for(torch.device("cpu")) == kernels.SHORT_CACHE["h100"]
     assert 1 <= pick(1, 1, 1, 10 ** 7, block_n=64, sms=132) <= kernels.MAX_SPLITS
     # lengths given (maybe ragged): more, shorter splits, so long sequences spread over idle SMs
     assert pick(8, 8, 1, 100000, block_n=64, sms=132, ragged=True) == 8 * pick(8, 8, 1, 100000, block_n=64, sms=132)

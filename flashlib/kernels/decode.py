@@ -25,8 +25,9 @@ of FlashAttention-2's inner loop (Dao 2023, Algorithm 1):
 
 Layout (batch, heads, seqlen, headdim) with any strides (a last dim that is not contiguous is
 copied). Head dims up to 256, padded inside to a power of two (>= 16) and masked; float16,
-bfloat16 and float32 (exact ``ieee`` dots). One block config (``CONFIGS``) and a split heuristic
-(``num_splits_heuristic``), both from timings on an H100 (benchmarks/results/h100/decode_sweep.log).
+bfloat16 and float32 (exact ``ieee`` dots). Block configs (``CONFIGS``, ``LONG_SPLIT_CONFIG``) and
+a split heuristic (``num_splits_heuristic``) from timings on an H100 and an H200
+(benchmarks/results/<gpu>/decode_sweep.log).
 Limits: lengths are clamped to [0, Lmax] inside the kernel (``flashlib.decode.flash_decode``
 checks them on the host only for CPU tensors, to keep a device sync out of every decoding step);
 within one sequence and head, key offsets (position x row stride) must fit in int32.
@@ -48,15 +49,19 @@ from .tile import LN2, LOG2E, finalize, tile_update
 # float16: python -m flashlib.bench_decode --sweep): the first whose K/V pipeline fits in shared
 # memory is used. Through the interpreter, 32-key blocks: small caches still have blocks to split.
 CONFIGS = [(64, 4, 3), (32, 4, 3), (64, 8, 3), (64, 4, 2), (32, 4, 2), (16, 4, 1)]
-# ... except for an unsplit cache (one program streams a sequence's whole cache), where 128-key
-# blocks keep more bytes in flight, if they fit (H100, B=8 Hkv=8 1k keys, one split: 2.02 TB/s
-# against 1.77 with 64-key blocks; benchmarks/results/h100/decode_sweep.log)
-UNSPLIT_CONFIG = (128, 4, 3)
+# ... except where each split streams at least LONG_SPLIT keys: then 128-key blocks keep more
+# bytes in flight, if they fit (H200: +1.5-4% at 2k-16k keys, both suite shapes; H100: within
+# 0.6% either way from 4k keys, and B=8 Hkv=8 unsplit 1k keys 2.02 TB/s against 1.77 with 64-key
+# blocks; benchmarks/results/<gpu>/decode_sweep.log)
+LONG_SPLIT_CONFIG = (128, 4, 3)
+LONG_SPLIT = 1024
 INTERPRETER_BLOCK_N = 32
 MAX_ROWS = 64            # query rows per program (group x new tokens); more rows: more row blocks
 MAX_SPLITS = 128         # the heuristic's cap; an explicit num_splits may be anything >= 1
 MIN_BLOCKS_PER_SPLIT = 4  # the heuristic gives each split at least this many key blocks
-SHORT_CACHE = 8192       # ... and does not split a shorter cache in two (num_splits_heuristic)
+# ... and does not split a shorter cache in two (num_splits_heuristic); per GPU, from its sweep,
+# the H100's value elsewhere: the H200's bandwidth needs more SMs busy sooner
+SHORT_CACHE = {"h100": 8192, "h200": 2048}
 NOMINAL_SMS = 132        # SM count assumed through the interpreter (an H100's), for the counts
 
 
@@ -214,19 +219,29 @@ def sm_count(device) -> int:
     return NOMINAL_SMS
 
 
-def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, ragged=False):
+@functools.lru_cache(maxsize=None)
+def short_cache_for(device) -> int:
+    """``SHORT_CACHE`` of ``device``'s GPU (the H100's for a GPU not swept, and on CPU)."""
+    name = torch.cuda.get_device_name(device).lower() if torch.device(device).type == "cuda" else ""
+    return next((keys for gpu, keys in SHORT_CACHE.items() if gpu in name), SHORT_CACHE["h100"])
+
+
+def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, ragged=False,
+                         short_cache=SHORT_CACHE["h100"]):
     """Splits per sequence. Equal lengths: as many as fit one program per SM (one wave, each
     program streaming one long chunk through its software pipeline; measured best on an H100).
     Lengths given (``ragged``): 8x that, so that the long sequences' chunks spread over the SMs
     the short ones leave idle. At least 1, at most ``MAX_SPLITS``, no split shorter than
-    ``MIN_BLOCKS_PER_SPLIT`` key blocks. Exception: a cache under ``SHORT_CACHE`` keys whose
+    ``MIN_BLOCKS_PER_SPLIT`` key blocks. Exception: a cache under ``short_cache`` keys whose
     unsplit grid already busies half the SMs is not split in two: there the merge costs more than
-    the SMs it adds (H100, B=8 Hkv=8: 2.02 / 2.37 / 2.65 TB/s unsplit with 128-key blocks at
-    1k / 2k / 4k keys, 1.74 / 2.16 / 2.52 in two; at 16k they tie; decode_sweep.log)."""
+    the SMs it adds. How short depends on the GPU (``SHORT_CACHE``; decode_sweep.log): on an H100,
+    B=8 Hkv=8 read 2.02 / 2.37 / 2.65 TB/s unsplit at 1k / 2k / 4k keys, 1.74 / 2.16 / 2.52 in
+    two, and tied at 16k; on an H200 unsplit won only at 1k (2.21 against 2.13), two splits from
+    2k (2.79 against 2.66 or less)."""
     programs = max(1, batch * heads_kv * row_blocks)
     longest = triton.cdiv(max_len, block_n * MIN_BLOCKS_PER_SPLIT)
     splits = max(1, min(sms // programs * (8 if ragged else 1), longest, MAX_SPLITS))
-    return 1 if splits == 2 and max_len < SHORT_CACHE else splits
+    return 1 if splits == 2 and max_len < short_cache else splits
 
 
 def launch_plan(q, k_cache, cache_seqlens=None, *, num_splits=None, config=None):
@@ -247,10 +262,11 @@ def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, num_splits, confi
         config = block_n_for(block_d, elem_bytes)
     if num_splits is None:
         num_splits = num_splits_heuristic(B, Hkv, row_blocks, Lmax, block_n=config[0],
-                                          sms=sm_count(device), ragged=ragged)
-    if chosen and num_splits == 1 and not runtime.INTERPRET and \
-            fits(UNSPLIT_CONFIG, block_d, elem_bytes):
-        config = UNSPLIT_CONFIG
+                                          sms=sm_count(device), ragged=ragged,
+                                          short_cache=short_cache_for(device))
+    if chosen and triton.cdiv(Lmax, num_splits) >= LONG_SPLIT and not runtime.INTERPRET and \
+            fits(LONG_SPLIT_CONFIG, block_d, elem_bytes):
+        config = LONG_SPLIT_CONFIG
     return block_m, row_blocks, tuple(config), num_splits
 
 
