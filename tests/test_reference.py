@@ -8,7 +8,7 @@ import torch
 
 from flashlib import reference
 from flashlib.reference import attention_naive, attention_ref, causal_mask, check_qkv
-from flashlib.testing import assert_close
+from flashlib.testing import assert_close, attention_magnitudes
 
 SHAPES = [(1, 17), (17, 1), (97, 130), (130, 97), (17, 17)]  # (Nq, Nk), Nq > Nk included
 
@@ -85,8 +85,11 @@ def test_chunks_of_query_rows_give_the_same_result(monkeypatch):
     whole = attention_ref(q, k, v, causal=True)
     monkeypatch.setattr(reference, "_CHUNK_ELEMENTS", 7 * 2 * 9 * 130)   # 7 rows per chunk
     chunked = attention_ref(q, k, v, causal=True)
-    for a, b, name in zip(chunked, whole, ("out", "lse")):   # same float64 rounding: ulps apart
-        assert_close(a, b, baseline=b, name=name)
+    # float64 both ways, but BLAS may block a matmul of 7 rows differently from one of 97: the
+    # sums round in another order, so allow the first-order rounding bound of the terms summed
+    magnitude = attention_magnitudes(q, k, v, causal=True)
+    for a, b, name in zip(chunked, whole, ("out", "lse")):
+        assert_close(a, b, baseline=b, name=name, magnitude=magnitude[name])
 
 
 def test_causal_is_bottom_right():
