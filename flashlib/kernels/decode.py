@@ -51,9 +51,8 @@ from .tile import LN2, LOG2E, finalize, tile_update
 CONFIGS = [(64, 4, 3), (32, 4, 3), (64, 8, 3), (64, 4, 2), (32, 4, 2), (16, 4, 1)]
 # ... except where each split streams at least LONG_SPLIT keys: then 128-key blocks keep more
 # bytes in flight, if they fit (H200: mha 16k 3.86 TB/s against 3.75, B=8 Hkv=8 4k 3.37 against
-# 3.23 with 64-key blocks; H100: within
-# 0.6% either way from 4k keys, and B=8 Hkv=8 unsplit 1k keys 2.02 TB/s against 1.77 with 64-key
-# blocks; benchmarks/results/<gpu>/decode_sweep.log)
+# 3.23 with 64-key blocks; H100: within 0.6% either way from 4k keys, and B=8 Hkv=8 unsplit 1k
+# keys 2.02 TB/s against 1.77 with 64-key blocks; benchmarks/results/<gpu>/decode_sweep.log)
 LONG_SPLIT_CONFIG = (128, 4, 3)
 LONG_SPLIT = 1024
 INTERPRETER_BLOCK_N = 32
