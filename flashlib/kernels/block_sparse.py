@@ -63,14 +63,21 @@ def _next_start(index, t, n_tiles, start, TILES: tl.constexpr, SPARSE_BLOCK: tl.
 
 @triton.jit
 def _partial_mask(Bitmaps, bitmap_entry, rows, cols, Nq, Nk, band_lo, band_hi, BAND: tl.constexpr,
-                  SPARSE_BLOCK: tl.constexpr):
+                  EVEN_N: tl.constexpr, SPARSE_BLOCK: tl.constexpr):
     """The element mask of a partial block at query ``rows`` x key ``cols`` (absolute indices, any
     shapes that broadcast). BAND: computed from the mask's band, key j allowed for query i iff
     band_lo <= j - (i + Nk - Nq) <= band_hi (causal and sliding windows), no memory read;
-    otherwise loaded from the block's bitmap, whose id ``bitmap_entry`` points to."""
+    otherwise loaded from the block's bitmap, whose id ``bitmap_entry`` points to.
+    EVEN_N: Nk is a multiple of the mask's block, so no listed key lies past Nk."""
     if BAND:
-        offset = cols - (rows + (Nk - Nq))
-        return (offset >= band_lo) & (offset <= band_hi) & (cols < Nk)
+        # the two-sided test as one subtraction and one unsigned compare per element:
+        # lo <= x <= hi  iff  (x - lo), read as unsigned, <= hi - lo. The partial tiles of a
+        # narrow window are a large share of its work, and this is their only extra cost.
+        shifted = (cols - (rows + (Nk - Nq) + band_lo)).to(tl.uint32, bitcast=True)
+        visible = shifted <= (band_hi - band_lo).to(tl.uint32, bitcast=True)
+        if EVEN_N:
+            return visible
+        return visible & (cols < Nk)
     base = Bitmaps + tl.load(bitmap_entry).to(tl.int64) * (SPARSE_BLOCK * SPARSE_BLOCK)
     return tl.load(base + (rows % SPARSE_BLOCK) * SPARSE_BLOCK + cols % SPARSE_BLOCK) != 0
 
@@ -80,7 +87,7 @@ def _bs_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmap
                    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                    stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
                    slice_b, slice_h, Hq, Nq, Nk, D, n_qblocks, n_kblocks, qk_scale, n_bucket, visits, GROUP,
-                   band_lo, band_hi, BAND: tl.constexpr,
+                   band_lo, band_hi, BAND: tl.constexpr, EVEN_N: tl.constexpr,
                    SPARSE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, EVEN_M: tl.constexpr, EVEN_D: tl.constexpr,
                    DOT_PRECISION: tl.constexpr):
@@ -107,16 +114,17 @@ def _bs_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmap
     start_n = _first_start(index, n_full, SPARSE_BLOCK)
     for t in range(0, n_full * TILES):                     # full blocks: no mask, no bounds
         acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
-                                    start_n + offs_n, Nk, qk_scale, offs_d, D, 0, False, EVEN_D,
+                                    start_n + offs_n, Nk, qk_scale, offs_d, D, 0, False, False, EVEN_D,
                                     DOT_PRECISION, tile_update)
         start_n = _next_start(index, t, n_full * TILES, start_n, TILES, SPARSE_BLOCK, BLOCK_N)
     start_n = _first_start(index + n_full, n_all - n_full, SPARSE_BLOCK)
     for t in range(0, (n_all - n_full) * TILES):           # partial blocks: element mask
         visible = _partial_mask(Bitmaps, bitmap + n_full + t // TILES, offs_m[:, None],
                                 (start_n + offs_n)[None, :], Nq, Nk, band_lo, band_hi, BAND,
-                                SPARSE_BLOCK)                               # (BM, BN)
+                                EVEN_N, SPARSE_BLOCK)                               # (BM, BN)
         acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
-                                    start_n + offs_n, Nk, qk_scale, offs_d, D, visible, True, EVEN_D,
+                                    start_n + offs_n, Nk, qk_scale, offs_d, D, visible, True, not EVEN_N,
+                                    EVEN_D,
                                     DOT_PRECISION, tile_update)
         start_n = _next_start(index + n_full, t, (n_all - n_full) * TILES, start_n, TILES, SPARSE_BLOCK,
                               BLOCK_N)
@@ -130,7 +138,8 @@ def _bs_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, KvBit
                   stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                   stride_dqb, stride_dqh, stride_dqm, slice_b, slice_h,
                   Hq, Nq, Nk, D, n_qblocks, n_kblocks, scale, qk_scale, n_bucket, visits, GROUP,
-                  band_lo, band_hi, BAND: tl.constexpr, SPARSE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  band_lo, band_hi, BAND: tl.constexpr, EVEN_N: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
     n_m = tl.cdiv(Nq, BLOCK_M)
     pid_m = tl.program_id(0) % n_m
@@ -163,7 +172,7 @@ def _bs_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, KvBit
     for t in range(0, (n_all - n_full) * TILES):
         visible = _partial_mask(Bitmaps, bitmap + n_full + t // TILES, offs_m[:, None],
                                 (start_n + offs_n)[None, :], Nq, Nk, band_lo, band_hi, BAND,
-                                SPARSE_BLOCK)                                               # (BM, BN)
+                                EVEN_N, SPARSE_BLOCK)                                               # (BM, BN)
         dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_n + offs_n, Nk,
                      qk_scale, offs_d, D, visible, True, DOT_PRECISION)
         start_n = _next_start(index + n_full, t, (n_all - n_full) * TILES, start_n, TILES, SPARSE_BLOCK,
@@ -179,7 +188,8 @@ def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QB
                     stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                     slice_b, slice_h, Hq, Hkv, Nq, Nk, D, n_kblocks, n_qblocks, scale, qk_scale, n_bucket, visits,
-                    GROUP, band_lo, band_hi, BAND: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
+                    GROUP, band_lo, band_hi, BAND: tl.constexpr, EVEN_N: tl.constexpr,
+                    SPARSE_BLOCK: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     DOT_PRECISION: tl.constexpr):
     n_n = tl.cdiv(Nk, BLOCK_N)
@@ -215,7 +225,7 @@ def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QB
             # keys are this tile's rows: the mask transposed, (BN, BM)
             visible = _partial_mask(Bitmaps, bitmap + n_full + t // TILES,
                                     (start_m + tl.arange(0, BLOCK_M))[None, :], offs_n[:, None],
-                                    Nq, Nk, band_lo, band_hi, BAND, SPARSE_BLOCK)
+                                    Nq, Nk, band_lo, band_hi, BAND, EVEN_N, SPARSE_BLOCK)
             dk, dv = dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                start_m + tl.arange(0, BLOCK_M), Nq, qk_scale, offs_d, D, visible, True,
                                DOT_PRECISION)
@@ -276,8 +286,8 @@ def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False):
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         slice_b, slice_h, Hq, Nq, Nk, D, mask.shape[2], mask.shape[3], scale * LOG2E, size_bucket(Nq, Nk),
-        mask.kv_visits, Hq // Hkv, *_band(mask), SPARSE_BLOCK=bs, BLOCK_D=block_d, EVEN_M=Nq % bs == 0,
-        EVEN_D=D == block_d,
+        mask.kv_visits, Hq // Hkv, *_band(mask), EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs, BLOCK_D=block_d,
+        EVEN_M=Nq % bs == 0, EVEN_D=D == block_d,
         DOT_PRECISION="tf32" if allow_tf32 else "ieee", **config)
     return out.to(out_dtype), lse
 
@@ -302,13 +312,13 @@ def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf
         q, k, v, dout, lse, delta, dk, dv, mask.q_count, mask.q_full, mask.q_index, mask.q_bitmap,
         mask.bitmaps, *common, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
         dv.stride(2), slice_b, slice_h, Hq, Hkv, Nq, Nk, D, mask.shape[3], mask.shape[2], scale, scale * LOG2E,
-        n_bucket, mask.q_visits, Hq // Hkv, *_band(mask), SPARSE_BLOCK=bs, BLOCK_D=block_d,
+        n_bucket, mask.q_visits, Hq // Hkv, *_band(mask), EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs, BLOCK_D=block_d,
         DOT_PRECISION=precision,
         **_pick_dkdv(block_d, q.element_size(), bs))
     _dq[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)](
         q, k, v, dout, lse, delta, dq, mask.kv_count, mask.kv_full, mask.kv_index, mask.kv_bitmap,
         mask.bitmaps, *common, dq.stride(0), dq.stride(1), dq.stride(2), slice_b, slice_h,
         Hq, Nq, Nk, D, mask.shape[2], mask.shape[3], scale, scale * LOG2E, n_bucket, mask.kv_visits, Hq // Hkv,
-        *_band(mask), SPARSE_BLOCK=bs,
+        *_band(mask), EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs,
         BLOCK_D=block_d, DOT_PRECISION=precision, **_pick_dq(block_d, q.element_size(), bs))
     return dq.to(grad_dtype), dk.to(grad_dtype), dv.to(grad_dtype)

@@ -28,16 +28,17 @@ from .tile import tile_update as tile_update_fn
 
 @triton.jit
 def attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk, qk_scale,
-                offs_d, D, visible, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+                offs_d, D, visible, MASKED: tl.constexpr, BOUNDED: tl.constexpr, EVEN_D: tl.constexpr,
                 DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr):
     """Fold the key/value tile at columns ``cols`` (BN,) into the state: load, score, update.
 
-    MASKED: loads are bounded by Nk and scores outside ``visible`` (BM, BN) become -inf; an
-    unmasked tile (wholly inside Nk and wholly allowed) skips both. Shared with block-sparse.
+    MASKED: scores outside ``visible`` (BM, BN) become -inf. BOUNDED: loads stop at Nk (a tile
+    that may reach past the last key). A full tile inside Nk skips both. Shared with block-sparse,
+    whose partial tiles are masked but, when Nk fills the last block, not bounded.
     """
     kt_ptrs = k_base + cols[None, :] * stride_kn + offs_d[:, None]    # (BD, BN): K^T
     v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :]     # (BN, BD)
-    if MASKED:
+    if BOUNDED:
         kt = tl.load(kt_ptrs, mask=(cols[None, :] < Nk) & (offs_d[:, None] < D), other=0.0)
         v = tl.load(v_ptrs, mask=(cols[:, None] < Nk) & (offs_d[None, :] < D), other=0.0)
     elif EVEN_D:
@@ -65,7 +66,7 @@ def _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
         if CAUSAL:
             visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)  # (BM, BN)
         acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk,
-                                    qk_scale, offs_d, D, visible, MASKED, EVEN_D, DOT_PRECISION,
+                                    qk_scale, offs_d, D, visible, MASKED, MASKED, EVEN_D, DOT_PRECISION,
                                     TILE_UPDATE)
     return acc, m_i, l_i
 
