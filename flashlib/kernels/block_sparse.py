@@ -285,7 +285,8 @@ def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False):
         q, k, v, out, lse, mask.kv_count, mask.kv_full, mask.kv_index, mask.kv_bitmap, mask.bitmaps,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        slice_b, slice_h, Hq, Nq, Nk, D, mask.shape[2], mask.shape[3], scale * LOG2E, size_bucket(Nq, Nk),
+        slice_b, slice_h, Hq, Nq, Nk, D, mask.shape[2], mask.shape[3], scale * LOG2E,
+        size_bucket(Nq, Nk, slices=B * Hq),
         mask.kv_visits, Hq // Hkv, *_band(mask), EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs, BLOCK_D=block_d,
         EVEN_M=Nq % bs == 0, EVEN_D=D == block_d,
         DOT_PRECISION="tf32" if allow_tf32 else "ieee", **config)
@@ -302,7 +303,8 @@ def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf
     q, k, v, out, dout = _prepare(q, k, v, out, dout.to(q.dtype))
     lse = lse.contiguous()
     block_d = max(16, triton.next_power_of_2(D))
-    bs, precision, n_bucket = mask.block_size, "tf32" if allow_tf32 else "ieee", size_bucket(Nq, Nk)
+    bs, precision = mask.block_size, "tf32" if allow_tf32 else "ieee"
+    n_bucket = size_bucket(Nq, Nk, slices=B * Hq)
     slice_b, slice_h = _slices(mask)
     delta = compute_delta(out, dout)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

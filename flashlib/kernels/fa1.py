@@ -159,7 +159,7 @@ def fa1_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, rescale=
         q, k, v, out, lse, o_scratch, l_scratch, m_scratch,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        Hq, Nq, Nk, D, scale * LOG2E, size_bucket(Nq, Nk), Hq // Hkv,
+        Hq, Nq, Nk, D, scale * LOG2E, size_bucket(Nq, Nk, slices=B * Hq), Hq // Hkv,
         CAUSAL=bool(causal), BLOCK_D=block_d, DOT_PRECISION="tf32" if allow_tf32 else "ieee",
         RESCALE=rescale, **_pick_config(block_d, q.element_size()))
     return out.to(out_dtype), lse

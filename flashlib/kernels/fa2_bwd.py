@@ -258,7 +258,7 @@ def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf3
     lse = lse.contiguous()
     block_d = max(16, triton.next_power_of_2(D))
     precision = "tf32" if allow_tf32 else "ieee"
-    n_bucket = size_bucket(Nq, Nk)
+    n_bucket = size_bucket(Nq, Nk, slices=B * Hq)
 
     delta = compute_delta(out, dout)
 

@@ -191,7 +191,7 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
-        Hq, Nq, Nk, D, scale * LOG2E, size_bucket(Nq, Nk),
+        Hq, Nq, Nk, D, scale * LOG2E, size_bucket(Nq, Nk, slices=B * Hq),
         GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d,
         EVEN_M=even_m, EVEN_D=(D == block_d),
         DOT_PRECISION="tf32" if allow_tf32 else "ieee",
