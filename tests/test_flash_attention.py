@@ -167,3 +167,11 @@ def test_triton_imported_first_gives_a_clear_error():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert run.returncode != 0
     assert "put `import flashlib` before `import triton`" in run.stderr
+
+
+def test_autotuning_key_tells_batch_heads_apart():
+    # a first call on a 2-head slice must not pick the tile for 64 heads (kernels.config)
+    from flashlib.kernels.config import size_bucket
+    assert size_bucket(16384, 16384, slices=2) != size_bucket(16384, 16384, slices=64)
+    assert size_bucket(16384, 16384, slices=2) != size_bucket(8192, 8192, slices=2)
+    assert size_bucket(9000, 300, slices=40) == size_bucket(16384, 16384, slices=64)   # buckets

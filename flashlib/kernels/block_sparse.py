@@ -114,18 +114,17 @@ def _bs_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmap
     start_n = _first_start(index, n_full, SPARSE_BLOCK)
     for t in range(0, n_full * TILES):                     # full blocks: no mask, no bounds
         acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
-                                    start_n + offs_n, Nk, qk_scale, offs_d, D, 0, False, False, EVEN_D,
-                                    DOT_PRECISION, tile_update)
+                                    start_n + offs_n, Nk, qk_scale, offs_d, D, 0, False, False,
+                                    EVEN_D, DOT_PRECISION, tile_update)
         start_n = _next_start(index, t, n_full * TILES, start_n, TILES, SPARSE_BLOCK, BLOCK_N)
     start_n = _first_start(index + n_full, n_all - n_full, SPARSE_BLOCK)
     for t in range(0, (n_all - n_full) * TILES):           # partial blocks: element mask
         visible = _partial_mask(Bitmaps, bitmap + n_full + t // TILES, offs_m[:, None],
                                 (start_n + offs_n)[None, :], Nq, Nk, band_lo, band_hi, BAND,
-                                EVEN_N, SPARSE_BLOCK)                               # (BM, BN)
+                                EVEN_N, SPARSE_BLOCK)                       # (BM, BN)
         acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
-                                    start_n + offs_n, Nk, qk_scale, offs_d, D, visible, True, not EVEN_N,
-                                    EVEN_D,
-                                    DOT_PRECISION, tile_update)
+                                    start_n + offs_n, Nk, qk_scale, offs_d, D, visible, True,
+                                    not EVEN_N, EVEN_D, DOT_PRECISION, tile_update)
         start_n = _next_start(index + n_full, t, (n_all - n_full) * TILES, start_n, TILES, SPARSE_BLOCK,
                               BLOCK_N)
     write_output(Out, Lse, acc, m_i, l_i, off_b, off_h, off_bh, stride_ob, stride_oh, stride_om,
@@ -172,7 +171,7 @@ def _bs_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, KvBit
     for t in range(0, (n_all - n_full) * TILES):
         visible = _partial_mask(Bitmaps, bitmap + n_full + t // TILES, offs_m[:, None],
                                 (start_n + offs_n)[None, :], Nq, Nk, band_lo, band_hi, BAND,
-                                EVEN_N, SPARSE_BLOCK)                                               # (BM, BN)
+                                EVEN_N, SPARSE_BLOCK)                                       # (BM, BN)
         dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_n + offs_n, Nk,
                      qk_scale, offs_d, D, visible, True, DOT_PRECISION)
         start_n = _next_start(index + n_full, t, (n_all - n_full) * TILES, start_n, TILES, SPARSE_BLOCK,
@@ -314,8 +313,8 @@ def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf
         q, k, v, dout, lse, delta, dk, dv, mask.q_count, mask.q_full, mask.q_index, mask.q_bitmap,
         mask.bitmaps, *common, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
         dv.stride(2), slice_b, slice_h, Hq, Hkv, Nq, Nk, D, mask.shape[3], mask.shape[2], scale, scale * LOG2E,
-        n_bucket, mask.q_visits, Hq // Hkv, *_band(mask), EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs, BLOCK_D=block_d,
-        DOT_PRECISION=precision,
+        n_bucket, mask.q_visits, Hq // Hkv, *_band(mask), EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs,
+        BLOCK_D=block_d, DOT_PRECISION=precision,
         **_pick_dkdv(block_d, q.element_size(), bs))
     _dq[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)](
         q, k, v, dout, lse, delta, dq, mask.kv_count, mask.kv_full, mask.kv_index, mask.kv_bitmap,
