@@ -28,8 +28,8 @@ from .tile import tile_update as tile_update_fn
 
 @triton.jit
 def attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk, qk_scale,
-                offs_d, D, visible, MASKED: tl.constexpr, BOUNDED: tl.constexpr, EVEN_D: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr):
+                offs_d, D, visible, MASKED: tl.constexpr, BOUNDED: tl.constexpr,
+                EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr):
     """Fold the key/value tile at columns ``cols`` (BN,) into the state: load, score, update.
 
     MASKED: scores outside ``visible`` (BM, BN) become -inf. BOUNDED: loads stop at Nk (a tile
@@ -66,8 +66,8 @@ def _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
         if CAUSAL:
             visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)  # (BM, BN)
         acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk,
-                                    qk_scale, offs_d, D, visible, MASKED, MASKED, EVEN_D, DOT_PRECISION,
-                                    TILE_UPDATE)
+                                    qk_scale, offs_d, D, visible, MASKED, MASKED, EVEN_D,
+                                    DOT_PRECISION, TILE_UPDATE)
     return acc, m_i, l_i
 
 
