@@ -6,6 +6,8 @@ textbook attention in the same dtype). CPU: Triton's interpreter at small, irreg
 (head dims 16/80, 9 heads over 3, lengths 0 and full, more splits than key blocks). GPU (marked
 ``gpu``): real sizes, L up to 128k, head dims 64/128, B=1 and B=8 grouped, float16/bfloat16.
 """
+import functools
+
 import pytest
 import torch
 
@@ -92,13 +94,15 @@ def test_empty_splits_have_zero_weight_and_empty_rows_give_zero_and_minus_inf():
 @pytest.mark.parametrize("num_splits", [1, 3, 9])
 def test_one_launch_equals_the_two_kernels(num_splits):
     # flash_decode merges in the split-KV kernel's last program per row block (an arrival
-    # counter); decode_partial + combine is the two-kernel form: same partials, same merge code,
-    # so the same bits. 9 tokens x group 8 = 72 rows: two row blocks, two counters.
+    # counter); decode_partial + combine is the two-kernel form: same partials, same merge code
+    # over as many rows at a time, so the same bits. 9 tokens x group 8 = 72 rows: two row blocks
+    # of 64, two counters; with 9 splits the merge takes two tiles of splits.
     q, k, v = inputs(2, 8, 1, 9, 70, 16, torch.float32)
     lens = torch.tensor([70, 12], dtype=torch.int32, device=DEV)
     out, lse = flash_decode(q, k, v, cache_seqlens=lens, num_splits=num_splits, return_lse=True)
+    block_m = kernels.launch_plan(q, k, lens, num_splits=num_splits)[0]
     two_out, two_lse = kernels.combine(*kernels.decode_partial(q, k, v, lens, num_splits=num_splits),
-                                       out_dtype=q.dtype)
+                                       out_dtype=q.dtype, block_r=block_m)
     assert torch.equal(out, two_out) and torch.equal(lse, two_lse)
     check_per_sequence(out, lse, q, k, v, lens)
 
@@ -141,10 +145,11 @@ def test_heuristic_splits_fill_the_gpu_but_keep_splits_long():
     assert pick(8, 8, 1, 4096, block_n=64, sms=132) == 1
     assert pick(8, 8, 1, 8192, block_n=64, sms=132) == 2
     assert pick(1, 32, 1, 1024, block_n=64, sms=132) == 4         # a quarter busy: split anyway
-    # how short a cache stays unsplit is per GPU: an H200 splits in two from 2k keys
-    assert pick(8, 8, 1, 1024, block_n=64, sms=132, short_cache=2048) == 1
-    assert pick(8, 8, 1, 2048, block_n=64, sms=132, short_cache=2048) == 2
-    assert kernels.short_cache_for(torch.device("cpu")) == kernels.SHORT_CACHE["h100"]
+    # how short a cache stays unsplit is per GPU: an H200 splits in two from 1k keys
+    assert pick(8, 8, 1, 512, block_n=64, sms=132, short_cache=1024) == 1
+    assert pick(8, 8, 1, 1024, block_n=64, sms=132, short_cache=1024) == 2
+    for table in (kernels.SHORT_CACHE, kernels.LONG_SPLIT):
+        assert kernels.for_gpu(table, torch.device("cpu")) == table["h100"]
     assert 1 <= pick(1, 1, 1, 10 ** 7, block_n=64, sms=132) <= kernels.MAX_SPLITS
     # lengths given (maybe ragged): more, shorter splits, so long sequences spread over idle SMs
     assert pick(8, 8, 1, 100000, block_n=64, sms=132, ragged=True) == 8 * pick(8, 8, 1, 100000, block_n=64, sms=132)
@@ -316,6 +321,36 @@ def test_gpu_workspace_is_shared_safely():
         assert torch.equal(out, want[s][0]) and torch.equal(lse, want[s][1]), s
     if launch.ENABLED:   # the direct launches above reused the kernel compiled on the first call
         assert launch._compiled[kernels._decode_partial_kernel]
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_graph_counters_come_from_a_pool_zeroed_outside_the_graph(monkeypatch):
+    # under capture the arrival counters are a fresh slice of a per-device pool zeroed at the first
+    # eager call (no memset in the graph); each replay leaves them at 0 for the next one. Without
+    # a pool (or once it is used up) they are zeroed in the graph: the same bits either way
+    q, k, v = inputs(8, 32, 8, 1, 32768, 128, torch.float16)
+    lens = torch.tensor([32768, 1, 0, 5000, 12345, 32000, 777, 20000], dtype=torch.int32, device=DEV)
+    want = kernels.combine(*kernels.decode_partial(q, k, v, lens, num_splits=16), out_dtype=q.dtype)
+    decode = functools.partial(flash_decode, q, k, v, cache_seqlens=lens, num_splits=16,
+                               return_lse=True)
+    decode()                                                  # an eager call makes the pool
+    pool = kernels._graph_counters[q.device.index]
+    for pooled in (True, False):
+        if not pooled:
+            monkeypatch.delitem(kernels._graph_counters, q.device.index)
+        before = pool[1]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, lse = decode()
+        assert pool[1] == before + (64 if pooled else 0)     # 8 x 8 row blocks, one counter each
+        for _ in range(5):
+            out.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, want[0]) and torch.equal(lse, want[1]), pooled
+        if pooled:
+            assert torch.all(pool[0][before:pool[1]] == 0)    # left at 0 for the next replay
 
 
 def test_fast_launch_signature_separates_what_triton_specializes_on():

@@ -49,19 +49,21 @@ from .tile import LN2, LOG2E, finalize, tile_update
 # float16: python -m flashlib.bench_decode --sweep): the first whose K/V pipeline fits in shared
 # memory is used. Through the interpreter, 32-key blocks: small caches still have blocks to split.
 CONFIGS = [(64, 4, 3), (32, 4, 3), (64, 8, 3), (64, 4, 2), (32, 4, 2), (16, 4, 1)]
-# ... except where each split streams at least LONG_SPLIT keys: then 128-key blocks keep more
-# bytes in flight, if they fit (H200: mha 16k 3.86 TB/s against 3.75, B=8 Hkv=8 4k 3.37 against
-# 3.23 with 64-key blocks; H100: within 0.6% either way from 4k keys, and B=8 Hkv=8 unsplit 1k
-# keys 2.02 TB/s against 1.77 with 64-key blocks; benchmarks/results/<gpu>/decode_sweep.log)
+# ... except where each split streams at least LONG_SPLIT keys of that GPU (the H100's
+# elsewhere): then 128-key blocks keep more bytes in flight, if they fit (H200: mha 16k 3.86 TB/s
+# against 3.75, B=8 Hkv=8 4k 3.37 against 3.23 with 64-key blocks, and mha 2k, 512 keys a split,
+# 2.54 against 2.41; H100: within 0.6% either way from 4k keys, and B=8 Hkv=8 unsplit 1k keys
+# 2.02 TB/s against 1.77 with 64-key blocks; benchmarks/results/<gpu>/decode_sweep.log)
 LONG_SPLIT_CONFIG = (128, 4, 3)
-LONG_SPLIT = 1024
+LONG_SPLIT = {"h100": 1024, "h200": 512}
 INTERPRETER_BLOCK_N = 32
 MAX_ROWS = 64            # query rows per program (group x new tokens); more rows: more row blocks
 MAX_SPLITS = 128         # the heuristic's cap; an explicit num_splits may be anything >= 1
 MIN_BLOCKS_PER_SPLIT = 4  # the heuristic gives each split at least this many key blocks
 # ... and does not split a shorter cache in two (num_splits_heuristic); per GPU, from its sweep,
 # the H100's value elsewhere: the H200's bandwidth needs more SMs busy sooner
-SHORT_CACHE = {"h100": 8192, "h200": 2048}
+SHORT_CACHE = {"h100": 8192, "h200": 1024}
+MERGE_TILE = 8192        # float32 values per merge tile: 64 registers a thread at 4 warps
 NOMINAL_SMS = 132        # SM count assumed through the interpreter (an H100's), for the counts
 
 
@@ -73,7 +75,7 @@ def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals,
                            Hkv, Nq, Lmax, D, qk_scale, num_splits, n_row_blocks, GROUP,
                            HAS_SEQLENS: tl.constexpr, CAUSAL: tl.constexpr, MERGE: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                           BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+                           BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, EVEN_D: tl.constexpr,
                            DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr):
     # 1-D grid (CUDA caps grid axes 1 and 2 at 65535): (batch x kv head, row block, split),
     # split fastest. MERGE: the last split of each row block to finish also merges them all into
@@ -117,10 +119,13 @@ def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals,
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, lo, n_full, L,
         L - Nq, qk_scale, offs_i, offs_n, offs_d, D,
         False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE)
-    acc, m_i, l_i = _attend_key_blocks(
-        acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, n_full, hi, L,
-        L - Nq, qk_scale, offs_i, offs_n, offs_d, D,
-        True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE)
+    # a branch, not only an empty loop: the loop's software-pipeline set-up alone cost 4-7% of
+    # the GPU time under 4k keys on an H200 (benchmarks/NOTES.md)
+    if n_full < hi:
+        acc, m_i, l_i = _attend_key_blocks(
+            acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, n_full, hi, L,
+            L - Nq, qk_scale, offs_i, offs_n, offs_d, D,
+            True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE)
     out, lse = finalize(acc, m_i, l_i)                        # empty split: 0 and -inf
 
     # partials are (B, Hq, Nq, S, D) and (B, Hq, Nq, S): a group's rows are contiguous
@@ -139,7 +144,7 @@ def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals,
         arrived = tl.atomic_add(Arrivals + pid // num_splits, 1, sem="acq_rel")
         if arrived == num_splits - 1:
             merged, merged_lse = merge_splits(OPart, LsePart, row, row_mask, num_splits, D,
-                                              offs_d, BLOCK_M, BLOCK_D)
+                                              offs_d, BLOCK_M, BLOCK_D, BLOCK_S)
             store_rows(Out, Lse, merged, merged_lse, row, row_mask, D, offs_d)
             tl.store(Arrivals + pid // num_splits, 0)   # every split has arrived: ready for reuse
 
@@ -162,39 +167,49 @@ def store_rows(Out, Lse, out, lse, rows, row_mask, D, offs_d):
 
 @triton.jit
 def merge_splits(OPart, LsePart, rows, row_mask, num_splits, D, offs_d,
-                 BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                 BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
     """Merge the S partial results of query rows ``rows`` (BR,) by their lse (lesson 03's merge,
-    the running max and sum of lesson 02 over the splits). Returns out (BR, BD) float32 and lse
-    (BR,), natural log; a row whose every split is empty (lse_s = -inf) gets 0 and -inf."""
+    the running max and sum of lesson 02, over tiles of BLOCK_S splits: the loads of a tile are
+    in flight together). Returns out (BR, BD) float32 and lse (BR,), natural log; a row whose
+    every split is empty (lse_s = -inf) gets 0 and -inf."""
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)   # running max of lse_s, base 2
     total = tl.zeros([BLOCK_R], dtype=tl.float32)             # sum_s 2^(lse_s - m)
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)     # sum_s 2^(lse_s - m) out_s
-    for s in range(0, num_splits):
+    offs_s = tl.arange(0, BLOCK_S)
+    for s0 in range(0, num_splits, BLOCK_S):
+        slot = rows[:, None] * num_splits + s0 + offs_s[None, :]            # (BR, BS)
+        here = row_mask[:, None] & (s0 + offs_s[None, :] < num_splits)      # (BR, BS)
         # .cg: read from L2, where the other programs' stores are, never a stale L1 line
-        lse_s = tl.load(LsePart + rows * num_splits + s, mask=row_mask, other=float("-inf"),
-                        cache_modifier=".cg") / LN2           # (BR,) base 2
-        o_s = tl.load(OPart + (rows[:, None] * num_splits + s) * D + offs_d[None, :],
-                      mask=row_mask[:, None] & (offs_d[None, :] < D), other=0.0,
-                      cache_modifier=".cg")                   # (BR, BD)
-        m_new = tl.maximum(m, lse_s)
+        lse_s = tl.load(LsePart + slot, mask=here, other=float("-inf"),
+                        cache_modifier=".cg") / LN2                         # (BR, BS) base 2
+        o_s = tl.load(OPart + slot[:, :, None] * D + offs_d[None, None, :],
+                      mask=here[:, :, None] & (offs_d[None, None, :] < D), other=0.0,
+                      cache_modifier=".cg")                                 # (BR, BS, BD)
+        m_new = tl.maximum(m, tl.max(lse_s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all empty so far: no NaN
-        alpha = tl.math.exp2(m - m_safe)                      # rescale of the old state
-        w = tl.math.exp2(lse_s - m_safe)                      # 0 for an empty split
-        total = total * alpha + w
-        acc = acc * alpha[:, None] + w[:, None] * o_s
+        alpha = tl.math.exp2(m - m_safe)                      # (BR,) rescale of the old state
+        w = tl.math.exp2(lse_s - m_safe[:, None])             # (BR, BS), 0 for an empty split
+        total = total * alpha + tl.sum(w, 1)
+        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o_s, 1)
         m = m_new
     return finalize(acc, m, total)                            # acc / total, (m + log2 total) ln 2
 
 
 @triton.jit
 def _combine_kernel(OPart, LsePart, Out, Lse, n_rows, num_splits, D,
-                    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
     """Merge the splits of BLOCK_R query rows (one (batch, head, new token) each) by their lse."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)   # (BR,)
     offs_d = tl.arange(0, BLOCK_D)                                          # (BD,)
     out, lse = merge_splits(OPart, LsePart, rows, rows < n_rows, num_splits, D, offs_d,
-                            BLOCK_R, BLOCK_D)
+                            BLOCK_R, BLOCK_D, BLOCK_S)
     store_rows(Out, Lse, out, lse, rows, rows < n_rows, D, offs_d)
+
+
+def merge_tile(num_splits, block_r, block_d):
+    """Splits merged at a time (``merge_splits``' BLOCK_S): all of them, up to a tile of
+    ``MERGE_TILE`` float32 values (BLOCK_R x BLOCK_S x BLOCK_D) in registers."""
+    return max(1, min(triton.next_power_of_2(num_splits), MERGE_TILE // (block_r * block_d)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -219,11 +234,16 @@ def sm_count(device) -> int:
     return NOMINAL_SMS
 
 
+def for_gpu(table, device) -> int:
+    """``table``'s value (``SHORT_CACHE``, ``LONG_SPLIT``) for ``device``'s GPU; the H100's for a
+    GPU not swept, and on CPU."""
+    name = gpu_name(device)
+    return next((keys for gpu, keys in table.items() if gpu in name), table["h100"])
+
+
 @functools.lru_cache(maxsize=None)
-def short_cache_for(device) -> int:
-    """``SHORT_CACHE`` of ``device``'s GPU (the H100's for a GPU not swept, and on CPU)."""
-    name = torch.cuda.get_device_name(device).lower() if torch.device(device).type == "cuda" else ""
-    return next((keys for gpu, keys in SHORT_CACHE.items() if gpu in name), SHORT_CACHE["h100"])
+def gpu_name(device) -> str:
+    return torch.cuda.get_device_name(device).lower() if torch.device(device).type == "cuda" else ""
 
 
 def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, ragged=False,
@@ -236,8 +256,8 @@ def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, 
     unsplit grid already busies half the SMs is not split in two: there the merge costs more than
     the SMs it adds. How short depends on the GPU (``SHORT_CACHE``; decode_sweep.log): on an H100,
     B=8 Hkv=8 read 2.02 / 2.37 / 2.65 TB/s unsplit at 1k / 2k / 4k keys, 1.74 / 2.16 / 2.52 in
-    two, and tied at 16k; on an H200 unsplit won only at 1k (2.21 against 2.13), two splits from
-    2k (2.79 against 2.66 or less)."""
+    two, and tied at 16k; on an H200 two splits won from 1k keys (2.42 against 2.33 unsplit; the
+    merge then cost more than it does now, and unsplit won at 1k)."""
     programs = max(1, batch * heads_kv * row_blocks)
     longest = triton.cdiv(max_len, block_n * MIN_BLOCKS_PER_SPLIT)
     splits = max(1, min(sms // programs * (8 if ragged else 1), longest, MAX_SPLITS))
@@ -263,9 +283,9 @@ def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, num_splits, confi
     if num_splits is None:
         num_splits = num_splits_heuristic(B, Hkv, row_blocks, Lmax, block_n=config[0],
                                           sms=sm_count(device), ragged=ragged,
-                                          short_cache=short_cache_for(device))
-    if chosen and triton.cdiv(Lmax, num_splits) >= LONG_SPLIT and not runtime.INTERPRET and \
-            fits(LONG_SPLIT_CONFIG, block_d, elem_bytes):
+                                          short_cache=for_gpu(SHORT_CACHE, device))
+    long_split = triton.cdiv(Lmax, num_splits) >= for_gpu(LONG_SPLIT, device)
+    if chosen and long_split and not runtime.INTERPRET and fits(LONG_SPLIT_CONFIG, block_d, elem_bytes):
         config = LONG_SPLIT_CONFIG
     return block_m, row_blocks, tuple(config), num_splits
 
@@ -318,35 +338,61 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             Hkv, Nq, Lmax, D, scale * LOG2E, num_splits, row_blocks, Hq // Hkv,
             HAS_SEQLENS=cache_seqlens is not None, CAUSAL=Nq > 1, MERGE=merge_into is not None,
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, EVEN_D=(D == block_d),
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+            BLOCK_S=merge_tile(num_splits, block_m, block_d) if arrivals is not None else 1,
+            EVEN_D=(D == block_d),
             DOT_PRECISION="ieee", TILE_UPDATE=tile_update, num_warps=warps, num_stages=stages)
     return (None, None) if merge_into is not None else (o_part, lse_part)
 
 
-_workspaces = {}   # (device index, stream) -> {role: flat buffer}
+_workspaces = {}       # (device index, stream) -> {role: flat buffer}
+_graph_counters = {}   # device index -> [zeroed int32 buffer, first free counter]
+GRAPH_COUNTERS = 1 << 16
 
 
 def workspace(device, needs):
     """Scratch buffers of the one-launch path, ``needs`` = {role: elements}: "o_part", "lse_part",
-    "lse" (one nobody asked for), float32, and "arrivals", int32 counters, zeroed when made.
-    Returns {role: buffer}, each at least that long. Kept per stream and grown as needed: three
-    allocations fewer per decoding step (each a few us of host time on an H100). Launches on one
-    stream run one after another, so they can share them; the merging program sets its row
-    block's counter back to 0. Under CUDA graph capture every call gets fresh buffers (the graph
-    keeps them), so graphs never share one; only the counters are zeroed there (each zeroing is
-    a memset in the graph, GPU time at every replay)."""
+    "lse" (one nobody asked for), float32, and "arrivals", int32 counters, zero before a launch
+    (the merging program sets its row block's counter back to 0). Returns {role: buffer}, each at
+    least that long.
+
+    Eager calls: kept per stream and grown as needed, three allocations fewer per decoding step
+    (each a few us of host time on an H100); launches on one stream run one after another, so
+    they can share them. Under CUDA graph capture every call gets fresh buffers (the graph keeps
+    them), so no two graphs share one. Its counters are a slice of a per-device pool zeroed once,
+    at the first eager call on the device: zeroing them inside the graph would add a memset to
+    every replay (on an H200, 10% of the GPU time of B=1 H=32 over 1k keys). A slice serves only
+    its own graph node, and CUDA runs the launches of one graph in order. Captured before any
+    eager call, or once the pool is used up, the counters are zeroed in the graph."""
     def make(role, numel):
         if role == "arrivals":
             return torch.zeros(numel, dtype=torch.int32, device=device)
         return torch.empty(numel, dtype=torch.float32, device=device)
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+    if device.type != "cuda":
         return {role: make(role, numel) for role, numel in needs.items()}
+    if torch.cuda.is_current_stream_capturing():
+        return {role: graph_counters(device, numel) if role == "arrivals" else make(role, numel)
+                for role, numel in needs.items()}
+    if device.index not in _graph_counters:
+        _graph_counters[device.index] = [torch.zeros(GRAPH_COUNTERS, dtype=torch.int32,
+                                                     device=device), 0]
+        torch.cuda.current_stream(device).synchronize()   # zero before any graph can use it
     stream = triton.runtime.driver.active.get_current_stream(device.index)
     mine = _workspaces.setdefault((device.index, stream), {})
     for role, numel in needs.items():
         if role not in mine or mine[role].numel() < numel:
             mine[role] = make(role, max(numel, 2 * mine[role].numel() if role in mine else 0))
     return mine
+
+
+def graph_counters(device, numel):
+    """``numel`` zeroed arrival counters for a launch being captured, never handed out again."""
+    numel = triton.cdiv(numel, 4) * 4      # slices stay 16-byte aligned, as Triton assumed
+    pool = _graph_counters.get(device.index)
+    if pool is None or pool[1] + numel > pool[0].numel():
+        return torch.zeros(numel, dtype=torch.int32, device=device)   # a memset in the graph
+    pool[1] += numel
+    return pool[0][pool[1] - numel:pool[1]]
 
 
 def decode_partial(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=None, scale=None,
@@ -362,11 +408,13 @@ def decode_partial(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=None, 
     return _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config)
 
 
-def combine(o_part, lse_part, *, out_dtype=None):
+def combine(o_part, lse_part, *, out_dtype=None, block_r=16):
     """Launch the merge kernel: ``(o_part, lse_part)`` of ``decode_partial`` -> ``(out, lse)``.
 
     out: (B, Hq, Nq, D) in ``out_dtype`` (default o_part's); lse: (B, Hq, Nq) float32, natural
-    log. Rows whose every split is empty get out 0 and lse -inf.
+    log. Rows whose every split is empty get out 0 and lse -inf. block_r: query rows per program;
+    with the one-launch path's rows per program (``launch_plan``'s BLOCK_M, 16 for up to 16 rows
+    per group) the merge sums in the same order, so the results are equal bit for bit.
     """
     runtime.check_kernel(_combine_kernel)
     *lead, S, D = o_part.shape
@@ -376,10 +424,10 @@ def combine(o_part, lse_part, *, out_dtype=None):
     rows = lse.numel()
     if rows == 0:
         return out, lse
-    block_r = 16
+    block_d = max(16, triton.next_power_of_2(D))
     _combine_kernel[(triton.cdiv(rows, block_r),)](
         o_part.contiguous(), lse_part.contiguous(), out, lse, rows, S, D,
-        BLOCK_R=block_r, BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4)
+        BLOCK_R=block_r, BLOCK_D=block_d, BLOCK_S=merge_tile(S, block_r, block_d), num_warps=4)
     return out, lse
 
 
