@@ -125,9 +125,10 @@ def _dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV,
         do_base = dOut + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
         lse_base = Lse + off_bh.to(tl.int64) * Nq
         delta_base = Delta + off_bh.to(tl.int64) * Nq
-        dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                    stride_qm, stride_dom, lo, mid, Nq, causal_offset,
-                                    qk_scale, offs_n, offs_d, D, True, BLOCK_M, DOT_PRECISION)
+        if lo < mid:   # the diagonal band: none without a causal mask
+            dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                                        stride_qm, stride_dom, lo, mid, Nq, causal_offset,
+                                        qk_scale, offs_n, offs_d, D, True, BLOCK_M, DOT_PRECISION)
         dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                     stride_qm, stride_dom, mid, Nq, Nq, causal_offset,
                                     qk_scale, offs_n, offs_d, D, False, BLOCK_M, DOT_PRECISION)
@@ -209,9 +210,10 @@ def _dq_kernel(Q, K, V, dOut, Lse, Delta, dQ,
     dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, 0, n_full,
                         Nk, causal_offset, qk_scale, offs_m, offs_d, D,
                         False, CAUSAL, BLOCK_N, DOT_PRECISION)
-    dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, n_full, hi,
-                        Nk, causal_offset, qk_scale, offs_m, offs_d, D,
-                        True, CAUSAL, BLOCK_N, DOT_PRECISION)
+    if n_full < hi:   # a branch: even an empty loop sets up its software pipeline
+        dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, n_full,
+                            hi, Nk, causal_offset, qk_scale, offs_m, offs_d, D,
+                            True, CAUSAL, BLOCK_N, DOT_PRECISION)
     dq = dq * scale
     tl.store(dQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
              + offs_m[:, None] * stride_dqm + offs_d[None, :], dq.to(dQ.dtype.element_ty), mask=row_ok)
