@@ -34,6 +34,7 @@ within one sequence and head, key offsets (position x row stride) must fit in in
 """
 import functools
 import math
+import threading
 
 import torch
 import triton
@@ -347,6 +348,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
 
 _workspaces = {}       # (device index, stream) -> {role: flat buffer}
 _graph_counters = {}   # device index -> [zeroed int32 buffer, first free counter]
+_graph_counters_lock = threading.Lock()   # two threads capturing at once get distinct slices
 GRAPH_COUNTERS = 1 << 16
 
 
@@ -388,11 +390,12 @@ def workspace(device, needs):
 def graph_counters(device, numel):
     """``numel`` zeroed arrival counters for a launch being captured, never handed out again."""
     numel = triton.cdiv(numel, 4) * 4      # slices stay 16-byte aligned, as Triton assumed
-    pool = _graph_counters.get(device.index)
-    if pool is None or pool[1] + numel > pool[0].numel():
-        return torch.zeros(numel, dtype=torch.int32, device=device)   # a memset in the graph
-    pool[1] += numel
-    return pool[0][pool[1] - numel:pool[1]]
+    with _graph_counters_lock:
+        pool = _graph_counters.get(device.index)
+        if pool is not None and pool[1] + numel <= pool[0].numel():
+            pool[1] += numel
+            return pool[0][pool[1] - numel:pool[1]]
+    return torch.zeros(numel, dtype=torch.int32, device=device)       # a memset in the graph
 
 
 def decode_partial(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=None, scale=None,
