@@ -244,6 +244,7 @@ def for_gpu(table, device) -> int:
 
 @functools.lru_cache(maxsize=None)
 def gpu_name(device) -> str:
+    """``device``'s GPU name in lower case; "" on CPU."""
     return torch.cuda.get_device_name(device).lower() if torch.device(device).type == "cuda" else ""
 
 
@@ -257,8 +258,8 @@ def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, 
     unsplit grid already busies half the SMs is not split in two: there the merge costs more than
     the SMs it adds. How short depends on the GPU (``SHORT_CACHE``; decode_sweep.log): on an H100,
     B=8 Hkv=8 read 2.02 / 2.37 / 2.65 TB/s unsplit at 1k / 2k / 4k keys, 1.74 / 2.16 / 2.52 in
-    two, and tied at 16k; on an H200 two splits won from 1k keys (2.42 against 2.33 unsplit; the
-    merge then cost more than it does now, and unsplit won at 1k)."""
+    two, and tied at 16k; on an H200 two splits win from 1k keys (2.42 against 2.33 unsplit;
+    before the merge got cheaper, unsplit won at 1k)."""
     programs = max(1, batch * heads_kv * row_blocks)
     longest = triton.cdiv(max_len, block_n * MIN_BLOCKS_PER_SPLIT)
     splits = max(1, min(sms // programs * (8 if ragged else 1), longest, MAX_SPLITS))
@@ -286,7 +287,8 @@ def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, num_splits, confi
                                           sms=sm_count(device), ragged=ragged,
                                           short_cache=for_gpu(SHORT_CACHE, device))
     long_split = triton.cdiv(Lmax, num_splits) >= for_gpu(LONG_SPLIT, device)
-    if chosen and long_split and not runtime.INTERPRET and fits(LONG_SPLIT_CONFIG, block_d, elem_bytes):
+    if chosen and long_split and not runtime.INTERPRET and \
+            fits(LONG_SPLIT_CONFIG, block_d, elem_bytes):
         config = LONG_SPLIT_CONFIG
     return block_m, row_blocks, tuple(config), num_splits
 
