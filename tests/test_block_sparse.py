@@ -327,3 +327,27 @@ def test_gpu_more_programs_than_grid_axis_1_allows():
         assert_close(out[-2:], ref, baseline=base, dtype=q.dtype, name="out of the last batch entries")
         dq, dk, dv = torch.autograd.grad(out.float().pow(2).sum(), (q, k, v))
         assert torch.isfinite(dq).all() and dk[-1].abs().sum() > 0 and dv[-1].abs().sum() > 0
+
+
+@gpu
+def test_gpu_direct_launches_repeat_the_first_call():
+    # from the second call of a signature on, the launchers skip Triton's launch path and the
+    # autotuner (kernels/launch.py): the same config and the same bits, dense and block-sparse
+    from flashlib.kernels import block_sparse as bs, fa2_bwd, fa2_fwd, launch
+    q, k, v = (t.requires_grad_() for t in qkv(2, 4, 2, 1000, 1000, 64, torch.float16))
+    dout = torch.randn_like(q)
+    mask = masks.sliding_window(1000, 1000, 300, device=DEV)
+    for fn, dense in ((lambda: block_sparse_attention(q, k, v, mask), mask.to_dense()),
+                      (lambda: flash_attention(q, k, v), None)):
+        runs = []
+        for _ in range(3):
+            out = fn()
+            runs.append((out, *torch.autograd.grad(out, (q, k, v), dout)))
+        plain = [t.detach() for t in (q, k, v)]
+        ref, _ = attention_ref(*plain, mask=dense)
+        assert_close(runs[0][0], ref, baseline=attention_naive(*plain, mask=dense), dtype=q.dtype)
+        for later in runs[1:]:
+            assert all(torch.equal(a, b) for a, b in zip(runs[0], later))
+    if launch.ENABLED:
+        for kernel in (bs._fwd, bs._dq, bs._dkdv, fa2_fwd._fa2_fwd, fa2_bwd._dq, fa2_bwd._dkdv):
+            assert launch._compiled[kernel], kernel

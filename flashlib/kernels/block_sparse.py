@@ -26,8 +26,9 @@ import triton.language as tl
 
 from .. import runtime
 from .config import size_bucket, tuned
-from .fa2_bwd import DKDV_CONFIGS, DQ_CONFIGS, _load_lse2, compute_delta, dkdv_tile, dq_tile
+from .fa2_bwd import DKDV_CONFIGS, DQ_CONFIGS, _load_lse2, dkdv_tile, dq_tile, row_delta
 from .fa2_fwd import CONFIGS, attend_tile, load_rows, write_output
+from .launch import fast_launch
 from .tile import LOG2E, tile_update
 
 KEY = ["n_bucket", "visits", "BAND", "BLOCK_D", "SPARSE_BLOCK", "DOT_PRECISION"]
@@ -46,9 +47,11 @@ def _visit_list(Count, Full, Index, Bitmap, off_b, off_h, block, slice_b, slice_
 
 
 @triton.jit
-def _first_start(index, n_tiles, SPARSE_BLOCK: tl.constexpr):
-    """Start (row or column) of a visit list's first tile; 0 for an empty list."""
-    return tl.load(index, mask=n_tiles > 0, other=0) * SPARSE_BLOCK
+def _first_start(index, SPARSE_BLOCK: tl.constexpr):
+    """Start (row or column) of a visit list's first tile. Every entry of a list's row is a valid
+    block (the empty ones follow the listed ones), so the load needs no mask and so does not wait
+    for the counts: a program's first K/V load is one memory round trip later, not two."""
+    return tl.load(index) * SPARSE_BLOCK
 
 
 @triton.jit
@@ -111,14 +114,14 @@ def _bs_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmap
     index, bitmap, n_full, n_all = _visit_list(KvCount, KvFull, KvIndex, KvBitmap, off_b, off_h,
                                                start_m // SPARSE_BLOCK, slice_b, slice_h, n_qblocks, n_kblocks)
     TILES: tl.constexpr = SPARSE_BLOCK // BLOCK_N          # kernel tiles per mask block
-    start_n = _first_start(index, n_full, SPARSE_BLOCK)
+    start_n = _first_start(index, SPARSE_BLOCK)
     for t in range(0, n_full * TILES):                     # full blocks: no mask, no bounds
         acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                                     start_n + offs_n, Nk, qk_scale, offs_d, D, 0, False, False,
                                     EVEN_D, DOT_PRECISION, tile_update)
         start_n = _next_start(index, t, n_full * TILES, start_n, TILES, SPARSE_BLOCK, BLOCK_N)
     if n_full < n_all:   # a branch: even an empty loop sets up its pipeline (kernels/decode.py)
-        start_n = _first_start(index + n_full, n_all - n_full, SPARSE_BLOCK)
+        start_n = _first_start(index + n_full, SPARSE_BLOCK)
         for t in range(0, (n_all - n_full) * TILES):       # partial blocks: element mask
             visible = _partial_mask(Bitmaps, bitmap + n_full + t // TILES, offs_m[:, None],
                                     (start_n + offs_n)[None, :], Nq, Nk, band_lo, band_hi, BAND,
@@ -133,10 +136,10 @@ def _bs_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmap
 
 
 @triton.jit
-def _bs_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, KvBitmap, Bitmaps,
+def _bs_dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, KvBitmap, Bitmaps,
                   stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                   stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
-                  stride_dqb, stride_dqh, stride_dqm, slice_b, slice_h,
+                  stride_ob, stride_oh, stride_om, stride_dqb, stride_dqh, stride_dqm, slice_b, slice_h,
                   Hq, Nq, Nk, D, n_qblocks, n_kblocks, scale, qk_scale, n_bucket, visits, GROUP,
                   band_lo, band_hi, BAND: tl.constexpr, EVEN_N: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -155,7 +158,8 @@ def _bs_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, KvBit
     do = load_rows(dOut + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh,
                    offs_m, offs_d, stride_dom, Nq, D, False)                                # (BM, BD)
     lse2 = _load_lse2(Lse + off_bh.to(tl.int64) * Nq, offs_m, Nq)
-    delta = tl.load(Delta + off_bh.to(tl.int64) * Nq + offs_m, mask=offs_m < Nq, other=0.0)
+    delta = row_delta(Out, Delta, do, off_b, off_h, off_bh, stride_ob, stride_oh, stride_om, offs_m,
+                      offs_d, Nq, D)                                                        # (BM,)
     k_base = K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
     v_base = V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -163,13 +167,13 @@ def _bs_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, KvBit
     index, bitmap, n_full, n_all = _visit_list(KvCount, KvFull, KvIndex, KvBitmap, off_b, off_h,
                                                start_m // SPARSE_BLOCK, slice_b, slice_h, n_qblocks, n_kblocks)
     TILES: tl.constexpr = SPARSE_BLOCK // BLOCK_N
-    start_n = _first_start(index, n_full, SPARSE_BLOCK)
+    start_n = _first_start(index, SPARSE_BLOCK)
     for t in range(0, n_full * TILES):
         dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_n + offs_n, Nk,
                      qk_scale, offs_d, D, 0, False, DOT_PRECISION)
         start_n = _next_start(index, t, n_full * TILES, start_n, TILES, SPARSE_BLOCK, BLOCK_N)
     if n_full < n_all:
-        start_n = _first_start(index + n_full, n_all - n_full, SPARSE_BLOCK)
+        start_n = _first_start(index + n_full, SPARSE_BLOCK)
         for t in range(0, (n_all - n_full) * TILES):
             visible = _partial_mask(Bitmaps, bitmap + n_full + t // TILES, offs_m[:, None],
                                     (start_n + offs_n)[None, :], Nq, Nk, band_lo, band_hi, BAND,
@@ -215,14 +219,14 @@ def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QB
         delta_base = Delta + off_bh.to(tl.int64) * Nq
         index, bitmap, n_full, n_all = _visit_list(QCount, QFull, QIndex, QBitmap, off_b, off_h,
                                                    start_n // SPARSE_BLOCK, slice_b, slice_h, n_kblocks, n_qblocks)
-        start_m = _first_start(index, n_full, SPARSE_BLOCK)
+        start_m = _first_start(index, SPARSE_BLOCK)
         for t in range(0, n_full * TILES):
             dk, dv = dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                start_m + tl.arange(0, BLOCK_M), Nq, qk_scale, offs_d, D, 0, False,
                                DOT_PRECISION)
             start_m = _next_start(index, t, n_full * TILES, start_m, TILES, SPARSE_BLOCK, BLOCK_M)
         if n_full < n_all:
-            start_m = _first_start(index + n_full, n_all - n_full, SPARSE_BLOCK)
+            start_m = _first_start(index + n_full, SPARSE_BLOCK)
             for t in range(0, (n_all - n_full) * TILES):
                 # keys are this tile's rows: the mask transposed, (BN, BM)
                 visible = _partial_mask(Bitmaps, bitmap + n_full + t // TILES,
@@ -283,8 +287,8 @@ def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False):
     bs = mask.block_size
     config = _pick_fwd(block_d, q.element_size(), bs)
     slice_b, slice_h = _slices(mask)
-    _fwd[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)](
-        q, k, v, out, lse, mask.kv_count, mask.kv_full, mask.kv_index, mask.kv_bitmap, mask.bitmaps,
+    fast_launch(
+        _fwd, lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,), q, k, v, out, lse, mask.kv_count, mask.kv_full, mask.kv_index, mask.kv_bitmap, mask.bitmaps,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         slice_b, slice_h, Hq, Nq, Nk, D, mask.shape[2], mask.shape[3], scale * LOG2E,
@@ -308,21 +312,21 @@ def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf
     bs, precision = mask.block_size, "tf32" if allow_tf32 else "ieee"
     n_bucket = size_bucket(Nq, Nk, slices=B * Hq)
     slice_b, slice_h = _slices(mask)
-    delta = compute_delta(out, dout)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)   # written by the dQ pass
     common = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
               v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2))
-    _dkdv[lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,)](
-        q, k, v, dout, lse, delta, dk, dv, mask.q_count, mask.q_full, mask.q_index, mask.q_bitmap,
+    fast_launch(
+        _dq, lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,), q, k, v, out, dout, lse, delta, dq, mask.kv_count, mask.kv_full, mask.kv_index, mask.kv_bitmap,
+        mask.bitmaps, *common, out.stride(0), out.stride(1), out.stride(2), dq.stride(0), dq.stride(1),
+        dq.stride(2), slice_b, slice_h, Hq, Nq, Nk, D, mask.shape[2], mask.shape[3], scale, scale * LOG2E,
+        n_bucket, mask.kv_visits, Hq // Hkv, *_band(mask), EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs,
+        BLOCK_D=block_d, DOT_PRECISION=precision, **_pick_dq(block_d, q.element_size(), bs))
+    fast_launch(
+        _dkdv, lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,), q, k, v, dout, lse, delta, dk, dv, mask.q_count, mask.q_full, mask.q_index, mask.q_bitmap,
         mask.bitmaps, *common, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
         dv.stride(2), slice_b, slice_h, Hq, Hkv, Nq, Nk, D, mask.shape[3], mask.shape[2], scale, scale * LOG2E,
         n_bucket, mask.q_visits, Hq // Hkv, *_band(mask), EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs,
         BLOCK_D=block_d, DOT_PRECISION=precision,
         **_pick_dkdv(block_d, q.element_size(), bs))
-    _dq[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)](
-        q, k, v, dout, lse, delta, dq, mask.kv_count, mask.kv_full, mask.kv_index, mask.kv_bitmap,
-        mask.bitmaps, *common, dq.stride(0), dq.stride(1), dq.stride(2), slice_b, slice_h,
-        Hq, Nq, Nk, D, mask.shape[2], mask.shape[3], scale, scale * LOG2E, n_bucket, mask.kv_visits, Hq // Hkv,
-        *_band(mask), EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs,
-        BLOCK_D=block_d, DOT_PRECISION=precision, **_pick_dq(block_d, q.element_size(), bs))
     return dq.to(grad_dtype), dk.to(grad_dtype), dv.to(grad_dtype)

@@ -1,13 +1,13 @@
 """FlashAttention-2 backward in Triton: recompute P from the saved lse, never store it.
 
-Follows Dao, "FlashAttention-2" (2023), section 3.1 and Algorithm 2, as three launches:
-1. ``_delta_kernel``: D_i = rowsum(dO_i * O_i)  (equals rowsum(P_i * dP_i), one pass over O);
+Follows Dao, "FlashAttention-2" (2023), section 3.1 and Algorithm 2, as two launches:
+1. ``_dq_kernel``: one program per query block, streaming key blocks: dQ += scale * dS K. It
+   first computes D_i = rowsum(dO_i * O_i) (equals rowsum(P_i * dP_i)) and stores it for 2;
 2. ``_dkdv_kernel``: one program per key/value block (KV outer), streaming query blocks:
    P^T = exp2(K Q^T * scale*log2e - lse*log2e), dV += P^T dO, dP^T = V dO^T,
    dS^T = P^T * (dP^T - D), dK += scale * dS^T Q. With grouped-query heads the program also loops
-   over the query heads of its group, so dK/dV are summed without atomics;
-3. ``_dq_kernel``: one program per query block, streaming key blocks: dQ += scale * dS K.
-Memory stays O(N): only lse (B, H, N) and D are saved besides q, k, v, out.
+   over the query heads of its group, so dK/dV are summed without atomics.
+Memory stays O(N): only lse (B, H, N) and D are kept besides q, k, v, out.
 
 Causal blocks are skipped and split into masked (diagonal band / ragged tail) and unmasked runs,
 as in the forward. Padded rows and columns load as zeros; lse of padded or empty rows is read as
@@ -21,25 +21,24 @@ import triton.language as tl
 
 from .. import runtime
 from .config import size_bucket, tuned
+from .launch import fast_launch
 from .tile import LOG2E, key_range
 
 
 @triton.jit
-def _delta_kernel(Out, dOut, Delta, stride_ob, stride_oh, stride_om,
-                  stride_db, stride_dh, stride_dm, Hq, Nq, D,
-                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    n_m = tl.cdiv(Nq, BLOCK_M)
-    off_bh = tl.program_id(0) // n_m           # flat grid: B x H may exceed CUDA's 65535 on axis 1
-    off_b, off_h = off_bh // Hq, off_bh % Hq
-    offs_m = tl.program_id(0) % n_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_m[:, None] < Nq) & (offs_d[None, :] < D)
+def row_delta(Out, Delta, do, off_b, off_h, off_bh, stride_ob, stride_oh, stride_om, offs_m, offs_d,
+              Nq, D):
+    """D_i = rowsum(dO_i * O_i) of one query block, (BM,) float32 (it equals rowsum(P_i * dP_i)).
+
+    The dQ pass computes it from the dO block it holds anyway and stores it for the dK/dV pass,
+    launched after it: one more load of O, instead of a separate launch reading O and dO again.
+    """
+    row_ok = (offs_m[:, None] < Nq) & (offs_d[None, :] < D)
     o = tl.load(Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
-                + offs_m[:, None] * stride_om + offs_d[None, :], mask=mask, other=0.0)
-    do = tl.load(dOut + off_b.to(tl.int64) * stride_db + off_h.to(tl.int64) * stride_dh
-                 + offs_m[:, None] * stride_dm + offs_d[None, :], mask=mask, other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)       # (BM,)
+                + offs_m[:, None] * stride_om + offs_d[None, :], mask=row_ok, other=0.0)     # (BM, BD)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)                                 # (BM,)
     tl.store(Delta + off_bh.to(tl.int64) * Nq + offs_m, delta, mask=offs_m < Nq)
+    return delta
 
 
 @triton.jit
@@ -176,10 +175,10 @@ def _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
 
 
 @triton.jit
-def _dq_kernel(Q, K, V, dOut, Lse, Delta, dQ,
+def _dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ,
                stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
-               stride_dqb, stride_dqh, stride_dqm,
+               stride_ob, stride_oh, stride_om, stride_dqb, stride_dqh, stride_dqm,
                Hq, Nq, Nk, D, scale, qk_scale, n_bucket,
                GROUP, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
@@ -199,7 +198,8 @@ def _dq_kernel(Q, K, V, dOut, Lse, Delta, dQ,
     do = tl.load(dOut + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
                  + offs_m[:, None] * stride_dom + offs_d[None, :], mask=row_ok, other=0.0)   # (BM, BD)
     lse2 = _load_lse2(Lse + off_bh.to(tl.int64) * Nq, offs_m, Nq)
-    delta = tl.load(Delta + off_bh.to(tl.int64) * Nq + offs_m, mask=offs_m < Nq, other=0.0)
+    delta = row_delta(Out, Delta, do, off_b, off_h, off_bh, stride_ob, stride_oh, stride_om, offs_m,
+                      offs_d, Nq, D)                                                          # (BM,)
     k_base = K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
     v_base = V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -229,17 +229,6 @@ _dkdv, _pick_dkdv = tuned(_dkdv_kernel, DKDV_CONFIGS, lambda bm, bn: (2 * bn, 2 
 _dq, _pick_dq = tuned(_dq_kernel, DQ_CONFIGS, lambda bm, bn: (2 * bm, 2 * bn))
 
 
-def compute_delta(out, dout):
-    """D = rowsum(dO * O), (B, H, N) float32: the first launch of every backward."""
-    B, H, N, D = out.shape
-    delta = torch.empty((B, H, N), dtype=torch.float32, device=out.device)
-    _delta_kernel[(triton.cdiv(N, 64) * B * H,)](
-        out, dout, delta, out.stride(0), out.stride(1), out.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2), H, N, D,
-        BLOCK_M=64, BLOCK_D=max(16, triton.next_power_of_2(D)))
-    return delta
-
-
 def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf32=False):
     """Gradients of attention from the saved (q, k, v, out, lse). Returns ``(dq, dk, dv)``.
 
@@ -262,22 +251,21 @@ def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf3
     precision = "tf32" if allow_tf32 else "ieee"
     n_bucket = size_bucket(Nq, Nk, slices=B * Hq)
 
-    delta = compute_delta(out, dout)
-
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
+    delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)   # written by the dQ pass
     common = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
               v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2))
-    _dkdv[lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,)](
-        q, k, v, dout, lse, delta, dk, dv, *common,
+    fast_launch(
+        _dq, lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,), q, k, v, out, dout, lse, delta, dq, *common, out.stride(0), out.stride(1), out.stride(2),
+        dq.stride(0), dq.stride(1), dq.stride(2), Hq, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
+        GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, DOT_PRECISION=precision,
+        **_pick_dq(block_d, q.element_size()))
+    fast_launch(
+        _dkdv, lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,), q, k, v, dout, lse, delta, dk, dv, *common,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         Hq, Hkv, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
         GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, DOT_PRECISION=precision,
         **_pick_dkdv(block_d, q.element_size()))
-    _dq[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)](
-        q, k, v, dout, lse, delta, dq, *common, dq.stride(0), dq.stride(1), dq.stride(2),
-        Hq, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
-        GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, DOT_PRECISION=precision,
-        **_pick_dq(block_d, q.element_size()))
     return dq.to(grad_dtype), dk.to(grad_dtype), dv.to(grad_dtype)

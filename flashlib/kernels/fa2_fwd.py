@@ -22,6 +22,7 @@ import triton.language as tl
 
 from .. import runtime
 from .config import size_bucket, tuned
+from .launch import fast_launch
 from .tile import LOG2E, finalize, key_range
 from .tile import tile_update as tile_update_fn
 
@@ -186,8 +187,8 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
     def grid(meta):
         return (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)
 
-    _fa2_fwd[grid](
-        q, k, v, out, lse,
+    fast_launch(
+        _fa2_fwd, grid, q, k, v, out, lse,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),

@@ -1,4 +1,4 @@
-"""Launching a compiled Triton kernel with less host time (the decode kernel's launcher uses it).
+"""Launching a compiled Triton kernel with less host time (the decode, dense and block-sparse launchers use it).
 
 Why: one decoding step over a 1k-key cache is 13-17 us of GPU work on an H100, but at every call
 ``kernel[grid](...)`` binds and specializes every argument (35 for the decode kernel), builds a
@@ -37,8 +37,11 @@ def _signature(device, args, kwargs):
 
 def fast_launch(kernel, grid, *args, **kwargs):
     """``kernel[grid](*args, **kwargs)``, with the arguments' binding and the kernel's look-up
-    skipped after the first call of each signature. ``grid``: a tuple of up to 3 ints; args:
-    the kernel's parameters up to its constexprs; kwargs: the constexprs and launch options."""
+    skipped after the first call of each signature. kernel: a ``@triton.jit`` function, or a
+    ``triton.autotune`` of one, whose choice is remembered with the compiled kernel (the
+    signature holds every value its key reads); grid: a tuple of up to 3 ints, or a function of
+    the meta-parameters as in Triton; args: the kernel's parameters up to its constexprs; kwargs:
+    the constexprs and launch options the caller sets."""
     if not ENABLED or _hooks_set():
         return kernel[grid](*args, **kwargs)
     driver = triton.runtime.driver.active
@@ -50,14 +53,18 @@ def fast_launch(kernel, grid, *args, **kwargs):
         if len(memo) >= MAX_SIGNATURES:
             memo.clear()
         compiled = kernel[grid](*args, **kwargs)
+        tuner = isinstance(kernel, triton.runtime.Autotuner)
+        chosen = dict(kernel.best_config.kwargs) if tuner else {}
         # CompiledKernel.run takes every parameter in order, constexprs included (it skips them)
-        memo[key] = compiled, [p.name for p in kernel.params[len(args):]]
+        names = [p.name for p in (kernel.fn if tuner else kernel).params[len(args):]]
+        memo[key] = compiled, names, chosen
         return compiled
-    compiled, constexpr_names = hit
-    grid = (*grid, 1, 1)
+    compiled, constexpr_names, chosen = hit
+    meta = {**kwargs, **chosen}
+    grid = (*(grid(meta) if callable(grid) else grid), 1, 1)
     compiled.run(grid[0], grid[1], grid[2], driver.get_current_stream(device), compiled.function,
                  compiled.packed_metadata, None, None, None,
-                 *args, *(kwargs[name] for name in constexpr_names))
+                 *args, *(meta[name] for name in constexpr_names))
     return compiled
 
 
