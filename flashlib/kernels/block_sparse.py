@@ -288,7 +288,8 @@ def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False):
     config = _pick_fwd(block_d, q.element_size(), bs)
     slice_b, slice_h = _slices(mask)
     fast_launch(
-        _fwd, lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,), q, k, v, out, lse, mask.kv_count, mask.kv_full, mask.kv_index, mask.kv_bitmap, mask.bitmaps,
+        _fwd, lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
+        q, k, v, out, lse, mask.kv_count, mask.kv_full, mask.kv_index, mask.kv_bitmap, mask.bitmaps,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         slice_b, slice_h, Hq, Nq, Nk, D, mask.shape[2], mask.shape[3], scale * LOG2E,
@@ -317,13 +318,16 @@ def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf
     common = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
               v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2))
     fast_launch(
-        _dq, lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,), q, k, v, out, dout, lse, delta, dq, mask.kv_count, mask.kv_full, mask.kv_index, mask.kv_bitmap,
-        mask.bitmaps, *common, out.stride(0), out.stride(1), out.stride(2), dq.stride(0), dq.stride(1),
-        dq.stride(2), slice_b, slice_h, Hq, Nq, Nk, D, mask.shape[2], mask.shape[3], scale, scale * LOG2E,
+        _dq, lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
+        q, k, v, out, dout, lse, delta, dq, mask.kv_count, mask.kv_full, mask.kv_index,
+        mask.kv_bitmap, mask.bitmaps, *common, out.stride(0), out.stride(1), out.stride(2),
+        dq.stride(0), dq.stride(1), dq.stride(2), slice_b, slice_h, Hq, Nq, Nk, D, mask.shape[2],
+        mask.shape[3], scale, scale * LOG2E,
         n_bucket, mask.kv_visits, Hq // Hkv, *_band(mask), EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs,
         BLOCK_D=block_d, DOT_PRECISION=precision, **_pick_dq(block_d, q.element_size(), bs))
     fast_launch(
-        _dkdv, lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,), q, k, v, dout, lse, delta, dk, dv, mask.q_count, mask.q_full, mask.q_index, mask.q_bitmap,
+        _dkdv, lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,),
+        q, k, v, dout, lse, delta, dk, dv, mask.q_count, mask.q_full, mask.q_index, mask.q_bitmap,
         mask.bitmaps, *common, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
         dv.stride(2), slice_b, slice_h, Hq, Hkv, Nq, Nk, D, mask.shape[3], mask.shape[2], scale, scale * LOG2E,
         n_bucket, mask.q_visits, Hq // Hkv, *_band(mask), EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs,

@@ -258,12 +258,14 @@ def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf3
     common = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
               v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2))
     fast_launch(
-        _dq, lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,), q, k, v, out, dout, lse, delta, dq, *common, out.stride(0), out.stride(1), out.stride(2),
+        _dq, lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
+        q, k, v, out, dout, lse, delta, dq, *common, out.stride(0), out.stride(1), out.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2), Hq, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
         GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, DOT_PRECISION=precision,
         **_pick_dq(block_d, q.element_size()))
     fast_launch(
-        _dkdv, lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,), q, k, v, dout, lse, delta, dk, dv, *common,
+        _dkdv, lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,),
+        q, k, v, dout, lse, delta, dk, dv, *common,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         Hq, Hkv, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
         GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, DOT_PRECISION=precision,

@@ -1,4 +1,5 @@
-"""Launching a compiled Triton kernel with less host time (the decode, dense and block-sparse launchers use it).
+"""Launching a compiled Triton kernel with less host time (the decode, dense and block-sparse
+launchers use it).
 
 Why: one decoding step over a 1k-key cache is 13-17 us of GPU work on an H100, but at every call
 ``kernel[grid](...)`` binds and specializes every argument (35 for the decode kernel), builds a
