@@ -21,7 +21,8 @@ is full when all of its real rows see all its keys (the padded rows are computed
     per query block (forward and dQ): kv_index (Bm, Hm, nQ, nK) int32 the key blocks to visit,
         full ones first, kv_full (Bm, Hm, nQ) how many are full, kv_count how many in all,
         kv_bitmap (Bm, Hm, nQ, nK) the bitmap of each partial entry;
-    per key block (dK/dV): the transpose, q_index, q_full, q_count, q_bitmap (Bm, Hm, nK, nQ).
+    per key block (dK/dV): the transpose, q_index, q_full, q_count, q_bitmap (Bm, Hm, nK, nQ);
+    kv_full_adjacent, q_full_adjacent: whether every row's full entries are adjacent blocks.
 
 (Bm, Hm) is (1 or batch, 1 or heads): a mask broadcasts over (batch, heads). Limits: the rule
 is evaluated densely once, on the mask's device, in chunks of query rows (fine on a GPU up to
@@ -31,8 +32,8 @@ import math
 
 import torch
 
-__all__ = ["BlockMask", "visit_lists", "causal", "sliding_window", "local_global", "document",
-           "random_blocks", "from_function", "from_block_tensor"]
+__all__ = ["BlockMask", "visit_lists", "full_blocks_adjacent", "causal", "sliding_window", "local_global",
+           "document", "random_blocks", "from_function", "from_block_tensor"]
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 _CHUNK_ELEMENTS = 1 << 25  # rule elements evaluated at once while building
@@ -63,6 +64,9 @@ class BlockMask:
         self.kv_index, self.kv_full, self.kv_count, self.kv_bitmap = visit_lists(self.kinds, bitmap_id)
         self.q_index, self.q_full, self.q_count, self.q_bitmap = visit_lists(
             self.kinds.transpose(-1, -2), bitmap_id.transpose(-1, -2))
+        # bands, documents and all-full masks: the kernels step through such runs without the list
+        self.kv_full_adjacent = full_blocks_adjacent(self.kv_index, self.kv_full)
+        self.q_full_adjacent = full_blocks_adjacent(self.q_index, self.q_full)
         # the kernels autotune per power of two of the blocks a program visits on average: the
         # best tile for 3 blocks per query block is not the best for 100
         self.kv_visits = 1 << max(0, math.ceil(math.log2(max(1.0, float(self.kv_count.float().mean())))))
@@ -180,6 +184,13 @@ class BlockMask:
     def __repr__(self):
         return (f"BlockMask({self.name}, seqlen_q={self.seqlen_q}, seqlen_k={self.seqlen_k}, "
                 f"block_size={self.block_size}, shape={self.shape}, density={self.density():.3f})")
+
+
+def full_blocks_adjacent(index, n_full) -> bool:
+    """Whether in every row of ``visit_lists``' tables the full entries are adjacent blocks."""
+    steps = index[..., 1:] - index[..., :-1]                                    # (..., R, C - 1)
+    between_full = torch.arange(steps.shape[-1], device=index.device) < n_full[..., None] - 1
+    return bool(((steps == 1) | ~between_full).all())
 
 
 def visit_lists(kinds, bitmap_id):

@@ -251,25 +251,44 @@ def test_band_masks_are_exactly_their_rule(Nq, Nk):
              masks.sliding_window(Nq, Nk, 50, causal=False, block_size=32) & masks.causal(Nq, Nk, block_size=32)]
     for mask in bands:
         assert mask.band is not None and torch.equal(band_dense(mask), mask.to_dense()[0, 0].cpu()), mask
-        # and their full blocks are one run of adjacent blocks per row, which the kernels step
-        # through without reading the list
-        for index, n_full in ((mask.kv_index, mask.kv_full), (mask.q_index, mask.q_full)):
-            for row, n in zip(index[0, 0].cpu(), n_full[0, 0].cpu().tolist()):
-                assert torch.equal(row[:n], row[0] + torch.arange(n, dtype=row.dtype)), (mask, row, n)
     doc = masks.document(doc_ids(1, Nq, 3, 1), doc_ids(1, Nk, 3, 2), block_size=32)
     for mask in (doc, doc & window, masks.local_global(Nq, Nk, 20, 9, block_size=32),
                  masks.random_blocks(Nq, Nk, 0.4, block_size=32)):
         assert mask.band is None, mask
 
 
+def test_full_blocks_adjacent_per_row():
+    # the kernels step through adjacent full blocks without reading the list: the flag must be
+    # exact, per row, for both lists
+    Nq, Nk = 130, 200
+    for mask in (masks.causal(Nq, Nk, block_size=32), masks.sliding_window(Nq, Nk, 70, block_size=32),
+                 masks.document(doc_ids(1, Nq, 3, 1), doc_ids(1, Nk, 3, 2), block_size=32),
+                 masks.from_block_tensor(torch.ones(5, 7, dtype=torch.bool), Nq, Nk, block_size=32)):
+        assert mask.kv_full_adjacent and mask.q_full_adjacent, mask
+    blocks = torch.ones(5, 7, dtype=torch.bool)
+    blocks[3, 2] = False                                   # row 3 lists full blocks 0, 1, 3, ...
+    gap = masks.from_block_tensor(blocks, Nq, Nk, block_size=32)
+    assert not gap.kv_full_adjacent and not gap.q_full_adjacent
+    blocks[3, 0] = blocks[3, 1] = False                    # row 3 starts at 3; column 2 skips row 3
+    shifted = masks.from_block_tensor(blocks, Nq, Nk, block_size=32)
+    assert shifted.kv_full_adjacent and not shifted.q_full_adjacent
+    for mask in (masks.local_global(Nq, Nk, 40, 9, block_size=32),
+                 *(masks.random_blocks(Nq, Nk, 0.6, block_size=32, seed=s) for s in range(4))):
+        for kinds, flag in ((mask.kinds, mask.kv_full_adjacent),
+                            (mask.kinds.transpose(-1, -2), mask.q_full_adjacent)):
+            runs = [torch.nonzero(row == masks.FULL).flatten() for row in kinds.reshape(-1, kinds.shape[-1])]
+            assert flag == all(bool((r.diff() == 1).all()) for r in runs), mask
+
+
 def test_band_and_bitmap_masking_give_the_same_bits():
     # a band mask's partial tiles are masked by arithmetic and its full blocks stepped through
-    # without the list; with the band dropped, the same tables go through bitmaps and list loads
+    # without the list; with the band and the flags dropped, the same tables go through bitmaps
+    # and list loads
     B, Hq, Hkv, Nq, Nk, D = 1, 4, 2, 97, 130, 48
-    banded = masks.sliding_window(Nq, Nk, 40, block_size=32, device=DEV)
-    bitmapped = banded.to(DEV)
+    banded = masks.causal(Nq, Nk, block_size=32, device=DEV) & masks.sliding_window(Nq, Nk, 90, block_size=32)
+    assert banded.band is not None and banded.kv_full_adjacent and int(banded.kv_full.max()) >= 2
     bitmapped = masks.BlockMask.__new__(masks.BlockMask)
-    bitmapped.__dict__.update(banded.__dict__, band=None)            # the same tables, no band
+    bitmapped.__dict__.update(banded.__dict__, band=None, kv_full_adjacent=False, q_full_adjacent=False)
     results = []
     for mask in (banded, bitmapped):
         leaves = [t.requires_grad_() for t in qkv(B, Hq, Hkv, Nq, Nk, D)]

@@ -10,8 +10,9 @@ with FlashAttention-2's loop order and backward (Dao 2023, Algorithms 1 and 2). 
   blocks are never loaded;
 - dK/dV: one program per key tile walks the transposed lists (the query blocks that see its key
   block), summing over the query heads of a grouped-query group as the dense kernel does.
-A band mask's full blocks are adjacent in both lists, so the kernels step through them as the
-dense loop does, without reading the list.
+Where every list's full blocks are adjacent (bands, documents, all-full masks: the mask's
+``kv_full_adjacent`` / ``q_full_adjacent``), the kernels step through them as the dense loop
+does, without reading the list.
 
 The per-tile work is the dense kernels' own (``fa2_fwd.attend_tile``, ``fa2_bwd.dq_tile``,
 ``fa2_bwd.dkdv_tile``); only the loops differ. A kernel tile (BLOCK_M x BLOCK_N) is a power of two
@@ -33,7 +34,7 @@ from .fa2_fwd import CONFIGS, attend_tile, load_rows, write_output
 from .launch import fast_launch
 from .tile import LOG2E, tile_update
 
-KEY = ["n_bucket", "visits", "BAND", "BLOCK_D", "SPARSE_BLOCK", "DOT_PRECISION"]
+KEY = ["n_bucket", "visits", "BAND", "ADJACENT", "BLOCK_D", "SPARSE_BLOCK", "DOT_PRECISION"]
 
 
 @triton.jit
@@ -58,13 +59,13 @@ def _first_start(index, SPARSE_BLOCK: tl.constexpr):
 
 @triton.jit
 def _next_start(index, t, n_tiles, start, TILES: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
-                BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr):
+                BLOCK: tl.constexpr, ADJACENT: tl.constexpr):
     """Start of tile t + 1, from tile t's ``start``: the next tile of the same mask block, or the
     first tile of the next listed block. Carrying the start from one iteration to the next (rather
     than loading it where it is used) lets Triton's pipeliner prefetch K/V as in the dense loop.
-    CONTIGUOUS: the listed blocks are adjacent (a band's full blocks are one run), so the next
-    start needs no list load; on an H200 that took 2.5-4.5% off a forward or dQ pass."""
-    if CONTIGUOUS:
+    ADJACENT: the listed blocks are adjacent, so the next start needs no list load; on an H200
+    that took 2.5-4.5% off a forward or dQ pass."""
+    if ADJACENT:
         return tl.multiple_of(start + BLOCK, BLOCK)
     listed = tl.load(index + (t + 1) // TILES, mask=t + 1 < n_tiles, other=0)
     return tl.multiple_of(tl.where((t + 1) % TILES == 0, listed * SPARSE_BLOCK, start + BLOCK), BLOCK)
@@ -96,7 +97,7 @@ def _bs_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmap
                    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                    stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
                    slice_b, slice_h, Hq, Nq, Nk, D, n_qblocks, n_kblocks, qk_scale, n_bucket, visits, GROUP,
-                   band_lo, band_hi, BAND: tl.constexpr, EVEN_N: tl.constexpr,
+                   band_lo, band_hi, BAND: tl.constexpr, ADJACENT: tl.constexpr, EVEN_N: tl.constexpr,
                    SPARSE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, EVEN_M: tl.constexpr, EVEN_D: tl.constexpr,
                    DOT_PRECISION: tl.constexpr):
@@ -125,7 +126,7 @@ def _bs_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmap
         acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                                     start_n + offs_n, Nk, qk_scale, offs_d, D, 0, False, False,
                                     EVEN_D, DOT_PRECISION, tile_update)
-        start_n = _next_start(index, t, n_full * TILES, start_n, TILES, SPARSE_BLOCK, BLOCK_N, BAND)
+        start_n = _next_start(index, t, n_full * TILES, start_n, TILES, SPARSE_BLOCK, BLOCK_N, ADJACENT)
     if n_full < n_all:   # a branch: even an empty loop sets up its pipeline (kernels/decode.py)
         start_n = _first_start(index + n_full, SPARSE_BLOCK)
         for t in range(0, (n_all - n_full) * TILES):       # partial blocks: element mask
@@ -147,7 +148,8 @@ def _bs_dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, 
                   stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                   stride_ob, stride_oh, stride_om, stride_dqb, stride_dqh, stride_dqm, slice_b, slice_h,
                   Hq, Nq, Nk, D, n_qblocks, n_kblocks, scale, qk_scale, n_bucket, visits, GROUP,
-                  band_lo, band_hi, BAND: tl.constexpr, EVEN_N: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
+                  band_lo, band_hi, BAND: tl.constexpr, ADJACENT: tl.constexpr, EVEN_N: tl.constexpr,
+                  SPARSE_BLOCK: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
     n_m = tl.cdiv(Nq, BLOCK_M)
@@ -177,7 +179,7 @@ def _bs_dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, 
     for t in range(0, n_full * TILES):
         dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_n + offs_n, Nk,
                      qk_scale, offs_d, D, 0, False, DOT_PRECISION)
-        start_n = _next_start(index, t, n_full * TILES, start_n, TILES, SPARSE_BLOCK, BLOCK_N, BAND)
+        start_n = _next_start(index, t, n_full * TILES, start_n, TILES, SPARSE_BLOCK, BLOCK_N, ADJACENT)
     if n_full < n_all:
         start_n = _first_start(index + n_full, SPARSE_BLOCK)
         for t in range(0, (n_all - n_full) * TILES):
@@ -199,7 +201,8 @@ def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QB
                     stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                     slice_b, slice_h, Hq, Hkv, Nq, Nk, D, n_kblocks, n_qblocks, scale, qk_scale, n_bucket, visits,
-                    GROUP, band_lo, band_hi, BAND: tl.constexpr, EVEN_N: tl.constexpr,
+                    GROUP, band_lo, band_hi, BAND: tl.constexpr, ADJACENT: tl.constexpr,
+                    EVEN_N: tl.constexpr,
                     SPARSE_BLOCK: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     DOT_PRECISION: tl.constexpr):
@@ -230,7 +233,7 @@ def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QB
             dk, dv = dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                start_m + tl.arange(0, BLOCK_M), Nq, qk_scale, offs_d, D, 0, False,
                                DOT_PRECISION)
-            start_m = _next_start(index, t, n_full * TILES, start_m, TILES, SPARSE_BLOCK, BLOCK_M, BAND)
+            start_m = _next_start(index, t, n_full * TILES, start_m, TILES, SPARSE_BLOCK, BLOCK_M, ADJACENT)
         if n_full < n_all:
             start_m = _first_start(index + n_full, SPARSE_BLOCK)
             for t in range(0, (n_all - n_full) * TILES):
@@ -300,7 +303,8 @@ def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False):
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         slice_b, slice_h, Hq, Nq, Nk, D, mask.shape[2], mask.shape[3], scale * LOG2E,
         size_bucket(Nq, Nk, slices=B * Hq),
-        mask.kv_visits, Hq // Hkv, *_band(mask), EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs, BLOCK_D=block_d,
+        mask.kv_visits, Hq // Hkv, *_band(mask), ADJACENT=mask.kv_full_adjacent, EVEN_N=Nk % bs == 0,
+        SPARSE_BLOCK=bs, BLOCK_D=block_d,
         EVEN_M=Nq % bs == 0, EVEN_D=D == block_d,
         DOT_PRECISION="tf32" if allow_tf32 else "ieee", **config)
     return out.to(out_dtype), lse
@@ -329,14 +333,16 @@ def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf
         mask.kv_bitmap, mask.bitmaps, *common, out.stride(0), out.stride(1), out.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2), slice_b, slice_h, Hq, Nq, Nk, D, mask.shape[2],
         mask.shape[3], scale, scale * LOG2E,
-        n_bucket, mask.kv_visits, Hq // Hkv, *_band(mask), EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs,
+        n_bucket, mask.kv_visits, Hq // Hkv, *_band(mask), ADJACENT=mask.kv_full_adjacent,
+        EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs,
         BLOCK_D=block_d, DOT_PRECISION=precision, **_pick_dq(block_d, q.element_size(), bs))
     fast_launch(
         _dkdv, lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,),
         q, k, v, dout, lse, delta, dk, dv, mask.q_count, mask.q_full, mask.q_index, mask.q_bitmap,
         mask.bitmaps, *common, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
         dv.stride(2), slice_b, slice_h, Hq, Hkv, Nq, Nk, D, mask.shape[3], mask.shape[2], scale, scale * LOG2E,
-        n_bucket, mask.q_visits, Hq // Hkv, *_band(mask), EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs,
+        n_bucket, mask.q_visits, Hq // Hkv, *_band(mask), ADJACENT=mask.q_full_adjacent,
+        EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs,
         BLOCK_D=block_d, DOT_PRECISION=precision,
         **_pick_dkdv(block_d, q.element_size(), bs))
     return dq.to(grad_dtype), dk.to(grad_dtype), dv.to(grad_dtype)
