@@ -32,8 +32,8 @@ import math
 
 import torch
 
-__all__ = ["BlockMask", "visit_lists", "full_blocks_adjacent", "causal", "sliding_window", "local_global",
-           "document", "random_blocks", "from_function", "from_block_tensor"]
+__all__ = ["BlockMask", "visit_lists", "full_blocks_adjacent", "causal", "sliding_window",
+           "local_global", "document", "random_blocks", "from_function", "from_block_tensor"]
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 _CHUNK_ELEMENTS = 1 << 25  # rule elements evaluated at once while building
