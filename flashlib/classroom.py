@@ -7,7 +7,7 @@ The checks are the graders' (tests/exercises/, the same ``check(impl, rng)`` fun
   the class folder is hashed before and after; anything changed is reported and restored;
 - each (student, exercise) is parsed first: a syntax error, or code that reaches for the answer
   (flashlib beyond what the stub imports, ``solutions/``, ``exec``/``eval``/``__import__``/
-  ``importlib``/``runpy``/``sys.modules``: ``grading.borrowed``, which ``flashlib check`` runs
+  ``importlib``/``runpy``/``sys.modules``: ``integrity.borrowed``, which ``flashlib check`` runs
   too) is reported without running it ("not accepted: write it yourself (...)");
 - otherwise ``flashlib.sandbox`` runs the file in a confined student process and the grader
   process runs the checks against proxies of its functions (see that module for the boundary
@@ -38,8 +38,9 @@ import time
 from pathlib import Path
 
 from . import sandbox
-from .grading import (_NO_ROOT, borrowed as _borrowed, default_seed, find_root, flashlib_uses,
-                      implementation_path, list_exercises, resolve, run_one, short)
+from .course import find_root, implementation_path, list_exercises, no_root_message, resolve, short
+from .grading import default_seed, run_one
+from .integrity import borrowed as _borrowed, flashlib_uses
 
 HIDDEN = ("solutions", "tests", ".git", "lessons")   # course folders hidden from student processes
 MAX_FILE = 1 << 20                                   # bytes: a bigger .py file is not graded
@@ -57,8 +58,8 @@ _WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THR
 # reading a submission without running it
 
 def borrowed(tree, stub_tree):
-    """Why a parsed file is not accepted (it reaches for the answer), or None: ``grading.borrowed``
-    with what the stub imports from flashlib allowed."""
+    """Why a parsed file is not accepted (it reaches for the answer), or None:
+    ``integrity.borrowed`` with what the stub imports from flashlib allowed."""
     return _borrowed(tree, flashlib_uses(stub_tree))
 
 
@@ -322,7 +323,7 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
     began = time.monotonic()
     root = find_root()
     if root is None:
-        raise FileNotFoundError(_NO_ROOT.format(where=Path(__file__).resolve().parent))
+        raise FileNotFoundError(no_root_message())
     root, submissions = Path(root).resolve(), Path(submissions).resolve()
     if not submissions.is_dir():
         raise FileNotFoundError(f"{submissions} is not a folder of student folders")
@@ -433,6 +434,6 @@ def format_table(rows, students, names, *, seed=None, out=None) -> str:
 if __name__ == "__main__":
     if sys.argv[1:] != ["--worker"]:
         sys.exit("usage: python -m flashlib.classroom --worker (internal; use `flashlib grade`)")
-    # the package's copy of this module, not __main__: one flashlib.grading, one sandbox
+    # the package's copy of this module, not __main__: one copy of the grading modules, one sandbox
     from flashlib.classroom import _worker_main as worker
     worker()

@@ -22,7 +22,7 @@ BLAS_SETTINGS = ", ".join(f"{name}={value}" for name, value in sorted(os.environ
 import pytest  # noqa: E402
 
 import seed_sweep  # noqa: E402  (tests/seed_sweep.py)
-from flashlib import grading  # noqa: E402
+from flashlib import course, grading  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = grading.default_seed()
@@ -37,8 +37,8 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    for name in grading.list_exercises(ROOT):
-        config.addinivalue_line("markers", f"{grading.short(name)}: grader of exercise {name}")
+    for name in course.list_exercises(ROOT):
+        config.addinivalue_line("markers", f"{course.short(name)}: grader of exercise {name}")
 
 
 def pytest_report_header(config):
@@ -88,13 +88,13 @@ def exercise_impl(request):
     impl = request.config.getoption("--impl")
     if impl not in ("exercises", "solutions"):
         path = Path(impl)
-        if path.is_file() and grading.exercise_number(path.name) != grading.exercise_number(name):
-            pytest.skip(f"--impl={impl} is not exercise {grading.short(name)}")
-    file = grading.implementation_path(name, impl=impl, root=ROOT)
+        if path.is_file() and course.exercise_number(path.name) != course.exercise_number(name):
+            pytest.skip(f"--impl={impl} is not exercise {course.short(name)}")
+    file = course.implementation_path(name, impl=impl, root=ROOT)
     if not file.is_file():
         pytest.fail(f"{file} is missing", pytrace=False)
     try:
-        return grading.load_module(file)
+        return course.load_module(file)
     except NotImplementedError:
         pytest.fail(f"not done yet: replace the NotImplementedError in {file}", pytrace=False)
     except SyntaxError as e:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flashlib import grading
+from flashlib import course, grading, integrity
 
 ROOT = Path(__file__).resolve().parent.parent
 MUTANTS = sorted((ROOT / "tests" / "mutants").glob("ex[0-9]*_*.py"))
@@ -27,20 +27,20 @@ POOL = pytest.StashKey[ProcessPoolExecutor]()
 
 
 def mine(files, exercise):
-    return [f for f in files if grading.exercise_number(f.stem) == grading.exercise_number(exercise)]
+    return [f for f in files if course.exercise_number(f.stem) == course.exercise_number(exercise)]
 
 
 def sweep(exercise, path, seeds):
     """One file under every seed: the problems found, as lines. A mutant must fail some check
     (its first failure ends that seed; the check that failed goes first for the next seed); a
     solution or variant must pass every check."""
-    grader = grading.load_grader(exercise, ROOT)
-    allowed = grading.allowed_flashlib(grader, exercise, ROOT)
+    grader = course.load_grader(exercise, ROOT)
+    allowed = integrity.allowed_flashlib(grader, exercise, ROOT)
     is_correct = path.parent.name in ("solutions", "variants")
-    why = grading.borrowed(ast.parse(path.read_text()), allowed)
-    with grading.tripwire(getattr(grader, "FLASHLIB_ANSWERS", ()), path):
-        module = None if why else grading.load_module(path)
-    why = why or grading.foreign(module, allowed, ROOT)
+    why = integrity.borrowed(ast.parse(path.read_text()), allowed)
+    with integrity.tripwire(getattr(grader, "FLASHLIB_ANSWERS", ()), path):
+        module = None if why else course.load_module(path)
+    why = why or integrity.foreign(module, allowed, ROOT)
     if why is not None:
         return [f"{path.name} is refused: {why}"] if is_correct else []   # refused whatever the seed
     problems, checks = [], list(grader.CHECKS)

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashlib import classroom, grading, sandbox
+from flashlib import classroom, course, grading, sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = ROOT / "tests" / "hostile"
@@ -66,7 +66,7 @@ def _hostile_class(folder):
     vandal.write_text(vandal.read_text().replace("@CLASS@", str(folder)))
     shutil.copy(ROOT / "solutions" / "ex03_online_attention.py", folder / "exiter")
     (folder / "ada").mkdir()
-    for name in grading.list_exercises(ROOT)[:5]:
+    for name in course.list_exercises(ROOT)[:5]:
         shutil.copy(ROOT / "solutions" / f"{name}.py", folder / "ada")
     (folder / "mia").mkdir()
     shutil.copy(ROOT / "tests" / "mutants" / "ex01_no_max_subtraction.py",
@@ -84,17 +84,17 @@ def test_hostile_class(tmp_path, grader_seed, capsys):
     _hostile_class(cls)
     for trace in VANDAL_TRACES:
         trace.unlink(missing_ok=True)
-    graded = grading.list_exercises(ROOT)[:5]    # (other files may be edited meanwhile)
-    course = [ROOT / "solutions" / f"{n}.py" for n in graded] + \
+    graded = course.list_exercises(ROOT)[:5]    # (other files may be edited meanwhile)
+    course_files = [ROOT / "solutions" / f"{n}.py" for n in graded] + \
         [ROOT / "tests" / "exercises" / f"test_{n}.py" for n in graded]
-    before, course_before = _hashes(cls), _hashes(*course)
+    before, course_before = _hashes(cls), _hashes(*course_files)
     mode, _ = sandbox.probe(ROOT, [ROOT / "solutions"])
 
     rows = classroom.grade(cls, out=tmp_path / "grades.csv", timeout=TIMEOUT, jobs=2,
                            exercises=NUMPY_EXERCISES, seed=grader_seed, progress=False, memory=2)
     printed = capsys.readouterr().out
     got = {(r["student"], r["exercise"][:4]): r for r in rows}
-    names = {grading.short(n): n for n in grading.list_exercises(ROOT)}
+    names = {course.short(n): n for n in course.list_exercises(ROOT)}
 
     for key, (status, points) in EXPECTED.items():
         row = got[key]
@@ -114,7 +114,7 @@ def test_hostile_class(tmp_path, grader_seed, capsys):
     assert got["mia", "ex01"]["status"] == "failed" and got["ada", "ex04"]["status"] == "passed"
 
     assert _hashes(cls) == before, "a submission changed the class folder"
-    assert _hashes(*course) == course_before, "a submission changed the course"
+    assert _hashes(*course_files) == course_before, "a submission changed the course"
     assert "class folder unchanged" in printed and "WARNING" not in printed
     assert not VANDAL_TRACES[0].exists(), "the vandal wrote into the course folder"
     if mode == "namespaces":                          # /tmp is writable without confinement
@@ -153,7 +153,7 @@ def test_borrowed_code_is_named(source, why):
 
 
 def test_stubs_and_solutions_are_not_borrowed():
-    for name in grading.list_exercises(ROOT):
+    for name in course.list_exercises(ROOT):
         stub = ast.parse((ROOT / "exercises" / f"{name}.py").read_text())
         for folder in ("exercises", "solutions"):
             tree = ast.parse((ROOT / folder / f"{name}.py").read_text())
@@ -190,7 +190,7 @@ def test_triton_launches_run_in_the_student_process(tmp_path, grader_seed):
     """ex05 (the student's launcher writes into views of NaN buffers) and ex07 (flashlib's FA2
     kernel and the grader's harness launched with the student's @triton.jit function): graded
     through the sandbox exactly as in-process."""
-    names = {grading.short(n): n for n in grading.list_exercises(ROOT)}
+    names = {course.short(n): n for n in course.list_exercises(ROOT)}
     files = {"ada": {"ex05": ROOT / "solutions" / f"{names['ex05']}.py",
                      "ex07": ROOT / "solutions" / f"{names['ex07']}.py"},
              "eve": {"ex05": ROOT / "tests" / "mutants" / "ex05_store_no_mask.py",

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from flashlib import grading
+from flashlib import course, grading
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "tools" / "make_exercises.py"
 SOLUTIONS = sorted((ROOT / "solutions").glob("ex[0-9]*_*.py"))
-make_exercises = grading.load_module(TOOL, "make_exercises_under_test")
+make_exercises = course.load_module(TOOL, "make_exercises_under_test")
 
 
 def test_exercises_are_in_sync_with_solutions():
@@ -23,7 +23,7 @@ def test_exercises_are_in_sync_with_solutions():
 
 def test_every_solution_has_markers_and_a_grader():
     assert SOLUTIONS, "solutions/ holds no exNN_*.py"
-    graded = set(grading.list_exercises(ROOT))
+    graded = set(course.list_exercises(ROOT))
     for path in SOLUTIONS:
         text = path.read_text(encoding="utf-8")
         assert "# BEGIN SOLUTION" in text and "# END SOLUTION" in text, path.name

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flashlib import check, classroom, grading
+from flashlib import check, checks, classroom, course, grading
 from flashlib.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,13 +26,13 @@ MUTANT = ROOT / "tests" / "mutants" / "ex01_no_max_subtraction.py"
 @pytest.mark.parametrize("name", ["ex01", "1", "01", 1, "ex01_safe_softmax",
                                   "exercises/ex01_safe_softmax.py"])
 def test_exercise_names_resolve(name):
-    assert grading.resolve(name, ROOT) == "ex01_safe_softmax"
+    assert course.resolve(name, ROOT) == "ex01_safe_softmax"
 
 
 def test_check_passes_the_solution_and_says_so(capsys):
     assert check("ex01", impl="solutions") is True
     out = capsys.readouterr().out
-    assert "ex01 passed" in out and out.count("  ok  ") == len(grading.load_grader(
+    assert "ex01 passed" in out and out.count("  ok  ") == len(course.load_grader(
         "ex01_safe_softmax", ROOT).CHECKS)
 
 
@@ -130,7 +130,7 @@ def test_cli_check_exit_codes(capsys):
     assert main(["check", "ex01", "--impl", "solutions"]) == 0
     assert main(["check", "ex01", "--path", str(MUTANT)]) == 1
     assert main(["check", "--all", "--impl", "solutions"]) == 0
-    n = len(grading.list_exercises(ROOT))
+    n = len(course.list_exercises(ROOT))
     assert f"{n} of {n} exercises passed" in capsys.readouterr().out
     assert main(["check"]) == 2
     with pytest.raises(SystemExit):
@@ -195,7 +195,7 @@ def test_console_script_grades_in_a_subprocess(tmp_path):
 
 
 def test_check_without_the_course_folder_says_so(monkeypatch, capsys):
-    monkeypatch.setattr(grading, "find_root", lambda: None)
+    monkeypatch.setattr(course, "find_root", lambda: None)
     assert check("ex01") is False
     out = capsys.readouterr().out
     assert "cannot find the course's tests/exercises/ folder" in out and "pip install -e ." in out
@@ -207,12 +207,12 @@ def test_a_failed_comparison_says_where_and_shows_distinct_values():
     actual = expected.copy()
     actual[1, 2, 3] = 1 + 3e-12                     # equal to 9 digits: 17 are printed
     actual[0, 0, 1] = np.nan
-    with pytest.raises(grading.CheckFailed) as failure:
-        grading.expect_close(actual, expected, baseline=expected, dtype=np.dtype(np.float64),
-                             name="out", hint="the hint")
+    with pytest.raises(checks.CheckFailed) as failure:
+        checks.expect_close(actual, expected, baseline=expected, dtype=np.dtype(np.float64),
+                            name="out", hint="the hint")
     text = str(failure.value)
     assert "2 of 24 entries off, in rows 0, 2 (of 3)" in text
     assert "worst at index (0, 0, 1): returned nan, expected 1" in text
     assert text.rstrip().endswith("hint: the hint")
-    first, second = grading._distinct(1 + 3e-12, 1.0)
+    first, second = checks._distinct(1 + 3e-12, 1.0)
     assert first != second and float(first) == 1 + 3e-12

@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 
 import seed_sweep
-from flashlib import grading
+from flashlib import course, grading, integrity
 
 ROOT = Path(__file__).resolve().parent.parent
 MUTANTS, VARIANTS = seed_sweep.MUTANTS, seed_sweep.VARIANTS
-EXERCISES = grading.list_exercises(ROOT)
+EXERCISES = course.list_exercises(ROOT)
 MIN_MUTANTS = 4
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda p: p.stem)
 def test_mutant_is_rejected_with_its_hint(mutant, grader_seed):
-    expected = grading.load_module(mutant).EXPECTED_HINT
+    expected = course.load_module(mutant).EXPECTED_HINT
     report = grading.run_checks(mutant.stem, path=mutant, seed=grader_seed, root=ROOT)
     text = grading.format_report(report)
     assert report.results or report.status == "not accepted", f"{mutant.name} was not graded:\n{text}"
@@ -37,7 +37,7 @@ def test_solution_passes(exercise, grader_seed):
 
 @pytest.mark.parametrize("exercise", EXERCISES)
 def test_every_exercise_has_enough_mutants(exercise):
-    mine = [m.name for m in MUTANTS if grading.short(m.stem) == grading.short(exercise)]
+    mine = [m.name for m in MUTANTS if course.short(m.stem) == course.short(exercise)]
     assert len(mine) >= MIN_MUTANTS, f"{exercise} has {len(mine)} mutants {mine}, " \
                                      f"needs at least {MIN_MUTANTS}"
 
@@ -45,8 +45,8 @@ def test_every_exercise_has_enough_mutants(exercise):
 def test_every_mutant_belongs_to_an_exercise_and_declares_a_hint():
     assert MUTANTS, "tests/mutants/ is empty"
     for mutant in MUTANTS:
-        assert grading.resolve(mutant.stem, ROOT)  # raises for an unknown exercise number
-        hint = getattr(grading.load_module(mutant), "EXPECTED_HINT", None)
+        assert course.resolve(mutant.stem, ROOT)  # raises for an unknown exercise number
+        hint = getattr(course.load_module(mutant), "EXPECTED_HINT", None)
         assert isinstance(hint, str) and hint.strip(), f"{mutant.name} needs EXPECTED_HINT"
 
 
@@ -61,12 +61,12 @@ def test_verdicts_do_not_depend_on_the_seed(exercise, request):
 
 def test_variants_belong_to_an_exercise():
     for variant in VARIANTS:
-        assert grading.resolve(variant.stem, ROOT)
+        assert course.resolve(variant.stem, ROOT)
 
 
 @pytest.mark.parametrize("exercise", EXERCISES)
 def test_graders_allow_what_the_stub_imports(exercise):
-    grader = grading.load_grader(exercise, ROOT)
+    grader = course.load_grader(exercise, ROOT)
     stub = ROOT / "exercises" / f"{exercise}.py"
-    allowed = grading.allowed_flashlib(grader, exercise, ROOT)
-    assert grading.flashlib_uses(ast.parse(stub.read_text())) <= allowed
+    allowed = integrity.allowed_flashlib(grader, exercise, ROOT)
+    assert integrity.flashlib_uses(ast.parse(stub.read_text())) <= allowed

@@ -9,12 +9,12 @@ ignored, labels swapped, intensity or ridge point upside down.
 import numpy as np
 import pytest
 
-from flashlib import grading
+from flashlib import checks
 from flashlib.testing import assert_close
 
 pytestmark = pytest.mark.ex00
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.grading.borrowed)
+# "not accepted: write it yourself" (flashlib.integrity.borrowed)
 FLASHLIB_ALLOWED = ()
 
 GPUS = {"H100": (989e12, 3.35e12), "A100": (312e12, 2.0e12), "T4": (65e12, 0.32e12)}
@@ -28,18 +28,18 @@ def _gpu(rng):
 
 
 def _call(impl, flops, nbytes, peak, bandwidth):
-    roofline = grading.function(impl, "roofline")
+    roofline = checks.function(impl, "roofline")
     result = roofline(float(flops), float(nbytes), peak_flops=float(peak),
                       bandwidth=float(bandwidth))
     if not isinstance(result, (tuple, list)) or len(result) != 2:
-        grading.fail(f"roofline returned {result!r}; it should return a pair (seconds, bound)")
+        checks.fail(f"roofline returned {result!r}; it should return a pair (seconds, bound)")
     seconds, bound = result
     try:
         seconds = float(seconds)
     except (TypeError, ValueError):
-        grading.fail(f"the time should be a number of seconds, got {seconds!r}")
+        checks.fail(f"the time should be a number of seconds, got {seconds!r}")
     if bound not in ("compute", "memory"):
-        grading.fail(f"the bound should be exactly 'compute' or 'memory', got {bound!r}")
+        checks.fail(f"the bound should be exactly 'compute' or 'memory', got {bound!r}")
     return seconds, bound
 
 
@@ -104,7 +104,7 @@ def _expect(impl, rng, flops, nbytes, peak, bandwidth, what):
     call = (f"roofline({flops:.3g}, {nbytes:.3g}, peak_flops={peak:.3g}, "
             f"bandwidth={bandwidth:.3g}) ({what}, {flops / nbytes:.3g} flop/B)")
     if bound != right:
-        grading.fail(f"{call} says {bound!r}, expected {right!r}", _label_hint(impl, rng))
+        checks.fail(f"{call} says {bound!r}, expected {right!r}", _label_hint(impl, rng))
     expected = max(compute_time, memory_time)
     # another correct route (through the intensity) in float64 sets the rounding allowed
     baseline = flops / min(peak, flops / nbytes * bandwidth)
@@ -112,8 +112,8 @@ def _expect(impl, rng, flops, nbytes, peak, bandwidth, what):
         assert_close(np.float64(seconds / expected), np.float64(1.0),
                      baseline=np.float64(baseline / expected), dtype=np.float64)
     except AssertionError:
-        grading.fail(f"{call} returned {seconds:.6g} s, expected {expected:.6g} s",
-                     _time_hint(seconds, compute_time, memory_time))
+        checks.fail(f"{call} returned {seconds:.6g} s, expected {expected:.6g} s",
+                    _time_hint(seconds, compute_time, memory_time))
 
 
 def check_memory_bound(impl, rng):
@@ -152,14 +152,14 @@ def check_labels_everywhere(impl, rng):
         _, bound = _call(impl, flops, flops / intensity, peak, bandwidth)
         right = "compute" if intensity > peak / bandwidth else "memory"
         if bound != right:
-            grading.fail(f"{intensity:.3g} flop/B on a GPU whose ridge point is "
-                         f"{peak / bandwidth:.0f} flop/B: you say {bound!r}, expected {right!r}",
-                         _label_hint(impl, rng))
+            checks.fail(f"{intensity:.3g} flop/B on a GPU whose ridge point is "
+                        f"{peak / bandwidth:.0f} flop/B: you say {bound!r}, expected {right!r}",
+                        _label_hint(impl, rng))
 
 
 CHECKS = [check_memory_bound, check_compute_bound, check_both_sides, check_labels_everywhere]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
 def test_ex00(check, exercise_impl, grader_seed):
-    grading.pytest_run(check, exercise_impl, grader_seed)
+    checks.pytest_run(check, exercise_impl, grader_seed)

@@ -9,15 +9,15 @@ probe (large values close together) tells a missing max subtraction from a wrong
 import numpy as np
 import pytest
 
-from flashlib import grading
+from flashlib import checks
 from flashlib.softmax import safe_softmax as library_softmax
 
 pytestmark = pytest.mark.ex01
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.grading.borrowed)
+# "not accepted: write it yourself" (flashlib.integrity.borrowed)
 FLASHLIB_ALLOWED = ()
 # flashlib's own answers: calling one while graded is "not accepted" too, however it is
-# reached (flashlib.grading.tripwire)
+# reached (flashlib.integrity.tripwire)
 FLASHLIB_ANSWERS = ("flashlib.softmax.safe_softmax", "flashlib.softmax.online_softmax")
 
 DTYPES = (np.float32, np.float64)
@@ -36,19 +36,19 @@ def _reference(x):
 
 def _call(impl, x):
     arg = x.copy()
-    y = grading.function(impl, "safe_softmax")(arg)
+    y = checks.function(impl, "safe_softmax")(arg)
     if not np.array_equal(arg, x):
-        grading.fail(f"safe_softmax changed its argument x ({x.dtype}) in place (x -= m, "
-                     "np.exp(x, out=x), or astype(..., copy=False), which is x itself when the "
-                     "dtype already matches): compute into a new array; the caller may still "
-                     "need x")
-    y = grading.as_array(y, "safe_softmax's result")
+        checks.fail(f"safe_softmax changed its argument x ({x.dtype}) in place (x -= m, "
+                    "np.exp(x, out=x), or astype(..., copy=False), which is x itself when the "
+                    "dtype already matches): compute into a new array; the caller may still "
+                    "need x")
+    y = checks.as_array(y, "safe_softmax's result")
     if y.shape != x.shape:
-        grading.fail(f"for x of shape {x.shape} your output has shape {y.shape}: softmax keeps "
-                     "the shape (reduce with keepdims=True so the row values broadcast)")
+        checks.fail(f"for x of shape {x.shape} your output has shape {y.shape}: softmax keeps "
+                    "the shape (reduce with keepdims=True so the row values broadcast)")
     if y.dtype != x.dtype:
-        grading.fail(f"for {x.dtype} input your output is {y.dtype}: compute in the input's "
-                     "dtype (no astype), which is where overflow bites")
+        checks.fail(f"for {x.dtype} input your output is {y.dtype}: compute in the input's "
+                    "dtype (no astype), which is where overflow bites")
     return y
 
 
@@ -82,8 +82,8 @@ def _log_space(x):
 
 
 def _expect(y, x, name, hint):
-    grading.expect_close(y, _reference(x), baseline=(library_softmax(x), _log_space(x)),
-                         dtype=x.dtype, name=name, hint=hint)
+    checks.expect_close(y, _reference(x), baseline=(library_softmax(x), _log_space(x)),
+                        dtype=x.dtype, name=name, hint=hint)
 
 
 def check_small_inputs(impl, rng):
@@ -164,6 +164,6 @@ CHECKS = [check_small_inputs, check_large_values, check_wide_rows, check_rows_fa
           check_input_unchanged, check_max_in_last_column]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
 def test_ex01(check, exercise_impl, grader_seed):
-    grading.pytest_run(check, exercise_impl, grader_seed)
+    checks.pytest_run(check, exercise_impl, grader_seed)

@@ -9,15 +9,15 @@ max grows block after block, comes first, or sits past exp's overflow point. Tin
 import numpy as np
 import pytest
 
-from flashlib import grading
+from flashlib import checks
 from flashlib.softmax import online_normalizer as library_normalizer
 
 pytestmark = pytest.mark.ex02
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.grading.borrowed)
+# "not accepted: write it yourself" (flashlib.integrity.borrowed)
 FLASHLIB_ALLOWED = ()
 # flashlib's own answers: calling one while graded is "not accepted" too, however it is
-# reached (flashlib.grading.tripwire)
+# reached (flashlib.integrity.tripwire)
 FLASHLIB_ANSWERS = ("flashlib.softmax.online_normalizer", "flashlib.softmax.merge_states")
 
 DTYPES = (np.float32, np.float64)
@@ -36,23 +36,23 @@ def _three_pass(x):
 
 def _call(impl, x, block_size):
     arg = x.copy()
-    result = grading.function(impl, "online_normalizer")(arg, block_size)
+    result = checks.function(impl, "online_normalizer")(arg, block_size)
     if not np.array_equal(arg, x):
-        grading.fail(f"online_normalizer changed its argument x ({x.dtype}) in place: compute "
-                     "into new arrays; the caller may still need x")
+        checks.fail(f"online_normalizer changed its argument x ({x.dtype}) in place: compute "
+                    "into new arrays; the caller may still need x")
     if not isinstance(result, (tuple, list)) or len(result) != 2:
-        grading.fail(f"online_normalizer returned {type(result).__name__}; it should return "
-                     "the pair (m, d)")
-    m, d = (grading.as_array(t, name) for t, name in zip(result, ("m", "d")))
+        checks.fail(f"online_normalizer returned {type(result).__name__}; it should return "
+                    "the pair (m, d)")
+    m, d = (checks.as_array(t, name) for t, name in zip(result, ("m", "d")))
     want = x.shape[:-1] + (1,)
     for name, t in (("m", m), ("d", d)):
         if t.shape != want:
-            grading.fail(f"{name} has shape {t.shape} for x of shape {x.shape}; expected {want}: "
-                         "keep the reduced axis (keepdims=True), as the stub's m and d do")
+            checks.fail(f"{name} has shape {t.shape} for x of shape {x.shape}; expected {want}: "
+                        "keep the reduced axis (keepdims=True), as the stub's m and d do")
         if t.dtype != x.dtype:
-            grading.fail(f"{name} is {t.dtype} for {x.dtype} x: the docstring promises x's dtype "
-                         "(start from the stub's m and d, and add no float64 constants or "
-                         "astype)")
+            checks.fail(f"{name} is {t.dtype} for {x.dtype} x: the docstring promises x's dtype "
+                        "(start from the stub's m and d, and add no float64 constants or "
+                        "astype)")
     return m, d
 
 
@@ -98,9 +98,9 @@ def _expect(impl, x, block_size, default_hint):
     m_lib, d_lib = library_normalizer(x, block_size)
     what = f"{x.dtype} x of shape {x.shape}, block_size={block_size}"
     hint = lambda: _diagnose(impl) or default_hint  # noqa: E731
-    grading.expect_close(m, m_ref, baseline=m_b, dtype=x.dtype, name=f"m for {what}", hint=hint)
-    grading.expect_close(d, d_ref, baseline=(d_b, d_lib),
-                         dtype=x.dtype, name=f"d for {what}", hint=hint)
+    checks.expect_close(m, m_ref, baseline=m_b, dtype=x.dtype, name=f"m for {what}", hint=hint)
+    checks.expect_close(d, d_ref, baseline=(d_b, d_lib),
+                        dtype=x.dtype, name=f"d for {what}", hint=hint)
 
 
 def check_random_rows(impl, rng):
@@ -154,40 +154,40 @@ def check_one_pass(impl, rng):
         x[:, -1] = x.max(axis=-1) + 150           # the max comes last, past exp's range (float32)
         x[1] -= 3e4                                # a row far below 0
         x = x.astype(dtype)
-        rec = grading.ReadRecorder(x.copy(), axis=-1)
-        result = grading.function(impl, "online_normalizer")(rec, block_size)
-        why = grading.stream_problem(rec.reads, n, block_size)
+        rec = checks.ReadRecorder(x.copy(), axis=-1)
+        result = checks.function(impl, "online_normalizer")(rec, block_size)
+        why = checks.stream_problem(rec.reads, n, block_size)
         if why is not None:
-            grading.fail(f"for a row of {n} and block_size={block_size}, your online_normalizer "
-                         f"is not one pass in blocks: {why}",
-                         "read x one block at a time, x[..., start:start + block_size], in order, "
-                         "and fold each block into the running (m, d) before the next; a max over "
-                         "the whole row (x.max, np.max(x), x.T ...) or a second loop is the "
-                         "two-pass softmax this exercise replaces")
+            checks.fail(f"for a row of {n} and block_size={block_size}, your online_normalizer "
+                        f"is not one pass in blocks: {why}",
+                        "read x one block at a time, x[..., start:start + block_size], in order, "
+                        "and fold each block into the running (m, d) before the next; a max over "
+                        "the whole row (x.max, np.max(x), x.T ...) or a second loop is the "
+                        "two-pass softmax this exercise replaces")
         del result
         _expect(impl, x, block_size, "the max is in the last block: rescale d when it comes")
 
 
 def check_memory(impl, rng):
     """memory stays O(block_size) as the rows grow (no buffer of the blocks already read)"""
-    fn = grading.function(impl, "online_normalizer")
-    if grading.runs_in_sandbox(fn):   # flashlib grade: the student's memory is in another process
+    fn = checks.function(impl, "online_normalizer")
+    if checks.runs_in_sandbox(fn):   # flashlib grade: the student's memory is in another process
         return
     rows, block_size = 4, int(rng.choice([7, 10, 13]))
     x = 3 * rng.standard_normal((rows, 5000))
-    why = grading.memory_problem(lambda t: fn(t, block_size), lambda n: (x[:, :n].copy(),),
-                                 (1000, 5000), rows * x.itemsize)
+    why = checks.memory_problem(lambda t: fn(t, block_size), lambda n: (x[:, :n].copy(),),
+                                (1000, 5000), rows * x.itemsize)
     if why is not None:
-        grading.fail(f"for {rows} float64 rows in blocks of {block_size}: {why}",
-                     "keep only the running (m, d) between blocks: each block is folded in and "
-                     "dropped. Keeping the blocks (or their exps) to finish after the loop is "
-                     "O(N) memory, the two-pass softmax this exercise replaces")
+        checks.fail(f"for {rows} float64 rows in blocks of {block_size}: {why}",
+                    "keep only the running (m, d) between blocks: each block is folded in and "
+                    "dropped. Keeping the blocks (or their exps) to finish after the loop is "
+                    "O(N) memory, the two-pass softmax this exercise replaces")
 
 
 CHECKS = [check_random_rows, check_growing_max, check_max_first, check_shorter_last_block,
           check_large_values, check_one_pass, check_memory]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
 def test_ex02(check, exercise_impl, grader_seed):
-    grading.pytest_run(check, exercise_impl, grader_seed)
+    checks.pytest_run(check, exercise_impl, grader_seed)

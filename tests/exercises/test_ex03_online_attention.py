@@ -12,17 +12,17 @@ import math
 import numpy as np
 import pytest
 
-from flashlib import grading
+from flashlib import checks
 from flashlib.reference import attention_ref
 from flashlib.testing import attention_magnitudes
 from flashlib.tiled import online_attention as library_attention
 
 pytestmark = pytest.mark.ex03
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.grading.borrowed)
+# "not accepted: write it yourself" (flashlib.integrity.borrowed)
 FLASHLIB_ALLOWED = ()
 # flashlib's own answers: calling one while graded is "not accepted" too, however it is
-# reached (flashlib.grading.tripwire)
+# reached (flashlib.integrity.tripwire)
 FLASHLIB_ANSWERS = ("flashlib.tiled.online_attention",
                     "flashlib.tiled.standard_attention",
                     "flashlib.reference.attention_ref")
@@ -46,26 +46,26 @@ def _textbook(q, k, v, scale):
 
 def _call(impl, q, k, v, **kwargs):
     args = [q.copy(), k.copy(), v.copy()]
-    result = grading.function(impl, "online_attention")(*args, **kwargs)
+    result = checks.function(impl, "online_attention")(*args, **kwargs)
     for name, before, after in zip("qkv", (q, k, v), args):
         if not np.array_equal(before, after):
-            grading.fail(f"online_attention changed its argument {name} ({before.dtype}) in place "
-                         "(e.g. q *= scale): compute into new arrays (qs = q * scale); the caller "
-                         "may still need it")
+            checks.fail(f"online_attention changed its argument {name} ({before.dtype}) in place "
+                        "(e.g. q *= scale): compute into new arrays (qs = q * scale); the caller "
+                        "may still need it")
     if not isinstance(result, (tuple, list)) or len(result) != 2:
-        grading.fail(f"online_attention returned {type(result).__name__}; it should return "
-                     "the pair (out, lse)")
-    out, lse = (grading.as_array(t, name) for t, name in zip(result, ("out", "lse")))
+        checks.fail(f"online_attention returned {type(result).__name__}; it should return "
+                    "the pair (out, lse)")
+    out, lse = (checks.as_array(t, name) for t, name in zip(result, ("out", "lse")))
     if out.shape != q.shape:
-        grading.fail(f"out has shape {out.shape}; expected q's shape {q.shape}")
+        checks.fail(f"out has shape {out.shape}; expected q's shape {q.shape}")
     if lse.shape != q.shape[:1]:
-        grading.fail(f"lse has shape {lse.shape}; expected ({q.shape[0]},), one value per "
-                     "query row")
+        checks.fail(f"lse has shape {lse.shape}; expected ({q.shape[0]},), one value per "
+                    "query row")
     for name, t in (("out", out), ("lse", lse)):
         if t.dtype != q.dtype:
-            grading.fail(f"{name} is {t.dtype} for {q.dtype} inputs: the docstring promises q's "
-                         "dtype (start from the stub's m, l and acc; no astype, no float64 "
-                         "constants)")
+            checks.fail(f"{name} is {t.dtype} for {q.dtype} inputs: the docstring promises q's "
+                        "dtype (start from the stub's m, l and acc; no astype, no float64 "
+                        "constants)")
     return out, lse
 
 
@@ -135,12 +135,12 @@ def _expect(impl, q, k, v, scale, what, default_hint, *, check_lse=False):
     hint = lambda: _diagnose(impl) or default_hint  # noqa: E731
     mags = attention_magnitudes(q[None, None], k[None, None], v[None, None], scale=scale)
     what = f"{q.dtype} q {q.shape}, k and v {k.shape}, {what}"
-    grading.expect_close(out, out_ref, baseline=(out_b, out_lib), dtype=q.dtype,
-                         name=f"out for {what}", hint=hint, magnitude=mags["out"])
+    checks.expect_close(out, out_ref, baseline=(out_b, out_lib), dtype=q.dtype,
+                        name=f"out for {what}", hint=hint, magnitude=mags["out"])
     if check_lse:
         baseline = (lse_b, lse_lib)
-        grading.expect_close(lse, lse_ref, baseline=baseline, dtype=q.dtype,
-                             name=f"lse for {what}", hint=hint, magnitude=mags["lse"])
+        checks.expect_close(lse, lse_ref, baseline=baseline, dtype=q.dtype,
+                            name=f"lse for {what}", hint=hint, magnitude=mags["lse"])
 
 
 def _random(rng, dtype, Nq, Nk, D=80):
@@ -225,42 +225,42 @@ def check_one_pass(impl, rng):
         Nq, Nk, D = 5, int(rng.integers(1000, 1100)), 16
         q, k, v = _random(rng, dtype, Nq, Nk, D)
         k[-1] = q.sum(axis=0) * dtype(40)          # the last key scores highest, far above
-        recs = {name: grading.ReadRecorder(t.copy(), axis=0) for name, t in (("k", k), ("v", v))}
-        grading.function(impl, "online_attention")(q.copy(), recs["k"], recs["v"], scale=0.2)
+        recs = {name: checks.ReadRecorder(t.copy(), axis=0) for name, t in (("k", k), ("v", v))}
+        checks.function(impl, "online_attention")(q.copy(), recs["k"], recs["v"], scale=0.2)
         for name, rec in recs.items():
-            why = grading.stream_problem(rec.reads, Nk, Nk // 2, what="keys")
+            why = checks.stream_problem(rec.reads, Nk, Nk // 2, what="keys")
             if why is not None:
-                grading.fail(f"with {Nk} keys your online_attention is not one pass over {name}: "
-                             f"{why}",
-                             "walk over the keys once, k[j] and v[j] (or blocks k[j:j + b]) in "
-                             "order, folding each into m, l and acc before the next; the whole "
-                             "score matrix q @ k.T, or a first loop for the max and a second for "
-                             "the sums, is the two-pass attention this exercise replaces")
+                checks.fail(f"with {Nk} keys your online_attention is not one pass over {name}: "
+                            f"{why}",
+                            "walk over the keys once, k[j] and v[j] (or blocks k[j:j + b]) in "
+                            "order, folding each into m, l and acc before the next; the whole "
+                            "score matrix q @ k.T, or a first loop for the max and a second for "
+                            "the sums, is the two-pass attention this exercise replaces")
         _expect(impl, q, k, v, 0.2, "the last key scores highest", "rescale when the max grows",
                 check_lse=True)
 
 
 def check_memory(impl, rng):
     """memory stays O(Nq D) as the keys grow (no buffer of the scores or keys already read)"""
-    fn = grading.function(impl, "online_attention")
-    if grading.runs_in_sandbox(fn):   # flashlib grade: the student's memory is in another process
+    fn = checks.function(impl, "online_attention")
+    if checks.runs_in_sandbox(fn):   # flashlib grade: the student's memory is in another process
         return
     Nq, D = 16, 8
     q, k, v = (rng.standard_normal(s) for s in ((Nq, D), (1500, D), (1500, D)))
-    why = grading.memory_problem(lambda *t: fn(*t, scale=0.3),
-                                 lambda n: (q.copy(), k[:n].copy(), v[:n].copy()),
-                                 (300, 1500), Nq * q.itemsize, what="keys")
+    why = checks.memory_problem(lambda *t: fn(*t, scale=0.3),
+                                lambda n: (q.copy(), k[:n].copy(), v[:n].copy()),
+                                (300, 1500), Nq * q.itemsize, what="keys")
     if why is not None:
-        grading.fail(f"for {Nq} float64 queries of head dim {D}: {why}",
-                     "keep only m, l and acc between keys: fold each key's score into them and "
-                     "drop it. Keeping the scores (or keys) to finish after the loop is O(N) "
-                     "memory, the two-pass attention this exercise replaces")
+        checks.fail(f"for {Nq} float64 queries of head dim {D}: {why}",
+                    "keep only m, l and acc between keys: fold each key's score into them and "
+                    "drop it. Keeping the scores (or keys) to finish after the loop is O(N) "
+                    "memory, the two-pass attention this exercise replaces")
 
 
 CHECKS = [check_random, check_lse, check_default_scale, check_equal_scores, check_growing_scores,
           check_scores_far_apart, check_scores_far_below_zero, check_one_pass, check_memory]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
 def test_ex03(check, exercise_impl, grader_seed):
-    grading.pytest_run(check, exercise_impl, grader_seed)
+    checks.pytest_run(check, exercise_impl, grader_seed)

@@ -11,17 +11,17 @@ l inside the loop, NaN on fully masked rows.
 import numpy as np
 import pytest
 
-from flashlib import grading
+from flashlib import checks
 from flashlib.reference import attention_ref
 from flashlib.testing import attention_magnitudes
 from flashlib.tiled import fa2_forward, fa2_tile_update as library_update
 
 pytestmark = pytest.mark.ex04
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.grading.borrowed)
+# "not accepted: write it yourself" (flashlib.integrity.borrowed)
 FLASHLIB_ALLOWED = ()
 # flashlib's own answers: calling one while graded is "not accepted" too, however it is
-# reached (flashlib.grading.tripwire)
+# reached (flashlib.integrity.tripwire)
 FLASHLIB_ANSWERS = ("flashlib.tiled.fa2_tile_update",)
 
 DTYPES = (np.float32, np.float64)
@@ -45,23 +45,23 @@ def _formulas(scores, v_block, m, l, acc):
 
 def _call(impl, scores, v_block, m, l, acc):
     args = [t.copy() for t in (scores, v_block, m, l, acc)]
-    result = grading.function(impl, "fa2_tile_update")(*args)
+    result = checks.function(impl, "fa2_tile_update")(*args)
     if not isinstance(result, (tuple, list)) or len(result) != 3:
-        grading.fail(f"fa2_tile_update returned {type(result).__name__}; it should return the "
-                     "triple (m, l, acc)")
+        checks.fail(f"fa2_tile_update returned {type(result).__name__}; it should return the "
+                    "triple (m, l, acc)")
     for name, before, after in zip(("scores", "v_block", "m", "l", "acc"),
                                    (scores, v_block, m, l, acc), args):
         if not np.array_equal(before, after):
-            grading.fail(f"fa2_tile_update changed its argument {name} in place (e.g. acc *= "
-                         "alpha): return new arrays instead; the caller may still need them")
-    out = tuple(grading.as_array(t, name) for t, name in zip(result, ("m", "l", "acc")))
+            checks.fail(f"fa2_tile_update changed its argument {name} in place (e.g. acc *= "
+                        "alpha): return new arrays instead; the caller may still need them")
+    out = tuple(checks.as_array(t, name) for t, name in zip(result, ("m", "l", "acc")))
     for name, got, want in zip(("m", "l", "acc"), out, (m, l, acc)):
         if got.shape != want.shape:
-            grading.fail(f"the new {name} has shape {got.shape}; expected {want.shape}, the "
-                         f"shape of the {name} passed in")
+            checks.fail(f"the new {name} has shape {got.shape}; expected {want.shape}, the "
+                        f"shape of the {name} passed in")
         if got.dtype != want.dtype:
-            grading.fail(f"the new {name} is {got.dtype} for {want.dtype} inputs: the docstring "
-                         "promises the same dtype (no astype, no float64 constants)")
+            checks.fail(f"the new {name} is {got.dtype} for {want.dtype} inputs: the docstring "
+                        "promises the same dtype (no astype, no float64 constants)")
     return out
 
 
@@ -127,10 +127,10 @@ def check_one_update(impl, rng):
         expected = _formulas(*state)
         baseline = library_update(*state)
         for name, g, e, b in zip(("m", "l", "acc"), got, expected, baseline):
-            grading.expect_close(g, e, baseline=b, dtype=np.dtype(dtype),
-                                 name=f"the new {name} ({dtype.__name__} scores of shape "
+            checks.expect_close(g, e, baseline=b, dtype=np.dtype(dtype),
+                                name=f"the new {name} ({dtype.__name__} scores of shape "
                                       f"{state[0].shape})",
-                                 hint=lambda: _update_hint(state, got))
+                                hint=lambda: _update_hint(state, got))
 
 
 def check_masked_rows(impl, rng):
@@ -141,11 +141,11 @@ def check_masked_rows(impl, rng):
         for name, g, e, b in zip(("m", "l", "acc"), got, _formulas(*state), library_update(*state)):
             if np.isnan(g).any():
                 rows = sorted(set(np.argwhere(np.isnan(g))[:, 0].tolist()))
-                grading.fail(f"the new {name} has NaN in rows {rows} (rows 0-5 of this block "
-                             "have only -inf scores)", HINT_NAN)
-            grading.expect_close(g, e, baseline=b, dtype=np.dtype(dtype),
-                                 name=f"the new {name} with fully masked rows",
-                                 hint=lambda: _update_hint(state, got))
+                checks.fail(f"the new {name} has NaN in rows {rows} (rows 0-5 of this block "
+                            "have only -inf scores)", HINT_NAN)
+            checks.expect_close(g, e, baseline=b, dtype=np.dtype(dtype),
+                                name=f"the new {name} with fully masked rows",
+                                hint=lambda: _update_hint(state, got))
 
 
 HINT_EXPONENT = ("your update overflows where the maths does not: scores far from 0 (here "
@@ -178,9 +178,9 @@ def check_scores_far_from_zero(impl, rng):
         got = _call(impl, *state)
         where = "rows 0-7 near 2000, rows 8-15 near -30000"
         for name, g, e, b in zip(("m", "l", "acc"), got, _formulas(*state), library_update(*state)):
-            grading.expect_close(g, e, baseline=b, dtype=np.dtype(dtype),
-                                 name=f"the new {name} ({dtype.__name__}, {where})",
-                                 hint=lambda: _diagnose(impl) or HINT_EXPONENT.format(where=where))
+            checks.expect_close(g, e, baseline=b, dtype=np.dtype(dtype),
+                                name=f"the new {name} ({dtype.__name__}, {where})",
+                                hint=lambda: _diagnose(impl) or HINT_EXPONENT.format(where=where))
 
 
 def _textbook(q, k, v, causal):
@@ -199,7 +199,7 @@ def _textbook(q, k, v, causal):
 def _expect_forward(impl, rng, dtype, shape_q, shape_k, block_q, block_k, causal):
     q = rng.standard_normal(shape_q).astype(dtype)
     k, v = (rng.standard_normal(shape_k).astype(dtype) for _ in range(2))
-    fn = grading.function(impl, "fa2_tile_update")
+    fn = checks.function(impl, "fa2_tile_update")
     out, lse = fa2_forward(q, k, v, block_q=block_q, block_k=block_k, causal=causal,
                            tile_update=fn)
     out_ref, lse_ref = attention_ref(q, k, v, causal=causal)
@@ -209,10 +209,10 @@ def _expect_forward(impl, rng, dtype, shape_q, shape_k, block_q, block_k, causal
             f"block_q={block_q}, block_k={block_k}, causal={causal}")
     hint = lambda: _diagnose(impl) or "follow the update in the docstring"  # noqa: E731
     mags = attention_magnitudes(q, k, v, causal=causal)      # the rule's floor, from the inputs
-    grading.expect_close(out, out_ref, baseline=(out_b, out_lib), dtype=np.dtype(dtype),
-                         name=f"out of {what}", hint=hint, magnitude=mags["out"])
-    grading.expect_close(lse, lse_ref, baseline=(lse_b, lse_lib), dtype=np.dtype(dtype),
-                         name=f"lse of {what}", hint=hint, magnitude=mags["lse"])
+    checks.expect_close(out, out_ref, baseline=(out_b, out_lib), dtype=np.dtype(dtype),
+                        name=f"out of {what}", hint=hint, magnitude=mags["out"])
+    checks.expect_close(lse, lse_ref, baseline=(lse_b, lse_lib), dtype=np.dtype(dtype),
+                        name=f"lse of {what}", hint=hint, magnitude=mags["lse"])
 
 
 def check_fa2_forward(impl, rng):
@@ -234,6 +234,6 @@ CHECKS = [check_one_update, check_masked_rows, check_scores_far_from_zero, check
           check_fa2_causal]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
 def test_ex04(check, exercise_impl, grader_seed):
-    grading.pytest_run(check, exercise_impl, grader_seed)
+    checks.pytest_run(check, exercise_impl, grader_seed)

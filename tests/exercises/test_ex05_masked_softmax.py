@@ -16,11 +16,11 @@ import pytest
 import torch
 import triton
 
-from flashlib import grading, runtime
+from flashlib import checks, runtime
 
 pytestmark = pytest.mark.ex05
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.grading.borrowed)
+# "not accepted: write it yourself" (flashlib.integrity.borrowed)
 FLASHLIB_ALLOWED = ("flashlib.runtime", "flashlib.kernels.primer.launch_row_softmax")
 
 DEV = runtime.DEVICE
@@ -75,7 +75,7 @@ def _run(impl, x, *, pad=40.0, dtype=torch.float32, seed=0):
     # output: a different row stride, NaN everywhere the kernel must not write
     dst = torch.full((rows + 1, block + int(extra[1]) + 16), float("nan"), dtype=dtype, device=DEV)
     out_view = dst[:rows, :n_cols]
-    grading.function(impl, "masked_softmax")(x_view, out_view)
+    checks.function(impl, "masked_softmax")(x_view, out_view)
     if DEV.type == "cuda":
         torch.cuda.synchronize()
     return out_view.double().cpu().numpy(), dst.double().cpu().numpy(), x_view
@@ -148,9 +148,9 @@ def _expect_rows(impl, x, *, dtype=torch.float32, what, hint=None):
     if hint is None:
         hint = lambda: _diagnose(impl) or _differs(got, expected)  # noqa: E731
     baseline = tuple(f(x_view.contiguous()).double().cpu().numpy() for f in (_naive, _log_space))
-    grading.expect_close(got, expected, baseline=baseline, dtype=dtype,
-                         name=f"softmax of {what} ({x.shape[0]} rows of {x.shape[1]}, {dtype})",
-                         hint=hint)
+    checks.expect_close(got, expected, baseline=baseline, dtype=dtype,
+                        name=f"softmax of {what} ({x.shape[0]} rows of {x.shape[1]}, {dtype})",
+                        hint=hint)
 
 
 def check_rows_any_length(impl, rng):
@@ -168,12 +168,12 @@ def check_writes_only_its_row(impl, rng):
         _, dst, _ = _run(impl, x)
         tail_rows, elsewhere = _writes_outside(dst, *x.shape)
         if tail_rows:
-            grading.fail(f"with n_cols={n_cols}, rows {tail_rows} were written past column "
-                         f"{n_cols} (up to BLOCK={triton.next_power_of_2(n_cols)})",
-                         HINT_STORE_MASK)
+            checks.fail(f"with n_cols={n_cols}, rows {tail_rows} were written past column "
+                        f"{n_cols} (up to BLOCK={triton.next_power_of_2(n_cols)})",
+                        HINT_STORE_MASK)
         if elsewhere:
-            grading.fail(f"with n_cols={n_cols}, your kernel wrote outside the output rows",
-                         HINT_STRIDE)
+            checks.fail(f"with n_cols={n_cols}, your kernel wrote outside the output rows",
+                        HINT_STRIDE)
 
 
 def check_negative_rows(impl, rng):
@@ -219,6 +219,6 @@ CHECKS = [check_rows_any_length, check_writes_only_its_row, check_negative_rows,
           check_large_inputs, check_far_below_zero, check_float16]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
 def test_ex05(check, exercise_impl, grader_seed):
-    grading.pytest_run(check, exercise_impl, grader_seed)
+    checks.pytest_run(check, exercise_impl, grader_seed)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashlib import grading, runtime
+from flashlib import checks, runtime
 from flashlib.testing import attention_magnitudes
 
 pytestmark = pytest.mark.ex05b
@@ -119,7 +119,7 @@ def _add(impl, x, y, *, strides=(3, 2, 2), pad=40.0, dtype=torch.float32):
     yv, _ = _vector(y, stride=strides[1], pad=pad, dtype=dtype)
     out, out_buf = _vector(np.zeros(len(x)), stride=strides[2], pad=float("nan"), dtype=dtype)
     out.fill_(float("nan"))
-    grading.function(impl, "vector_add")(xv, yv, out)
+    checks.function(impl, "vector_add")(xv, yv, out)
     return _np(out), _written_outside(out, out_buf).any(), xv, yv
 
 
@@ -141,10 +141,10 @@ def check_vector_add(impl, rng):
         got, outside, xv, yv = _add(impl, x, y, strides=strides)
         what = f"vector_add of length {n}, strides {strides}"
         if outside:
-            grading.fail(f"{what}: wrote outside out", _diagnose_add(impl) or HINT_TAIL)
+            checks.fail(f"{what}: wrote outside out", _diagnose_add(impl) or HINT_TAIL)
         expected = _np(xv) + _np(yv)
-        grading.expect_close(got, expected, baseline=_np(xv + yv), dtype=torch.float32,
-                             name=what, hint=lambda: _diagnose_add(impl))
+        checks.expect_close(got, expected, baseline=_np(xv + yv), dtype=torch.float32,
+                            name=what, hint=lambda: _diagnose_add(impl))
 
 
 # ---- (b) 2-D masked tile of a strided matrix ---------------------------------------------------
@@ -153,7 +153,7 @@ def _copy(impl, x, *, layout, out_layout="rows", pad=40.0, dtype=torch.float32):
     xv, _ = _matrix(x, layout=layout, pad=pad, dtype=dtype)
     out, out_buf = _matrix(np.zeros(np.shape(x)), layout=out_layout, pad=float("nan"), dtype=dtype)
     out.fill_(float("nan"))
-    grading.function(impl, "copy_matrix")(xv, out)
+    checks.function(impl, "copy_matrix")(xv, out)
     return _np(out), _written_outside(out, out_buf).any()
 
 
@@ -176,11 +176,11 @@ def check_copy_tile(impl, rng):
         got, outside = _copy(impl, x, layout=layout, out_layout=out_layout)
         what = f"copy_matrix of a ({M}, {N}) {layout} view into a {out_layout} one"
         if outside:
-            grading.fail(f"{what}: wrote outside the output matrix",
-                         _diagnose_copy(impl) or HINT_2D_MASK)
+            checks.fail(f"{what}: wrote outside the output matrix",
+                        _diagnose_copy(impl) or HINT_2D_MASK)
         expected = _np(_to(x, torch.float32))
-        grading.expect_close(got, expected, baseline=expected, dtype=torch.float32, name=what,
-                             hint=lambda: _diagnose_copy(impl))
+        checks.expect_close(got, expected, baseline=expected, dtype=torch.float32, name=what,
+                            hint=lambda: _diagnose_copy(impl))
 
 
 # ---- (c) one matmul tile ----------------------------------------------------------------------
@@ -194,7 +194,7 @@ def _matmul(impl, a, b, *, layouts=("rows", "transposed", "rows"), pad=40.0, dty
     out, out_buf = _matrix(np.zeros((a.shape[0], b.shape[1])), layout=layouts[2],
                            pad=float("nan"), dtype=torch.float32)
     out.fill_(float("nan"))
-    grading.function(impl, "matmul")(av, bv, out, **blocks)
+    checks.function(impl, "matmul")(av, bv, out, **blocks)
     return _np(out), _written_outside(out, out_buf).any(), _np(av), _np(bv)
 
 
@@ -242,11 +242,11 @@ def check_matmul_tile(impl, rng):
         what = (f"matmul ({M}, {K}) @ ({K}, {N}), {dtype} inputs, layouts {layouts}, "
                 f"block_k={block_k}")
         if outside:
-            grading.fail(f"{what}: wrote outside C", _diagnose_matmul(impl) or HINT_2D_MASK)
+            checks.fail(f"{what}: wrote outside C", _diagnose_matmul(impl) or HINT_2D_MASK)
         baseline = (torch.from_numpy(a64).float() @ torch.from_numpy(b64).float()).double().numpy()
-        grading.expect_close(got, a64 @ b64, baseline=baseline, dtype=torch.float32, name=what,
-                             magnitude=float((np.abs(a64) @ np.abs(b64)).max()),
-                             hint=lambda: _diagnose_matmul(impl) or (
+        checks.expect_close(got, a64 @ b64, baseline=baseline, dtype=torch.float32, name=what,
+                            magnitude=float((np.abs(a64) @ np.abs(b64)).max()),
+                            hint=lambda: _diagnose_matmul(impl) or (
                                  _block_k_hint(impl, a, b, layouts, dtype) if blocks else None))
 
 
@@ -287,7 +287,7 @@ def _attention(impl, q, k, v, *, scale, layouts=("rows", "transposed", "every_ot
     vv, _ = _matrix(v, layout=layouts[2], pad=pad, dtype=dtype)
     out, out_buf = _matrix(np.zeros(q.shape), layout=layouts[3], pad=float("nan"), dtype=dtype)
     out.fill_(float("nan"))
-    grading.function(impl, "attention_rows")(qv, kv, vv, out, scale=scale)
+    checks.function(impl, "attention_rows")(qv, kv, vv, out, scale=scale)
     return _np(out), _written_outside(out, out_buf).any(), (_np(qv), _np(kv), _np(vv))
 
 
@@ -330,18 +330,18 @@ def check_attention_row(impl, rng):
         what = (f"attention of {M} queries over {n_keys} keys, d={d}, scale={scale}, {dtype} "
                 f"(scores up to {np.abs(scale * q64 @ k64.T).max():.0f})")
         if outside:
-            grading.fail(f"{what}: wrote outside O", _diagnose_attention(impl) or HINT_D_MASK)
+            checks.fail(f"{what}: wrote outside O", _diagnose_attention(impl) or HINT_D_MASK)
         t = [torch.from_numpy(x).float() for x in (q64, k64, v64)]
         baseline = (torch.softmax(scale * t[0] @ t[1].T, -1) @ t[2]).to(dtype).double().numpy()
         mags = attention_magnitudes(q64[None, None], k64[None, None], v64[None, None], scale=scale)
-        grading.expect_close(got, _attention64(q64, k64, v64, scale), baseline=baseline,
-                             dtype=dtype, name=what, magnitude=mags["out"],
-                             hint=lambda: _diagnose_attention(impl))
+        checks.expect_close(got, _attention64(q64, k64, v64, scale), baseline=baseline,
+                            dtype=dtype, name=what, magnitude=mags["out"],
+                            hint=lambda: _diagnose_attention(impl))
 
 
 CHECKS = [check_vector_add, check_copy_tile, check_matmul_tile, check_attention_row]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
 def test_ex05b(check, exercise_impl, grader_seed):
-    grading.pytest_run(check, exercise_impl, grader_seed)
+    checks.pytest_run(check, exercise_impl, grader_seed)

@@ -17,13 +17,13 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlib import grading, runtime
+from flashlib import checks, runtime
 from flashlib.kernels.fa1 import fa1_forward
 from flashlib.reference import attention_naive, attention_ref
 
 pytestmark = pytest.mark.ex06
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.grading.borrowed)
+# "not accepted: write it yourself" (flashlib.integrity.borrowed)
 FLASHLIB_ALLOWED = ("flashlib",)
 
 DTYPES = (torch.float32, torch.float16)
@@ -65,13 +65,13 @@ def _apply_kernel(O, L, M, MT, LT, PV, O_new, L_new, M_new,
 
 
 def _rescale(impl):
-    fn = grading.function(impl, "fa1_rescale")
+    fn = checks.function(impl, "fa1_rescale")
     source = inspect.getsource(getattr(fn, "fn", fn))
     if "raise NotImplementedError" in source:
         raise NotImplementedError("fa1_rescale is still the stub")
     if not hasattr(fn, "fn"):
-        grading.fail("fa1_rescale is a plain Python function: keep the @triton.jit decorator "
-                     "from the stub (the kernel calls it on Triton tiles)")
+        checks.fail("fa1_rescale is a plain Python function: keep the @triton.jit decorator "
+                    "from the stub (the kernel calls it on Triton tiles)")
     return fn
 
 
@@ -160,10 +160,10 @@ def _expect_update(impl, state, what):
     for name, g, e, b in zip(("O", "l", "m"), got, expected, baseline):
         if np.isnan(g).any():
             rows = sorted(set(np.argwhere(np.isnan(g))[:, 0].tolist()))
-            grading.fail(f"the new {name} has NaN in rows {rows} ({what})", HINT_NAN)
-        grading.expect_close(g, e, baseline=b, dtype=np.dtype(np.float32),
-                             name=f"the new {name} ({what})",
-                             hint=lambda: _diagnose_state(state, got))
+            checks.fail(f"the new {name} has NaN in rows {rows} ({what})", HINT_NAN)
+        checks.expect_close(g, e, baseline=b, dtype=np.dtype(np.float32),
+                            name=f"the new {name} ({what})",
+                            hint=lambda: _diagnose_state(state, got))
 
 
 def check_one_update(impl, rng):
@@ -201,9 +201,9 @@ def check_far_from_zero(impl, rng):
     got = _call(impl, state)
     for name, g, e, b in zip(("O", "l", "m"), got, _formulas(*state),
                              _formulas(*state, dtype=np.float32)):
-        grading.expect_close(g, e, baseline=b, dtype=np.dtype(np.float32),
-                             name=f"the new {name} (rows near 500 and near -30000)",
-                             hint=lambda: _diagnose(impl) or HINT_EXPONENT)
+        checks.expect_close(g, e, baseline=b, dtype=np.dtype(np.float32),
+                            name=f"the new {name} (rows near 500 and near -30000)",
+                            hint=lambda: _diagnose(impl) or HINT_EXPONENT)
 
 
 def _tensors(rng, shape, dtype):
@@ -225,10 +225,10 @@ def _expect_forward(impl, rng, dtype, shape_q, shape_k, causal):
             f"{tuple(shape_q)}, k and v {tuple(shape_k)}, causal={causal}")
     hint = lambda: _diagnose(impl) or "follow lines 11-13 in the docstring"  # noqa: E731
     out_ref, lse_ref = _np(out_ref), _np(lse_ref)
-    grading.expect_close(_np(out), out_ref, dtype=dtype, name=f"out of {what}", hint=hint,
-                         baseline=(_np(out_naive), _np(out_lib)))
-    grading.expect_close(_np(lse), lse_ref, dtype=torch.float32, name=f"lse of {what}", hint=hint,
-                         baseline=(_np(lse_lib), lse_ref.astype(np.float32)))
+    checks.expect_close(_np(out), out_ref, dtype=dtype, name=f"out of {what}", hint=hint,
+                        baseline=(_np(out_naive), _np(out_lib)))
+    checks.expect_close(_np(lse), lse_ref, dtype=torch.float32, name=f"lse of {what}", hint=hint,
+                        baseline=(_np(lse_lib), lse_ref.astype(np.float32)))
 
 
 def check_fa1_forward(impl, rng):
@@ -248,6 +248,6 @@ CHECKS = [check_one_update, check_masked_rows, check_far_from_zero, check_fa1_fo
           check_fa1_causal]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
 def test_ex06(check, exercise_impl, grader_seed):
-    grading.pytest_run(check, exercise_impl, grader_seed)
+    checks.pytest_run(check, exercise_impl, grader_seed)

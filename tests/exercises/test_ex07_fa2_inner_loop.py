@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import KernelInterface
 
-from flashlib import grading, runtime
+from flashlib import checks, course, runtime
 from flashlib.kernels.fa2_fwd import fa2_forward
 from flashlib.kernels.tile import tile_update as library_update
 from flashlib.reference import attention_naive, attention_ref
@@ -28,7 +28,7 @@ from flashlib.testing import attention_magnitudes
 
 pytestmark = pytest.mark.ex07
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.grading.borrowed)
+# "not accepted: write it yourself" (flashlib.integrity.borrowed)
 FLASHLIB_ALLOWED = ("flashlib",)
 
 DEV = runtime.DEVICE
@@ -56,18 +56,18 @@ def _update_fn(impl):
     """The learner's tile_update, checked to be a @triton.jit function that is not the stub."""
     fn = getattr(impl, "tile_update", None)
     if fn is None:
-        grading.fail("your file defines no function tile_update: keep the name and signature "
-                     "from the stub")
+        checks.fail("your file defines no function tile_update: keep the name and signature "
+                    "from the stub")
     if not isinstance(fn, KernelInterface):
-        grading.fail("tile_update is a plain Python function: decorate it with @triton.jit, "
-                     "since the FA2 kernel calls it from inside the kernel")
+        checks.fail("tile_update is a plain Python function: decorate it with @triton.jit, "
+                    "since the FA2 kernel calls it from inside the kernel")
     source = inspect.getsource(getattr(fn, "fn", fn))
     if "raise NotImplementedError" in source:
         raise NotImplementedError("ex07: tile_update is still the stub")
     params = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
     if len(params) != 6:
-        grading.fail(f"tile_update takes {params}; keep the stub's signature "
-                     "(acc, m_i, l_i, s, v, DOT_PRECISION: tl.constexpr)")
+        checks.fail(f"tile_update takes {params}; keep the stub's signature "
+                    "(acc, m_i, l_i, s, v, DOT_PRECISION: tl.constexpr)")
     return fn
 
 
@@ -183,9 +183,9 @@ def _expect_step(fn, state, what):
     for name, g, e, b in zip(("m", "l", "acc"), got, expected, baseline):
         if np.isnan(g).any():
             rows = sorted(set(np.argwhere(np.isnan(g))[:, 0].tolist()))
-            grading.fail(f"the new {name} has NaN in rows {rows} ({what})", HINT_NAN)
-        grading.expect_close(g, e, baseline=b, dtype=np.dtype(np.float32),
-                             name=f"the new {name} ({what})", hint=lambda: _update_hint(state, got))
+            checks.fail(f"the new {name} has NaN in rows {rows} ({what})", HINT_NAN)
+        checks.expect_close(g, e, baseline=b, dtype=np.dtype(np.float32),
+                            name=f"the new {name} ({what})", hint=lambda: _update_hint(state, got))
 
 
 def check_one_update(impl, rng):
@@ -228,9 +228,9 @@ def check_far_from_zero(impl, rng):
     state = _extreme_state(rng)
     got = _run_step(fn, state)
     for name, g, e, b in zip(("m", "l", "acc"), got, _formulas(state), _run_step(library_update, state)):
-        grading.expect_close(g, e, baseline=b, dtype=np.dtype(np.float32),
-                             name=f"the new {name} (rows near 500 and near -30000)",
-                             hint=lambda: _diagnose(impl) or HINT_EXPONENT)
+        checks.expect_close(g, e, baseline=b, dtype=np.dtype(np.float32),
+                            name=f"the new {name} (rows near 500 and near -30000)",
+                            hint=lambda: _diagnose(impl) or HINT_EXPONENT)
 
 
 def check_dot_precision(impl, rng):
@@ -248,13 +248,13 @@ def check_dot_precision(impl, rng):
             "TF32 when the caller allows it; Triton's interpreter ignores the precision, so only "
             "a GPU would show the difference")
     if not dots:
-        grading.fail("tile_update computes p @ v without tl.dot", hint)
+        checks.fail("tile_update computes p @ v without tl.dot", hint)
     for call in dots:
         given = {k.arg: k.value for k in call.keywords}
         value = given.get("input_precision")
         if not (isinstance(value, ast.Name) and value.id == param):
             what = "no input_precision" if value is None else f"input_precision={ast.unparse(value)}"
-            grading.fail(f"your tl.dot call (line {call.lineno} of tile_update) has {what}", hint)
+            checks.fail(f"your tl.dot call (line {call.lineno} of tile_update) has {what}", hint)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,13 +285,13 @@ def _expect_forward(impl, rng, dtype, shape_q, shape_kv, causal):
     hint = lambda: _diagnose(impl) or "follow the update in the docstring"  # noqa: E731
     if torch.isnan(out).any():
         rows = torch.isnan(out).any(-1).nonzero()[:, -1].unique().tolist()
-        grading.fail(f"out of {what} has NaN in query rows {rows[:8]}{' ...' if len(rows) > 8 else ''}",
-                     hint())
+        checks.fail(f"out of {what} has NaN in query rows {rows[:8]}{' ...' if len(rows) > 8 else ''}",
+                    hint())
     mags = attention_magnitudes(q, k, v, causal=causal)      # the rule's floor, from the inputs
-    grading.expect_close(out.cpu(), out_ref.cpu(), baseline=out_base, dtype=dtype,
-                         name=f"out of {what}", hint=hint, magnitude=mags["out"])
-    grading.expect_close(lse.cpu(), lse_ref.cpu(), baseline=lse_base, dtype=torch.float32,
-                         name=f"lse of {what}", hint=hint, magnitude=mags["lse"])
+    checks.expect_close(out.cpu(), out_ref.cpu(), baseline=out_base, dtype=dtype,
+                        name=f"out of {what}", hint=hint, magnitude=mags["out"])
+    checks.expect_close(lse.cpu(), lse_ref.cpu(), baseline=lse_base, dtype=torch.float32,
+                        name=f"lse of {what}", hint=hint, magnitude=mags["lse"])
 
 
 def check_fa2_forward(impl, rng):
@@ -313,9 +313,9 @@ CHECKS = [check_one_update, check_masked_rows, check_far_from_zero, check_dot_pr
           check_fa2_forward, check_fa2_causal]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
 def test_ex07(check, exercise_impl, grader_seed):
-    grading.pytest_run(check, exercise_impl, grader_seed)
+    checks.pytest_run(check, exercise_impl, grader_seed)
 
 
 @pytest.mark.gpu
@@ -323,7 +323,7 @@ def test_ex07(check, exercise_impl, grader_seed):
 def test_ex07_solution_at_real_size_gpu(causal):
     """On a GPU: the reference answer compiled into the real kernel, fp16, N=2048, head dim 128."""
     from flashlib.testing import assert_close
-    impl = grading.load_module(grading.implementation_path("ex07_fa2_inner_loop", impl="solutions"))
+    impl = course.load_module(course.implementation_path("ex07_fa2_inner_loop", impl="solutions"))
     q, k, v = (torch.randn(2, 8, 2048, 128, device=DEV, dtype=torch.float16) for _ in range(3))
     out, lse = fa2_forward(q, k, v, causal=causal, tile_update=impl.tile_update)
     out_ref, lse_ref = attention_ref(q, k, v, causal=causal)

@@ -37,7 +37,7 @@ import torch
 import triton
 from triton.runtime.jit import KernelInterface
 
-from flashlib import grading, runtime
+from flashlib import checks, runtime
 from flashlib.kernels.fa2_fwd import fa2_forward
 from flashlib.kernels.tile import LOG2E
 from flashlib.reference import attention_naive, attention_ref
@@ -105,15 +105,15 @@ def _kernel(impl):
     """The learner's fa2_kernel, checked to be a @triton.jit function that is not the stub."""
     fn = getattr(impl, "fa2_kernel", None)
     if fn is None:
-        grading.fail("your file defines no fa2_kernel: keep the name and signature from the stub")
+        checks.fail("your file defines no fa2_kernel: keep the name and signature from the stub")
     if not isinstance(fn, KernelInterface):
-        grading.fail("fa2_kernel is a plain Python function: keep its @triton.jit decorator")
+        checks.fail("fa2_kernel is a plain Python function: keep its @triton.jit decorator")
     source = inspect.getsource(getattr(fn, "fn", fn))
     if "raise NotImplementedError" in source:
         raise NotImplementedError("ex07b: fa2_kernel is still the stub")
     params = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
     if len(params) != 28:
-        grading.fail(f"fa2_kernel takes {len(params)} arguments; keep the stub's signature (28)")
+        checks.fail(f"fa2_kernel takes {len(params)} arguments; keep the stub's signature (28)")
     return fn
 
 
@@ -277,24 +277,24 @@ def _expect(impl, rng, shape_q, shape_kv, *, causal, dtype=torch.float32, q_scal
     diagnose = hint or (lambda: _diagnose(kernel) or "follow the docstring step by step")
     res = _run(kernel, q, k, v, causal=causal, layouts=layouts)
     if res.changed_inputs:
-        grading.fail(f"your kernel changed its inputs q, k or v ({what})", HINT_QUERY_ROWS)
+        checks.fail(f"your kernel changed its inputs q, k or v ({what})", HINT_QUERY_ROWS)
     if res.wrote_outside:
-        grading.fail(f"your kernel wrote outside out[:, :, :Nq, :D] or lse ({what})", diagnose())
+        checks.fail(f"your kernel wrote outside out[:, :, :Nq, :D] or lse ({what})", diagnose())
     out_ref, lse_ref = attention_ref(q, k, v, causal=causal)
     for name, got in (("out", res.out), ("lse", res.lse)):
         nan = torch.isnan(got)
         if nan.any():
             rows = (nan.any(-1) if nan.dim() == 4 else nan).nonzero()[:, -1].unique().tolist()
-            grading.fail(f"{name} of {what} has NaN in query rows {rows[:8]}"
-                         f"{' ...' if len(rows) > 8 else ''}", diagnose())
+            checks.fail(f"{name} of {what} has NaN in query rows {rows[:8]}"
+                        f"{' ...' if len(rows) > 8 else ''}", diagnose())
     out_lib, lse_lib = fa2_forward(q, k, v, causal=causal)
     mags = attention_magnitudes(q, k, v, causal=causal)
-    grading.expect_close(res.out, out_ref.cpu(), name=f"out of {what}", dtype=dtype,
-                         baseline=(attention_naive(q, k, v, causal=causal).cpu(), out_lib.cpu()),
-                         hint=diagnose, magnitude=mags["out"])
-    grading.expect_close(res.lse, lse_ref.cpu(), name=f"lse of {what}", dtype=torch.float32,
-                         baseline=(_naive_lse(q, k, causal).cpu(), lse_lib.cpu()),
-                         hint=diagnose, magnitude=mags["lse"])
+    checks.expect_close(res.out, out_ref.cpu(), name=f"out of {what}", dtype=dtype,
+                        baseline=(attention_naive(q, k, v, causal=causal).cpu(), out_lib.cpu()),
+                        hint=diagnose, magnitude=mags["out"])
+    checks.expect_close(res.lse, lse_ref.cpu(), name=f"lse of {what}", dtype=torch.float32,
+                        baseline=(_naive_lse(q, k, causal).cpu(), lse_lib.cpu()),
+                        hint=diagnose, magnitude=mags["lse"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,8 +335,8 @@ def _static_int64(kernel, why):
     source = inspect.getsource(getattr(kernel, "fn", kernel))
     code = "\n".join(line.split("#")[0] for line in source.splitlines())
     if "int64" not in code:
-        grading.fail(f"your kernel never computes an offset in int64 (read from its source: {why})",
-                     HINT_INT64)
+        checks.fail(f"your kernel never computes an offset in int64 (read from its source: {why})",
+                    HINT_INT64)
 
 
 def _big_buffer(numel):
@@ -379,17 +379,17 @@ def check_int64_offsets(impl, rng):
     wrong = [b for b in range(B) if not (_close(out[b].double().cpu(), out_ref[b].cpu(), 2e-2)
                                          and _close(lse[b].double().cpu(), lse_ref[b].cpu(), 1e-2))]
     if wrong == [B - 1]:
-        grading.fail(f"with a batch stride of {stride_b} elements, batch 2 (which starts past "
-                     "2**31 elements) of out or lse is wrong; batches 0 and 1 are right", HINT_INT64)
+        checks.fail(f"with a batch stride of {stride_b} elements, batch 2 (which starts past "
+                    "2**31 elements) of out or lse is wrong; batches 0 and 1 are right", HINT_INT64)
     if wrong:
-        grading.fail(f"batches {wrong} of out or lse are wrong (float16, 3 batches of 16 x 16)",
-                     _diagnose(kernel) or "follow the docstring step by step")
+        checks.fail(f"batches {wrong} of out or lse are wrong (float16, 3 batches of 16 x 16)",
+                    _diagnose(kernel) or "follow the docstring step by step")
 
 
 CHECKS = [check_one_block, check_ragged, check_heads_and_layouts, check_causal,
           check_large_logits, check_int64_offsets]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
 def test_ex07b(check, exercise_impl, grader_seed):
-    grading.pytest_run(check, exercise_impl, grader_seed)
+    checks.pytest_run(check, exercise_impl, grader_seed)

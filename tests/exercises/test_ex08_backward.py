@@ -22,17 +22,17 @@ import numpy as np
 import pytest
 import torch
 
-from flashlib import grading
+from flashlib import checks
 from flashlib.reference import attention_naive, attention_ref
 from flashlib.testing import attention_magnitudes
 from flashlib.tiled import fa2_backward, fa2_dkdv_update as library_update, fa2_forward
 
 pytestmark = pytest.mark.ex08
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.grading.borrowed)
+# "not accepted: write it yourself" (flashlib.integrity.borrowed)
 FLASHLIB_ALLOWED = ()
 # flashlib's own answers: calling one while graded is "not accepted" too, however it is
-# reached (flashlib.grading.tripwire)
+# reached (flashlib.integrity.tripwire)
 FLASHLIB_ANSWERS = ("flashlib.tiled.fa2_dkdv_update",)
 
 HINT_NAN = ("a row with nothing to attend to has lse = -inf, and exp(-inf - (-inf)) is NaN: use "
@@ -114,21 +114,21 @@ def _base2_update(q_i, k_j, v_j, o_i, do_i, lse_i, mask, scale, dk_j, dv_j):
 
 def _call(impl, args):
     copies = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
-    result = grading.function(impl, "dkdv_update")(*copies)
+    result = checks.function(impl, "dkdv_update")(*copies)
     if not isinstance(result, (tuple, list)) or len(result) != 3:
-        grading.fail(f"dkdv_update returned {type(result).__name__}; it should return the triple "
-                     "(dk_j, dv_j, ds)")
+        checks.fail(f"dkdv_update returned {type(result).__name__}; it should return the triple "
+                    "(dk_j, dv_j, ds)")
     names = ("q_i", "k_j", "v_j", "o_i", "do_i", "lse_i", "mask", "scale", "dk_j", "dv_j")
     for name, before, after in zip(names, args, copies):
         if isinstance(before, np.ndarray) and not np.array_equal(before, after, equal_nan=True):
-            grading.fail(f"dkdv_update changed its argument {name} in place (e.g. dk_j += ...): "
-                         "return new arrays instead (dk_j = dk_j + ...)")
-    out = tuple(grading.as_array(t, name) for t, name in zip(result, NAMES))
+            checks.fail(f"dkdv_update changed its argument {name} in place (e.g. dk_j += ...): "
+                        "return new arrays instead (dk_j = dk_j + ...)")
+    out = tuple(checks.as_array(t, name) for t, name in zip(result, NAMES))
     Bq, Bk = args[6].shape
     expected = (args[8].shape, args[9].shape, args[0].shape[:-2] + (Bq, Bk))
     for name, got, want in zip(NAMES, out, expected):
         if got.shape != want:
-            grading.fail(f"{name} has shape {got.shape}; expected {want}")
+            checks.fail(f"{name} has shape {got.shape}; expected {want}")
     return out
 
 
@@ -203,11 +203,11 @@ def _expect_tile(impl, rng, *, empty_rows, what):
     for name, g, e, b1, b2 in zip(NAMES, got, expected, library, base2):
         b = (b1, b2)  # the loosest of the two sets the tolerance
         if np.isnan(g).any():
-            grading.fail(f"{name} has NaN ({what})",
-                         _tile_hint(args, got) or HINT_NAN)
-        grading.expect_close(g, e, baseline=b, dtype=np.dtype(np.float32),
-                             name=f"{name} ({what})", hint=lambda: _tile_hint(args, got),
-                             magnitude=magnitude[name])
+            checks.fail(f"{name} has NaN ({what})",
+                        _tile_hint(args, got) or HINT_NAN)
+        checks.expect_close(g, e, baseline=b, dtype=np.dtype(np.float32),
+                            name=f"{name} ({what})", hint=lambda: _tile_hint(args, got),
+                            magnitude=magnitude[name])
     return args, got
 
 
@@ -221,8 +221,8 @@ def check_empty_rows(impl, rng):
     args, got = _expect_tile(impl, rng, empty_rows=3,
                              what="rows 0-2 of the tile have lse = -inf")
     if np.abs(got[2][..., :3, :]).max() != 0:
-        grading.fail("ds is not 0 on rows 0-2, whose lse is -inf (they attend to nothing)",
-                     HINT_NAN)
+        checks.fail("ds is not 0 on rows 0-2, whose lse is -inf (they attend to nothing)",
+                    HINT_NAN)
 
 
 HINT_EXPONENT = ("your step overflows where the maths does not. Set the masked scores to -inf "
@@ -272,9 +272,9 @@ def check_scores_far_from_zero(impl, rng):
         library, base2 = library_update(*args), _base2_update(*args)
         magnitude = _tile_magnitudes(*args)
         for name, g, e, b1, b2 in zip(NAMES, got, expected, library, base2):
-            grading.expect_close(g, e, baseline=(b1, b2), dtype=np.dtype(np.float32),
-                                 name=f"{name} ({what})", magnitude=magnitude[name],
-                                 hint=lambda: _diagnose(impl) or HINT_EXPONENT)
+            checks.expect_close(g, e, baseline=(b1, b2), dtype=np.dtype(np.float32),
+                                name=f"{name} ({what})", magnitude=magnitude[name],
+                                hint=lambda: _diagnose(impl) or HINT_EXPONENT)
 
 
 def _grads_autograd(q, k, v, dout, causal, *, reference):
@@ -294,7 +294,7 @@ def _expect_backward(impl, rng, shape_q, shape_k, block_q, block_k, causal):
     k, v = (rng.standard_normal(shape_k).astype(np.float32) for _ in range(2))
     dout = rng.standard_normal(shape_q).astype(np.float32)
     out, lse = fa2_forward(q, k, v, block_q=block_q, block_k=block_k, causal=causal)
-    fn = grading.function(impl, "dkdv_update")
+    fn = checks.function(impl, "dkdv_update")
     got = fa2_backward(q, k, v, out, lse, dout, block_q=block_q, block_k=block_k, causal=causal,
                        dkdv_update=fn)
     expected = _grads_autograd(q, k, v, dout, causal, reference=True)
@@ -311,8 +311,8 @@ def _expect_backward(impl, rng, shape_q, shape_k, block_q, block_k, causal):
     magnitude = attention_magnitudes(q, k, v, dout, causal=causal)
     for n, name in enumerate(("dq", "dk", "dv")):
         baseline = (library[n], unfused[n], base2[n], np.nan_to_num(naive[n], nan=0.0))
-        grading.expect_close(got[n], expected[n], baseline=baseline, dtype=np.dtype(np.float32),
-                             name=f"{name} of {what}", hint=hint, magnitude=magnitude[name])
+        checks.expect_close(got[n], expected[n], baseline=baseline, dtype=np.dtype(np.float32),
+                            name=f"{name} of {what}", hint=hint, magnitude=magnitude[name])
 
 
 def check_backward(impl, rng):
@@ -331,6 +331,6 @@ CHECKS = [check_one_tile, check_empty_rows, check_scores_far_from_zero, check_ba
           check_backward_causal]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
 def test_ex08(check, exercise_impl, grader_seed):
-    grading.pytest_run(check, exercise_impl, grader_seed)
+    checks.pytest_run(check, exercise_impl, grader_seed)

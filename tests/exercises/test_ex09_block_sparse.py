@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from flashlib import grading, masks
+from flashlib import checks, masks
 from flashlib.reference import attention_naive, attention_ref
 from flashlib.tiled import fa2_dkdv_update, fa2_tile_update, finish, load_block, masked_scores, store_block
 
 pytestmark = pytest.mark.ex09
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.grading.borrowed)
+# "not accepted: write it yourself" (flashlib.integrity.borrowed)
 FLASHLIB_ALLOWED = ()
 
 EMPTY, PARTIAL, FULL = masks.EMPTY, masks.PARTIAL, masks.FULL
@@ -99,60 +99,60 @@ def _lists_of(kinds):
 
 def _call_window(impl, n_q, n_k, window):
     what = f"sliding_window_allowed({n_q}, {n_k}, {window})"
-    got = np.asarray(grading.function(impl, "sliding_window_allowed")(n_q, n_k, window))
+    got = np.asarray(checks.function(impl, "sliding_window_allowed")(n_q, n_k, window))
     if got.dtype != bool:
-        grading.fail(f"{what} returned dtype {got.dtype}; return a bool array (True where query i "
-                     "may attend key j)")
+        checks.fail(f"{what} returned dtype {got.dtype}; return a bool array (True where query i "
+                    "may attend key j)")
     if got.shape != (n_q, n_k):
-        grading.fail(f"{what} has shape {got.shape}; expected ({n_q}, {n_k})")
+        checks.fail(f"{what} has shape {got.shape}; expected ({n_q}, {n_k})")
     return got
 
 
 def _call_classify(impl, allowed, block_size):
     n_q, n_k = allowed.shape
     what = f"classify_blocks of a {n_q} x {n_k} mask with block_size={block_size}"
-    got = np.asarray(grading.function(impl, "classify_blocks")(allowed.copy(), block_size))
+    got = np.asarray(checks.function(impl, "classify_blocks")(allowed.copy(), block_size))
     want = (math.ceil(n_q / block_size), math.ceil(n_k / block_size))
     if got.shape != want:
         floor = (n_q // block_size, n_k // block_size)
-        grading.fail(f"{what} has shape {got.shape}; expected {want}",
-                     HINT_CEIL if got.shape == floor else
-                     HINT_CEIL_PLUS_ONE if got.shape == (floor[0] + 1, floor[1] + 1) else None)
+        checks.fail(f"{what} has shape {got.shape}; expected {want}",
+                    HINT_CEIL if got.shape == floor else
+                    HINT_CEIL_PLUS_ONE if got.shape == (floor[0] + 1, floor[1] + 1) else None)
     if got.size and not np.isin(got, (EMPTY, PARTIAL, FULL)).all():
-        grading.fail(f"{what} holds values {sorted(set(got.ravel().tolist()))[:6]}; tile kinds are "
-                     "EMPTY 0, PARTIAL 1, FULL 2")
+        checks.fail(f"{what} holds values {sorted(set(got.ravel().tolist()))[:6]}; tile kinds are "
+                    "EMPTY 0, PARTIAL 1, FULL 2")
     return got.astype(np.int64)
 
 
 def _as_lists(value, n, n_other, what):
     """A sequence of ``n`` 1-D int arrays with entries in [0, n_other)."""
     if not hasattr(value, "__len__"):
-        grading.fail(f"{what} should be a list of {n} 1-D int arrays, got {type(value).__name__}")
+        checks.fail(f"{what} should be a list of {n} 1-D int arrays, got {type(value).__name__}")
     if len(value) != n:
-        grading.fail(f"{what} has {len(value)} lists; expected {n}, one per "
-                     f"{'query' if what.startswith('kv') else 'key'} block",
-                     HINT_TRANSPOSE if what.startswith("q_lists") and len(value) == n_other else None)
+        checks.fail(f"{what} has {len(value)} lists; expected {n}, one per "
+                    f"{'query' if what.startswith('kv') else 'key'} block",
+                    HINT_TRANSPOSE if what.startswith("q_lists") and len(value) == n_other else None)
     lists = []
     for r, entry in enumerate(value):
         arr = np.asarray(entry)
         if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-            grading.fail(f"{what}[{r}] should be a 1-D int array of block indices, got "
-                         f"{arr.dtype} of shape {arr.shape}",
-                         "an empty list too must be an int array: np.array([]) is float64 (a "
-                         "kernel cannot index with it); build it with dtype=np.int64, e.g. "
-                         "np.array(blocks, dtype=np.int64)" if arr.size == 0 else None)
+            checks.fail(f"{what}[{r}] should be a 1-D int array of block indices, got "
+                        f"{arr.dtype} of shape {arr.shape}",
+                        "an empty list too must be an int array: np.array([]) is float64 (a "
+                        "kernel cannot index with it); build it with dtype=np.int64, e.g. "
+                        "np.array(blocks, dtype=np.int64)" if arr.size == 0 else None)
         if arr.size and (arr.min() < 0 or arr.max() >= n_other):
-            grading.fail(f"{what}[{r}] = {arr.tolist()} names a block outside 0..{n_other - 1}")
+            checks.fail(f"{what}[{r}] = {arr.tolist()} names a block outside 0..{n_other - 1}")
         lists.append(arr.astype(np.int64))
     return lists
 
 
 def _call_lists(impl, kinds):
     nQ, nK = kinds.shape
-    result = grading.function(impl, "visit_lists")(kinds.copy())
+    result = checks.function(impl, "visit_lists")(kinds.copy())
     if not isinstance(result, (tuple, list)) or len(result) != 2:
-        grading.fail(f"visit_lists returned {type(result).__name__}; it should return the pair "
-                     "(kv_lists, q_lists)")
+        checks.fail(f"visit_lists returned {type(result).__name__}; it should return the pair "
+                    "(kv_lists, q_lists)")
     return (_as_lists(result[0], nQ, nK, f"kv_lists of a {nQ} x {nK} kinds"),
             _as_lists(result[1], nK, nQ, f"q_lists of a {nQ} x {nK} kinds"))
 
@@ -226,13 +226,13 @@ def _expect_lists(impl, kinds):
     nQ, nK = kinds.shape
     where, hint = _lists_hint("kv_lists", kinds, kv, want_kv)
     if where:
-        grading.fail(f"visit_lists of a {nQ} x {nK} kinds: {where}", hint)
+        checks.fail(f"visit_lists of a {nQ} x {nK} kinds: {where}", hint)
     if all(np.array_equal(g, w) for g, w in zip(q, want_kv)) and \
             not all(np.array_equal(g, w) for g, w in zip(q, want_q)):
-        grading.fail(f"visit_lists of a {nQ} x {nK} kinds: q_lists equals kv_lists", HINT_TRANSPOSE)
+        checks.fail(f"visit_lists of a {nQ} x {nK} kinds: q_lists equals kv_lists", HINT_TRANSPOSE)
     where, hint = _lists_hint("q_lists", kinds.T, q, want_q)
     if where:
-        grading.fail(f"visit_lists of a {nQ} x {nK} kinds: {where}", hint)
+        checks.fail(f"visit_lists of a {nQ} x {nK} kinds: {where}", hint)
     return kv, q
 
 
@@ -248,7 +248,7 @@ def _diagnose(impl):
             return _classify_hint(got, bs, mine, kinds)[1] or "see the tile kinds in the docstring"
         try:
             _expect_lists(impl, kinds)
-        except grading.CheckFailed as e:
+        except checks.CheckFailed as e:
             return str(e).split("hint: ")[-1] if "hint: " in str(e) else str(e)
     return None
 
@@ -342,15 +342,15 @@ def _expect_end_to_end(impl, rng, allowed, want_allowed, block_size, what):
     out, lse = _forward(q, k, v, allowed, kinds, kv, block_size)
     base_out, base_lse = _forward(q, k, v, want_allowed, lib_kinds, lib_kv, block_size)
     where = f"block-sparse attention on your tables ({what}, block_size={block_size})"
-    grading.expect_close(out, ref_out, baseline=base_out, dtype=np.dtype(np.float64),
-                         name=f"out of {where}", hint=hint)
-    grading.expect_close(lse, ref_lse, baseline=base_lse, dtype=np.dtype(np.float64),
-                         name=f"lse of {where}", hint=hint)
+    checks.expect_close(out, ref_out, baseline=base_out, dtype=np.dtype(np.float64),
+                        name=f"out of {where}", hint=hint)
+    checks.expect_close(lse, ref_lse, baseline=base_lse, dtype=np.dtype(np.float64),
+                        name=f"lse of {where}", hint=hint)
     grads = _backward(q, k, v, out, lse, dout, allowed, kinds, ql, block_size)
     base = _backward(q, k, v, base_out, base_lse, dout, want_allowed, lib_kinds, lib_q, block_size)
     for name, g, e, b, n in zip(("dq", "dk", "dv"), grads, ref_grads, base, naive_grads):
-        grading.expect_close(g, e, baseline=(b, n), dtype=np.dtype(np.float64),
-                             name=f"{name} of {where} (the backward walks q_lists)", hint=hint)
+        checks.expect_close(g, e, baseline=(b, n), dtype=np.dtype(np.float64),
+                            name=f"{name} of {where} (the backward walks q_lists)", hint=hint)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,8 +364,8 @@ def check_window(impl, rng):
             want = _window(n_q, n_k, window)
             if not np.array_equal(got, want):
                 r, c = np.argwhere(got != want)[0]
-                grading.fail(f"sliding_window_allowed({n_q}, {n_k}, {window})[{r}, {c}] is {got[r, c]}, "
-                             f"expected {want[r, c]}", _window_hint(n_q, n_k, window, got))
+                checks.fail(f"sliding_window_allowed({n_q}, {n_k}, {window})[{r}, {c}] is {got[r, c]}, "
+                            f"expected {want[r, c]}", _window_hint(n_q, n_k, window, got))
 
 
 def _expect_kinds(impl, allowed, block_size, what):
@@ -373,8 +373,8 @@ def _expect_kinds(impl, allowed, block_size, what):
     want, _, _ = _tables(_block_mask(allowed, block_size))
     if not np.array_equal(got, want):
         where, hint = _classify_hint(allowed, block_size, got, want)
-        grading.fail(f"classify_blocks of {what} ({allowed.shape[0]} x {allowed.shape[1]}, "
-                     f"block_size={block_size}): {where}", hint)
+        checks.fail(f"classify_blocks of {what} ({allowed.shape[0]} x {allowed.shape[1]}, "
+                    f"block_size={block_size}): {where}", hint)
 
 
 def check_classify_windows(impl, rng):
@@ -440,6 +440,6 @@ CHECKS = [check_window, check_classify_windows, check_classify_any_rule, check_v
           check_end_to_end_window, check_end_to_end_documents]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
 def test_ex09(check, exercise_impl, grader_seed):
-    grading.pytest_run(check, exercise_impl, grader_seed)
+    checks.pytest_run(check, exercise_impl, grader_seed)

@@ -13,12 +13,12 @@ subtracted, NaN on empty rows.
 import numpy as np
 import pytest
 
-from flashlib import grading
+from flashlib import checks
 from flashlib.reference import attention_ref
 
 pytestmark = pytest.mark.ex10
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.grading.borrowed)
+# "not accepted: write it yourself" (flashlib.integrity.borrowed)
 FLASHLIB_ALLOWED = ()
 
 DTYPES = (np.float32, np.float64)
@@ -38,28 +38,28 @@ HINT_EMPTY = ("a row whose every split is empty (lse_s = -inf) must give out 0 a
 
 
 def _call(impl, out_parts, lse_parts):
-    fn = grading.function(impl, "combine_splits")
+    fn = checks.function(impl, "combine_splits")
     args = [out_parts.copy(), lse_parts.copy()]
     result = fn(*args)
     for name, before, after in zip(("out_parts", "lse_parts"), (out_parts, lse_parts), args):
         if not np.array_equal(before, after, equal_nan=True):
-            grading.fail(f"combine_splits changed its argument {name} ({before.dtype}) in place "
-                         "(e.g. lse_parts -= m): compute into new arrays; the caller may still "
-                         "need it")
+            checks.fail(f"combine_splits changed its argument {name} ({before.dtype}) in place "
+                        "(e.g. lse_parts -= m): compute into new arrays; the caller may still "
+                        "need it")
     if not isinstance(result, (tuple, list)) or len(result) != 2:
-        grading.fail(f"combine_splits returned {type(result).__name__}; it should return the pair "
-                     "(out, lse)")
-    out, lse = (grading.as_array(t, name) for t, name in zip(result, ("out", "lse")))
+        checks.fail(f"combine_splits returned {type(result).__name__}; it should return the pair "
+                    "(out, lse)")
+    out, lse = (checks.as_array(t, name) for t, name in zip(result, ("out", "lse")))
     lead, D = lse_parts.shape[:-1], out_parts.shape[-1]
     if out.shape != (*lead, D):
-        grading.fail(f"out has shape {out.shape}; expected {(*lead, D)}: sum over the split axis "
-                     "(-2) of out_parts")
+        checks.fail(f"out has shape {out.shape}; expected {(*lead, D)}: sum over the split axis "
+                    "(-2) of out_parts")
     if lse.shape != lead:
-        grading.fail(f"lse has shape {lse.shape}; expected {lead}: one value per query row")
+        checks.fail(f"lse has shape {lse.shape}; expected {lead}: one value per query row")
     for name, t in (("out", out), ("lse", lse)):
         if t.dtype != lse_parts.dtype:
-            grading.fail(f"{name} is {t.dtype} for {lse_parts.dtype} inputs: the docstring "
-                         "promises the inputs' dtype")
+            checks.fail(f"{name} is {t.dtype} for {lse_parts.dtype} inputs: the docstring "
+                        "promises the inputs' dtype")
     return out, lse
 
 
@@ -135,15 +135,15 @@ def _expect(impl, out_parts, lse_parts, what, default_hint, *, expected=None, ma
     hint = lambda: _diagnose(impl) or default_hint  # noqa: E731
     what = f"{dtype} out_parts {out_parts.shape}, {what}"
     if np.isnan(out).any() or np.isnan(lse).any():
-        grading.fail(f"out or lse has NaN for {what}", hint())
+        checks.fail(f"out or lse has NaN for {what}", hint())
     if not np.array_equal(np.isneginf(lse), np.isneginf(lse_ref)):
-        grading.fail(f"lse for {what} is -inf in the wrong rows: exactly the rows whose every split "
-                     "is empty have nothing to attend to", hint())
+        checks.fail(f"lse for {what} is -inf in the wrong rows: exactly the rows whose every split "
+                    "is empty have nothing to attend to", hint())
     mags = {} if magnitude is None else magnitude
-    grading.expect_close(out, out_ref, baseline=out_b, dtype=dtype, name=f"out for {what}", hint=hint,
-                         magnitude=mags.get("out"))
-    grading.expect_close(lse, lse_ref, baseline=lse_b, dtype=dtype, name=f"lse for {what}", hint=hint,
-                         magnitude=mags.get("lse"))
+    checks.expect_close(out, out_ref, baseline=out_b, dtype=dtype, name=f"out for {what}", hint=hint,
+                        magnitude=mags.get("out"))
+    checks.expect_close(lse, lse_ref, baseline=lse_b, dtype=dtype, name=f"lse for {what}", hint=hint,
+                        magnitude=mags.get("lse"))
 
 
 def _split_attention(rng, dtype, Nq, Nk, D, cuts, scale):
@@ -250,6 +250,6 @@ CHECKS = [check_real_splits, check_one_split, check_leading_dims, check_far_apar
           check_empty_splits]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
 def test_ex10(check, exercise_impl, grader_seed):
-    grading.pytest_run(check, exercise_impl, grader_seed)
+    checks.pytest_run(check, exercise_impl, grader_seed)

@@ -1,0 +1,243 @@
+"""What a grader file imports to write its checks (``tests/exercises/test_exNN_topic.py``).
+
+A check is a plain function ``check(impl, rng)`` (impl: the learner's module, rng: a seeded NumPy
+generator) that raises ``CheckFailed`` with words a learner can act on. The helpers here say what
+went wrong: ``fail`` (a message and a hint), ``expect_close`` (flashlib.testing's tolerance, and
+which entries differ), ``function`` and ``as_array`` (the learner's function and what it returned,
+or a message naming what is missing); ``ReadRecorder`` with ``stream_problem`` tell one streaming
+pass from two, ``memory_problem`` a loop that keeps O(1) state from one that keeps every block.
+``check_id`` and ``pytest_run`` run the same checks under pytest as ``flashlib check`` runs them
+(``flashlib.grading``).
+
+Limits: ``ReadRecorder`` sees only the accesses made through it, and ``peak_allocation`` only what
+tracemalloc traces in this process (Python objects and NumPy's buffers, not torch's); under
+``flashlib grade`` the learner's functions are proxies (``runs_in_sandbox``) and memory checks do
+not apply.
+"""
+import numpy as np
+
+from .course import display_path
+from .testing import assert_close, tolerance
+
+
+class CheckFailed(AssertionError):
+    """A grader check failed; its message is what the learner reads."""
+
+
+def fail(message: str, hint: str | None = None):
+    """Raise CheckFailed with ``message`` and an optional hint on its own line."""
+    raise CheckFailed(message if hint is None else f"{message}\n    hint: {hint}")
+
+
+def expect_close(actual, expected, *, baseline, dtype, name, hint=None, magnitude=None):
+    """``flashlib.testing.assert_close`` with a hint; ``hint`` may be a callable (a diagnosis
+    that runs only when the comparison fails) returning a string or None. magnitude: see
+    ``flashlib.testing.tolerance``."""
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    if actual.shape != expected.shape:
+        fail(f"{name} has shape {actual.shape}, expected {expected.shape}", _resolve(hint))
+    try:
+        assert_close(actual, expected, baseline=baseline, dtype=dtype, name=name,
+                     magnitude=magnitude)
+    except AssertionError as e:
+        bad = "" if np.all(np.isfinite(actual) | ~np.isfinite(expected)) else " (it has inf/NaN)"
+        tol = tolerance(expected, baseline, dtype, magnitude=magnitude)
+        fail(f"{e}{bad}\n    {where_it_differs(actual, expected, tol)}", _resolve(hint))
+
+
+def _distinct(a: float, e: float) -> tuple[str, str]:
+    """a and e with the fewest digits (6, 9 or 17) that tell them apart."""
+    for digits in (6, 9, 17):
+        shown = f"{a:.{digits}g}", f"{e:.{digits}g}"
+        if shown[0] != shown[1]:
+            break
+    return shown
+
+
+def where_it_differs(actual, expected, tol: float) -> str:
+    """Which entries are off and how: how many, the rows (second-to-last axis) they sit in, and
+    the worst one's index with the returned and expected values."""
+    a = np.asarray(actual, np.float64)
+    e = np.asarray(expected, np.float64)
+    with np.errstate(invalid="ignore"):
+        diff = np.where(a == e, 0.0, np.abs(a - e))
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    off = diff > tol
+    worst = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    shown = _distinct(float(a[worst]), float(e[worst]))
+    text = f"{int(off.sum())} of {off.size} entries off"
+    if a.ndim >= 2:
+        rows = np.flatnonzero(off.any(axis=-1).reshape(-1, a.shape[-2]).any(axis=0))
+        listed = ", ".join(str(r) for r in rows[:8]) + (", ..." if len(rows) > 8 else "")
+        text += f", in rows {listed} (of {a.shape[-2]})"
+    return f"{text}; worst at index {tuple(int(i) for i in worst)}: returned {shown[0]}, expected {shown[1]}"
+
+
+def _resolve(hint):
+    return hint() if callable(hint) else hint
+
+
+def function(impl, name: str):
+    """The learner's function ``name``, or a CheckFailed saying it is missing."""
+    fn = getattr(impl, name, None)
+    if not callable(fn):
+        fail(f"{display_path(getattr(impl, '__file__', 'your file'))} defines no function {name}: "
+             "keep the name and signature from the stub")
+    return fn
+
+
+def as_array(x, name: str):
+    """np.asarray(x), or a CheckFailed naming what came back instead of an array."""
+    if isinstance(x, np.ndarray):
+        return x
+    try:
+        return np.asarray(x, dtype=float)
+    except (TypeError, ValueError):
+        fail(f"{name} should be a NumPy array, got {type(x).__name__}")
+
+
+def check_id(check_fn) -> str:
+    """pytest id for a check function: its name without "check_"."""
+    return check_fn.__name__.removeprefix("check_")
+
+
+def pytest_run(check_fn, impl, seed: int) -> None:
+    """Run one check under pytest: pass, or fail with the learner's message (and the seed)."""
+    import pytest
+
+    from .grading import run_one   # (here, not at the top: grading imports this module)
+
+    result = run_one(check_fn, impl, seed)
+    replay = f"(seed {seed}: replay with FLASHLIB_SEED={seed})"
+    if result.status == "ok":
+        return
+    if result.status == "error":  # keep the traceback: it points into the code at fault
+        if hasattr(result.exception, "add_note"):
+            result.exception.add_note(f"{result.title}: {result.message}\n    {replay}")
+        raise result.exception
+    if result.status == "not done":
+        pytest.fail(f"not done yet: replace the NotImplementedError in "
+                    f"{display_path(impl.__file__)}", pytrace=False)
+    pytest.fail(f"{result.title}: {result.message}\n    {replay}", pytrace=False)
+
+
+class ReadRecorder(np.lib.mixins.NDArrayOperatorsMixin):
+    """An array stand-in that records which positions along ``axis`` each access reads, so a
+    grader can tell one streaming pass (blocks, in order, each read once) from two passes or a
+    whole-row computation. Indexing (``x[..., a:b]``, ``k[j]``) and iteration (axis 0) read what
+    they select; anything else (a NumPy function or operator on it, ``np.asarray``, ``.T``,
+    ``.max()``) reads everything. ``shape``, ``dtype``, ``ndim``, ``size`` and ``len`` read nothing.
+    ``reads``: one sorted array of positions per access."""
+
+    def __init__(self, array, axis):
+        self._a, self._axis = np.asarray(array), axis % np.ndim(array)
+        self.reads = []
+        self.shape, self.dtype, self.ndim, self.size = (self._a.shape, self._a.dtype,
+                                                        self._a.ndim, self._a.size)
+
+    def _all(self):
+        self.reads.append(np.arange(self._a.shape[self._axis]))
+
+    def __len__(self):
+        return len(self._a)
+
+    def __getitem__(self, index):
+        index = index._a if isinstance(index, ReadRecorder) else index
+        shape = [1] * self._a.ndim
+        shape[self._axis] = -1
+        where = np.broadcast_to(np.arange(self._a.shape[self._axis]).reshape(shape), self._a.shape)
+        self.reads.append(np.unique(where[index]))
+        return self._a[index]
+
+    def __iter__(self):
+        if self._axis != 0:
+            self._all()
+            yield from self._a
+            return
+        for i in range(len(self._a)):
+            self.reads.append(np.array([i]))
+            yield self._a[i]
+
+    def __array__(self, dtype=None, copy=None):
+        self._all()
+        return self._a if dtype is None else self._a.astype(dtype)
+
+    @staticmethod
+    def _plain(x):
+        if isinstance(x, ReadRecorder):
+            x._all()
+            return x._a
+        if isinstance(x, (tuple, list)):
+            return type(x)(ReadRecorder._plain(t) for t in x)
+        return x
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        inputs, kwargs = self._plain(inputs), {k: self._plain(v) for k, v in kwargs.items()}
+        return getattr(ufunc, method)(*inputs, **kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        return func(*self._plain(args), **{k: self._plain(v) for k, v in kwargs.items()})
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name in ("_a", "_axis", "reads"):
+            raise AttributeError(name)
+        self._all()
+        return getattr(self._a, name)
+
+
+def stream_problem(reads, n, most, what="columns") -> str | None:
+    """What is not one streaming pass in ``reads`` (ReadRecorder.reads over ``n`` positions):
+    an access reading more than ``most`` positions, or one going back before the block the
+    previous access started at (a second pass); None when it streams."""
+    start = -1
+    for i, r in enumerate(reads):
+        if r.size > most:
+            return (f"step {i + 1} reads {r.size} of the {n} {what} at once (at most {most} "
+                    "were expected)")
+        if r.size and r.min() < start:
+            return (f"step {i + 1} goes back to {what[:-1]} {int(r.min())} after a step that "
+                    f"started at {start}: a second pass over the {what}")
+        start = max(start, int(r.min()) if r.size else start)
+    return None
+
+
+def peak_allocation(fn, *args, **kwargs) -> int:
+    """Bytes ``fn(*args, **kwargs)`` holds at its peak beyond what was allocated before the call
+    (tracemalloc: Python objects and NumPy's buffers). Run it at two sizes of the input: an
+    algorithm that keeps O(block) state holds the same at both, one that keeps every block (or
+    every score) until the end holds more in proportion."""
+    import tracemalloc
+
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        fn(*args, **kwargs)
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        if started:
+            tracemalloc.stop()
+
+
+def runs_in_sandbox(fn) -> bool:
+    """True for a proxy of a student's function that runs in ``flashlib.sandbox``'s confined
+    process (``flashlib grade``): memory measured here would be the proxy's own copies, not the
+    student's, so memory checks do not apply there (they do in ``flashlib check`` and pytest)."""
+    return type(fn).__module__ == "flashlib.sandbox"
+
+
+def memory_problem(fn, make_args, sizes, per_position, what="columns") -> str | None:
+    """Why ``fn`` is not O(1) in memory along the streamed axis, or None. make_args(n): the
+    arguments for an input of n positions; sizes: (small, large); per_position: the bytes one
+    position of the input holds (so that a buffer of the input is its own size in bytes). A
+    growth by more than a tenth of the extra input is a buffer (a correct stream grows by 0)."""
+    small, large = sizes
+    peaks = [peak_allocation(fn, *make_args(n)) for n in (small, large)]
+    growth = peaks[1] - peaks[0]
+    if growth > 0.1 * (large - small) * per_position:
+        return (f"your memory grows with the number of {what}: {peaks[0] / 1024:.0f} KiB at "
+                f"its peak for {small} {what}, {peaks[1] / 1024:.0f} KiB for {large}")
+    return None
