@@ -130,9 +130,14 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, caches=None):
         """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy against targets
         (B, T) if given. With ``caches`` (one ``KVCache`` per layer), idx are the next tokens of
-        sequences whose earlier tokens are cached: positions continue from the caches' length."""
+        sequences whose earlier tokens are cached, as many for each sequence (``generate``'s
+        case): positions continue from the caches' length."""
         B, T = idx.shape
-        start = 0 if caches is None else caches[0].lengths[0]
+        lengths = [0] if caches is None else caches[0].lengths
+        if len(set(lengths)) > 1:
+            raise ValueError(f"the caches hold sequences of lengths {lengths}: positions would differ "
+                             "between sequences; GPT.forward needs them equal")
+        start = lengths[0]
         if start + T > self.cfg.block_size:
             raise ValueError(f"{start + T} tokens exceed the context of block_size={self.cfg.block_size}")
         pos = torch.arange(start, start + T, device=idx.device)   # (T,)

@@ -118,3 +118,7 @@ def test_bad_generate_arguments_are_named():
         model.generate(prompt[:, :3], 2, temperature=0.0)
     with pytest.raises(ValueError, match="block_size=24"):
         model(torch.zeros(1, 25, dtype=torch.long, device=DEV))
+    ragged = [gpt.KVCache(2, cfg.n_kv_head, 8, 8, dtype=torch.float32, device=DEV, lengths=[1, 3])
+              for _ in range(cfg.n_layer)]
+    with pytest.raises(ValueError, match=r"lengths \[1, 3\]"):
+        model(torch.zeros(2, 1, dtype=torch.long, device=DEV), caches=ragged)
