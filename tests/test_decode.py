@@ -108,19 +108,17 @@ def test_one_launch_equals_the_two_kernels(num_splits):
 
 
 def test_far_apart_scores_merge_without_overflow():
-    # scale 8: scores up to about +-100, the splits' lse far apart. At such logits the kernels'
-    # base-2 scaling (s * scale * log2 e, then exp2) rounds a few times more than textbook
-    # attention, FA2's kernel as much as this one: flash_attention is a second baseline
+    # scale 8: scores up to about +-100, the splits' lse far apart. Each split's float32 lse is
+    # rounded at that size, so its weight in the merge errs by about |lse| ulps: more than one
+    # pass over the keys errs (2.7% of seeds failed a tolerance of 2x naive attention's error),
+    # within the shared rule's floor, which grows with |scale q.k|
     q, k, v = inputs(2, 4, 2, 1, 130, 32, torch.float32)
     lens = [130, 77]
     out, lse = flash_decode(q, k, v, cache_seqlens=torch.tensor(lens, device=DEV), num_splits=4,
                             scale=8.0, return_lse=True)
     for b, L in enumerate(lens):
-        qb, kb, vb = q[b:b + 1], k[b:b + 1, :, :L], v[b:b + 1, :, :L]
-        ref, ref_lse = attention_ref(qb, kb, vb, scale=8.0)
-        fa2, fa2_lse = flash_attention(qb, kb, vb, scale=8.0, return_lse=True)
-        assert_close(out[b:b + 1], ref, baseline=(attention_naive(qb, kb, vb, scale=8.0), fa2))
-        assert_close(lse[b:b + 1], ref_lse, baseline=(ref_lse.float(), fa2_lse))
+        assert_attention_close(out[b:b + 1], lse[b:b + 1], q[b:b + 1], k[b:b + 1, :, :L],
+                               v[b:b + 1, :, :L], scale=8.0)
 
 
 def test_bfloat16():
