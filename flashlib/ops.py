@@ -34,7 +34,7 @@ def check_inputs(q, k, v, *, scale=None, causal=False):
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
         runtime.check_device(name, t)
     if q.dtype == torch.bfloat16 and q.device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(q.device)
+        major, minor = runtime.capability(q.device)
         if major < 8:
             raise TypeError(f"q is bfloat16, which needs an sm_80 (Ampere) or newer GPU; this one "
                             f"is sm_{major}{minor} (e.g. Colab's T4): use float16")
@@ -57,6 +57,7 @@ class FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, scale):
         out, lse = fa2_forward(q, k, v, causal=causal, scale=scale)
+        ctx.set_materialize_grads(False)   # lse's gradient: None, not a zeros tensor per call
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.scale = causal, scale
         ctx.mark_non_differentiable(lse)
@@ -66,6 +67,8 @@ class FlashAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         from .kernels.fa2_bwd import fa2_backward
         q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:   # out took no part in the loss
+            return None, None, None, None, None
         dq, dk, dv = fa2_backward(q, k, v, out, lse, dout, causal=ctx.causal, scale=ctx.scale)
         return dq, dk, dv, None, None
 
@@ -102,6 +105,7 @@ class BlockSparseAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, mask, scale):
         from .kernels.block_sparse import block_sparse_forward
         out, lse = block_sparse_forward(q, k, v, mask, scale=scale)
+        ctx.set_materialize_grads(False)   # lse's gradient: None, not a zeros tensor per call
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.mask, ctx.scale = mask, scale
         ctx.mark_non_differentiable(lse)
@@ -111,6 +115,8 @@ class BlockSparseAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         from .kernels.block_sparse import block_sparse_backward
         q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:   # out took no part in the loss
+            return None, None, None, None, None
         dq, dk, dv = block_sparse_backward(q, k, v, out, lse, dout, ctx.mask, scale=ctx.scale)
         return dq, dk, dv, None, None
 

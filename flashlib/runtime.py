@@ -8,6 +8,7 @@ exact enough to learn from and to test. Limits of the interpreter that the kerne
 bfloat16 arithmetic and ``tl.dot`` are wrong there, ``do_bench`` and autotuning need a GPU, and
 races cannot show because programs never overlap.
 """
+import functools
 import os
 
 import torch
@@ -67,6 +68,12 @@ def check_kernel(kernel, name: str | None = None) -> None:
             "no CUDA GPU. Run `import flashlib` (it sets TRITON_INTERPRET=1) before defining "
             "kernels, then re-run the cell that defines it; or set TRITON_INTERPRET=1 before "
             "starting Python.")
+
+
+@functools.cache
+def capability(device: torch.device) -> tuple[int, int]:
+    """``device``'s CUDA compute capability, e.g. (9, 0); asked of the driver once."""
+    return torch.cuda.get_device_capability(device)
 
 
 def check_device(name: str, t: torch.Tensor) -> None:

@@ -375,5 +375,8 @@ def test_gpu_direct_launches_repeat_the_first_call():
         for later in runs[1:]:
             assert all(torch.equal(a, b) for a, b in zip(runs[0], later))
     if launch.ENABLED:
-        for kernel in (bs._fwd, bs._dq, bs._dkdv, fa2_fwd._fa2_fwd, fa2_bwd._dq, fa2_bwd._dkdv):
-            assert launch._compiled[kernel], kernel
+        scores = 2 * 4 * 1000 * 1000
+        for choose in (bs._choose_fwd, bs._choose_dq, bs._choose_dkdv):
+            assert launch._compiled[choose(64, 2, scores, mask.block_size)[0]], choose
+        for choose in (fa2_fwd._choose, fa2_bwd._choose_dq, fa2_bwd._choose_dkdv):
+            assert launch._compiled[choose(64, 2, scores)[0]], choose

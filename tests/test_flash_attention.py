@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flashlib import runtime, tiled
-from flashlib.ops import flash_attention
+from flashlib.ops import block_sparse_attention, flash_attention
 from flashlib.reference import attention_naive, attention_ref
 from flashlib.testing import assert_attention_close, assert_close, attention_magnitudes
 
@@ -101,6 +101,30 @@ def test_empty_rows_are_zero_not_nan():
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
+class DropFirstGrad(torch.autograd.Function):
+    """x + y, whose backward gives x no gradient (None): autograd then hands None upstream."""
+    @staticmethod
+    def forward(ctx, x, y):
+        return x + y
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, grad
+
+
+@pytest.mark.parametrize("attend", ["dense", "block_sparse"])
+def test_undefined_output_gradient_gives_no_input_gradient(attend):
+    # the autograd nodes do not materialise zero gradients, so they must accept None
+    q, k, v, y = (rand(1, 2, 20, 16, dtype=torch.float32).requires_grad_() for _ in range(4))
+    if attend == "dense":
+        out = flash_attention(q, k, v, causal=True)
+    else:
+        out = block_sparse_attention(q, k, v, torch.ones(1, 1, dtype=torch.bool), block_size=32)
+    DropFirstGrad.apply(out, y).sum().backward()
+    assert q.grad is None and k.grad is None and v.grad is None
+    assert torch.equal(y.grad, torch.ones_like(y))
+
+
 @pytest.mark.parametrize("bad, match", [
     (dict(q=torch.randn(2, 8, 16)), "q must have 4 dims"),
     (dict(k=torch.randn(1, 3, 8, 16)), "k and v must have the same shape"),
@@ -175,3 +199,20 @@ def test_autotuning_key_tells_batch_heads_apart():
     assert size_bucket(16384, 16384, slices=2) != size_bucket(16384, 16384, slices=64)
     assert size_bucket(16384, 16384, slices=2) != size_bucket(8192, 8192, slices=2)
     assert size_bucket(9000, 300, slices=40) == size_bucket(16384, 16384, slices=64)   # buckets
+
+
+def test_small_problems_are_not_autotuned(monkeypatch):
+    # autotuning compiles every config per shape: only problems of TUNE_FROM_SCORES scores or
+    # more are tuned; smaller ones take the first config that fits, as with autotuning off
+    import triton
+    from flashlib.kernels import config, fa2_fwd
+    monkeypatch.setattr(config.runtime, "AUTOTUNE", True)
+    monkeypatch.setattr(config.runtime, "INTERPRET", False)
+    monkeypatch.setattr(config, "_smem_limit", lambda: 64 * 1024)
+    choose = config.tuned(fa2_fwd._fa2_fwd_kernel, [(128, 128, 8, 3), (64, 64, 4, 2)],
+                          lambda bm, bn: (bm, 2 * bn))
+    kernel, launch_kwargs = choose(64, 2, config.TUNE_FROM_SCORES - 1)
+    assert kernel is fa2_fwd._fa2_fwd_kernel
+    assert launch_kwargs == dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)  # 128s: too big
+    kernel, launch_kwargs = choose(64, 2, config.TUNE_FROM_SCORES)
+    assert isinstance(kernel, triton.runtime.Autotuner) and launch_kwargs == {}

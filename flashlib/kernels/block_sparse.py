@@ -253,9 +253,9 @@ def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QB
              + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(dV.dtype.element_ty), mask=kv_ok)
 
 
-_fwd, _pick_fwd = tuned(_bs_fwd_kernel, CONFIGS, lambda bm, bn: (bm, 2 * bn), key=KEY)
-_dkdv, _pick_dkdv = tuned(_bs_dkdv_kernel, DKDV_CONFIGS, lambda bm, bn: (2 * bn, 2 * bm), key=KEY)
-_dq, _pick_dq = tuned(_bs_dq_kernel, DQ_CONFIGS, lambda bm, bn: (2 * bm, 2 * bn), key=KEY)
+_choose_fwd = tuned(_bs_fwd_kernel, CONFIGS, lambda bm, bn: (bm, 2 * bn), key=KEY)
+_choose_dkdv = tuned(_bs_dkdv_kernel, DKDV_CONFIGS, lambda bm, bn: (2 * bn, 2 * bm), key=KEY)
+_choose_dq = tuned(_bs_dq_kernel, DQ_CONFIGS, lambda bm, bn: (2 * bm, 2 * bn), key=KEY)
 
 
 def _slices(mask):
@@ -294,10 +294,10 @@ def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False):
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     block_d = max(16, triton.next_power_of_2(D))
     bs = mask.block_size
-    config = _pick_fwd(block_d, q.element_size(), bs)
+    kernel, config = _choose_fwd(block_d, q.element_size(), B * Hq * Nq * Nk, bs)
     slice_b, slice_h = _slices(mask)
     fast_launch(
-        _fwd, lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
+        kernel, lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
         q, k, v, out, lse, mask.kv_count, mask.kv_full, mask.kv_index, mask.kv_bitmap, mask.bitmaps,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
@@ -327,22 +327,25 @@ def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf
     delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)   # written by the dQ pass
     common = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
               v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2))
+    scores = B * Hq * Nq * Nk
+    dq_kernel, dq_config = _choose_dq(block_d, q.element_size(), scores, bs)
+    dkdv_kernel, dkdv_config = _choose_dkdv(block_d, q.element_size(), scores, bs)
     fast_launch(
-        _dq, lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
+        dq_kernel, lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
         q, k, v, out, dout, lse, delta, dq, mask.kv_count, mask.kv_full, mask.kv_index,
         mask.kv_bitmap, mask.bitmaps, *common, out.stride(0), out.stride(1), out.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2), slice_b, slice_h, Hq, Nq, Nk, D, mask.shape[2],
         mask.shape[3], scale, scale * LOG2E,
         n_bucket, mask.kv_visits, Hq // Hkv, *_band(mask), ADJACENT=mask.kv_full_adjacent,
         EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs,
-        BLOCK_D=block_d, DOT_PRECISION=precision, **_pick_dq(block_d, q.element_size(), bs))
+        BLOCK_D=block_d, DOT_PRECISION=precision, **dq_config)
     fast_launch(
-        _dkdv, lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,),
+        dkdv_kernel, lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,),
         q, k, v, dout, lse, delta, dk, dv, mask.q_count, mask.q_full, mask.q_index, mask.q_bitmap,
         mask.bitmaps, *common, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
         dv.stride(2), slice_b, slice_h, Hq, Hkv, Nq, Nk, D, mask.shape[3], mask.shape[2], scale, scale * LOG2E,
         n_bucket, mask.q_visits, Hq // Hkv, *_band(mask), ADJACENT=mask.q_full_adjacent,
         EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs,
         BLOCK_D=block_d, DOT_PRECISION=precision,
-        **_pick_dkdv(block_d, q.element_size(), bs))
+        **dkdv_config)
     return dq.to(grad_dtype), dk.to(grad_dtype), dv.to(grad_dtype)

@@ -1,8 +1,9 @@
 """Block configs: autotuned on a GPU, one fixed config otherwise, always sized to fit SRAM.
 
 Autotuning compiles and times every config once per key (problem size bucket, head dim, causal,
-precision), so it runs only on a GPU with ``runtime.AUTOTUNE``; FLASHLIB_AUTOTUNE=0 takes the first
-config that fits. Through the interpreter (no GPU) kernels use 64x64 blocks: the interpreter's
+precision), so it runs only on a GPU with ``runtime.AUTOTUNE``, and only for problems of at least
+``TUNE_FROM_SCORES`` scores; otherwise (and with FLASHLIB_AUTOTUNE=0) kernels take the first config
+that fits. Through the interpreter (no GPU) kernels use 64x64 blocks: the interpreter's
 cost is per program per loop step, whatever the tile size.
 
 Shared memory: a kernel keeps ``resident`` rows of headdim (e.g. its Q block) and pipelines
@@ -10,6 +11,8 @@ Shared memory: a kernel keeps ``resident`` rows of headdim (e.g. its Q block) an
 ``elem_bytes * BLOCK_D * (resident + num_stages * streamed)`` bytes (this matches what Triton
 reports); configs over the GPU's per-block limit are dropped before compiling.
 """
+import functools
+
 import torch
 import triton
 
@@ -17,6 +20,10 @@ from .. import runtime
 
 INTERPRETER_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64}
 KEY = ["n_bucket", "BLOCK_D", "CAUSAL", "DOT_PRECISION"]
+# Problems with fewer scores (batch x heads x seqlen_q x seqlen_k) are not autotuned: their kernels
+# take microseconds, less than the host's time per call, and tuning them compiled every config
+# for each new shape (lesson 11's sampling and gradient check: minutes on an H200).
+TUNE_FROM_SCORES = 1 << 24
 
 
 def size_bucket(*lengths, slices=1) -> int:
@@ -29,19 +36,25 @@ def size_bucket(*lengths, slices=1) -> int:
     return length * 2048 + min(triton.next_power_of_2(slices), 1024)
 
 
+@functools.cache
 def _smem_limit() -> int:
+    """Shared memory one program may use (read once: the driver query costs microseconds and
+    ``choose`` runs at every launch)."""
     props = torch.cuda.get_device_properties(0)
     return getattr(props, "shared_memory_per_block_optin", 0) or 48 * 1024
 
 
 def tuned(kernel, configs, footprint, elem_arg="Q", key=KEY):
-    """Wrap ``kernel`` for launching; return ``(launchable, pick)``.
+    """Wrap ``kernel`` for launching; return ``choose(block_d, elem_bytes, scores, max_block=None)
+    -> (launchable, launch kwargs)``: ``triton.autotune(kernel)`` and {} when autotuning, else
+    ``kernel`` and the first config that fits.
 
     configs: (BLOCK_M, BLOCK_N, num_warps, num_stages) tuples, best guess first.
     footprint(BLOCK_M, BLOCK_N) -> (resident_rows, streamed_rows_per_stage), see module docstring.
-    pick(block_d, elem_bytes, max_block=None) gives the launch kwargs: the fixed config, or {}
-    when autotuning. Blocks above ``max_block`` are dropped (block-sparse tiles must fit inside
-    one mask block; there the kernel's SPARSE_BLOCK argument sets the limit when autotuning).
+    scores: the problem's size, batch x heads_q x seqlen_q x seqlen_k; under ``TUNE_FROM_SCORES``
+    the first config is used even when autotuning. Blocks above ``max_block`` are dropped
+    (block-sparse tiles must fit inside one mask block; there the kernel's SPARSE_BLOCK argument
+    sets the limit when autotuning).
     """
     def fits(cfg, block_d, elem_bytes, max_block):
         bm, bn, _, stages = cfg
@@ -49,16 +62,17 @@ def tuned(kernel, configs, footprint, elem_arg="Q", key=KEY):
         small = max_block is None or max(bm, bn) <= max_block
         return small and elem_bytes * block_d * (resident + stages * streamed) <= _smem_limit()
 
-    if runtime.INTERPRET:
-        def pick(block_d, elem_bytes, max_block=None):
+    @functools.cache
+    def first_fitting(block_d, elem_bytes, max_block):
+        if runtime.INTERPRET:
             return {k: min(v, max_block or v) for k, v in INTERPRETER_CONFIG.items()}
-        return kernel, pick
+        fitting = [c for c in configs if fits(c, block_d, elem_bytes, max_block)]
+        bm, bn, warps, stages = fitting[0] if fitting else (16, 16, 4, 1)
+        return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+
     if not runtime.AUTOTUNE:
-        def pick(block_d, elem_bytes, max_block=None):
-            fitting = [c for c in configs if fits(c, block_d, elem_bytes, max_block)]
-            bm, bn, warps, stages = fitting[0] if fitting else (16, 16, 4, 1)
-            return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
-        return kernel, pick
+        return lambda block_d, elem_bytes, scores, max_block=None: (
+            kernel, first_fitting(block_d, elem_bytes, max_block))
 
     def prune(triton_configs, named_args, **kwargs):
         block_d = named_args.get("BLOCK_D", kwargs.get("BLOCK_D"))
@@ -70,5 +84,10 @@ def tuned(kernel, configs, footprint, elem_arg="Q", key=KEY):
 
     triton_configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
                       for bm, bn, w, s in configs]
-    launchable = triton.autotune(triton_configs, key=key, prune_configs_by={"early_config_prune": prune})(kernel)
-    return launchable, lambda block_d, elem_bytes, max_block=None: {}
+    autotuner = triton.autotune(triton_configs, key=key, prune_configs_by={"early_config_prune": prune})(kernel)
+
+    def choose(block_d, elem_bytes, scores, max_block=None):
+        if scores < TUNE_FROM_SCORES:
+            return kernel, first_fitting(block_d, elem_bytes, max_block)
+        return autotuner, {}
+    return choose

@@ -129,7 +129,7 @@ def _fa1_fwd_kernel(Q, K, V, Out, Lse, O, L, M,
 CONFIGS = [(64, 64, 4, 1), (128, 64, 8, 1), (64, 128, 8, 1), (128, 128, 8, 1), (32, 64, 4, 1),
            (32, 32, 4, 1)]
 # SRAM: K_j and V_j stay resident through the inner loop; Q_i and the float32 O_i stream past
-_fa1_fwd, _pick_config = tuned(_fa1_fwd_kernel, CONFIGS, lambda bm, bn: (2 * bn, 3 * bm))
+_choose = tuned(_fa1_fwd_kernel, CONFIGS, lambda bm, bn: (2 * bn, 3 * bm))
 
 
 def fa1_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, rescale=None):
@@ -155,13 +155,14 @@ def fa1_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, rescale=
     l_scratch = torch.empty((B * Hq, Nq), dtype=torch.float32, device=q.device)
     m_scratch = torch.empty((B * Hq, Nq), dtype=torch.float32, device=q.device)
     block_d = max(16, triton.next_power_of_2(D))
-    _fa1_fwd[(B * Hq,)](
+    kernel, config = _choose(block_d, q.element_size(), B * Hq * Nq * Nk)
+    kernel[(B * Hq,)](
         q, k, v, out, lse, o_scratch, l_scratch, m_scratch,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         Hq, Nq, Nk, D, scale * LOG2E, size_bucket(Nq, Nk, slices=B * Hq), Hq // Hkv,
         CAUSAL=bool(causal), BLOCK_D=block_d, DOT_PRECISION="tf32" if allow_tf32 else "ieee",
-        RESCALE=rescale, **_pick_config(block_d, q.element_size()))
+        RESCALE=rescale, **config)
     return out.to(out_dtype), lse
 
 

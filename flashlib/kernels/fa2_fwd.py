@@ -156,7 +156,7 @@ CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4),
            (128, 128, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3), (64, 64, 4, 2),
            (64, 32, 4, 2), (32, 32, 4, 1)]
 # SRAM: the Q block stays resident; each pipeline stage holds a K and a V block
-_fa2_fwd, _pick_config = tuned(_fa2_fwd_kernel, CONFIGS, lambda bm, bn: (bm, 2 * bn))
+_choose = tuned(_fa2_fwd_kernel, CONFIGS, lambda bm, bn: (bm, 2 * bn))
 
 
 def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_update=None):
@@ -181,14 +181,14 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     block_d = max(16, triton.next_power_of_2(D))
-    config = _pick_config(block_d, q.element_size())
+    kernel, config = _choose(block_d, q.element_size(), B * Hq * Nq * Nk)
     even_m = all(Nq % bm == 0 for bm in ([config["BLOCK_M"]] if config else {c[0] for c in CONFIGS}))
 
     def grid(meta):
         return (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)
 
     fast_launch(
-        _fa2_fwd, grid, q, k, v, out, lse,
+        kernel, grid, q, k, v, out, lse,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),

@@ -32,8 +32,9 @@ _compiled = {}           # kernel -> {call signature: CompiledKernel}
 
 
 def _signature(device, args, kwargs):
-    return (device, *kwargs.items(),
-            *[(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a for a in args])
+    # ints first: most arguments are strides and sizes (this runs at every launch)
+    return (device, *kwargs.items(), *[a if type(a) is int else (a.dtype, a.data_ptr() & 15 == 0)
+                                       if isinstance(a, torch.Tensor) else a for a in args])
 
 
 def fast_launch(kernel, grid, *args, **kwargs):
