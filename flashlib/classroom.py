@@ -40,7 +40,7 @@ from pathlib import Path
 from . import sandbox
 from .course import find_root, implementation_path, list_exercises, no_root_message, resolve, short
 from .grading import default_seed, run_one
-from .integrity import borrowed as _borrowed, flashlib_uses
+from .integrity import NOT_ACCEPTED, borrowed as _borrowed, flashlib_uses
 
 HIDDEN = ("solutions", "tests", ".git", "lessons")   # course folders hidden from student processes
 MAX_FILE = 1 << 20                                   # bytes: a bigger .py file is not graded
@@ -173,12 +173,12 @@ def _display(path, root, submissions):
 def _why_not_accepted(flags, root, submissions):
     for flag in flags:
         if flag[0] == "read":
-            return f"not accepted: write it yourself (reads {_display(flag[1], root, submissions)})"
+            return NOT_ACCEPTED.format(why=f"reads {_display(flag[1], root, submissions)}")
         if flag[0] == "write":
             return f"not accepted: tried to write {_display(flag[1], root, submissions)}"
         if flag[0] == "foreign":
             where = _display(flag[2], root, submissions) if flag[2] != "None" else "elsewhere"
-            return f"not accepted: write it yourself ({flag[1]} comes from {where})"
+            return NOT_ACCEPTED.format(why=f"{flag[1]} comes from {where}")
         if flag[0] == "patch":
             return f"not accepted: changes {flag[1]} while graded"
     return None
@@ -230,7 +230,7 @@ def _grade(student, name, files, filename, deadline):
                                        f"(line {e.lineno})"}
     why = borrowed(tree, ast.parse(_W["stubs"].get(name, "")))
     if why is not None:
-        return {"passed": 0, "status": f"not accepted: write it yourself ({why})"}
+        return {"passed": 0, "status": NOT_ACCEPTED.format(why=why)}
     grader = _grader(name)
     box = student_ = None
     try:

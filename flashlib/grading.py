@@ -235,10 +235,9 @@ def run_checks(exercise, *, impl="exercises", path=None, seed=None, root=None) -
         report.status = "error"
         return report
     why = foreign(module, allowed, root)
-    if why is None and calls:
-        why = f"calls {calls[0]}, flashlib's own answer"
-    if why is not None:
-        report.problem, report.status = NOT_ACCEPTED.format(why=why), "not accepted"
+    if why is not None or calls:
+        report.problem = NOT_ACCEPTED.format(why=why) if why is not None else tripped(calls)
+        report.status = "not accepted"
         return report
     for c in checks:
         report.results.append(run_one(c, module, seed))
