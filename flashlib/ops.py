@@ -4,7 +4,8 @@ The layers follow flash-attention's Triton file: ``@triton.jit`` kernel (flashli
 launcher (``fa2_forward`` / ``fa2_backward``: allocation, grid) -> ``FlashAttention``
 (autograd.Function saving exactly q, k, v, out and lse) -> ``flash_attention`` (checks,
 keyword-only options, this docstring). Bad input raises ValueError/TypeError naming the argument,
-before any kernel is compiled.
+before any kernel is compiled. Under torch.compile, ``flash_attention`` reaches the same launchers
+through two custom ops instead of the autograd.Function (see ``_fa2_forward_op``).
 """
 import math
 import numbers
@@ -73,6 +74,49 @@ class FlashAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
+# Under torch.compile, Dynamo cannot trace into the launchers (fast_launch's memo, a @triton.jit
+# function passed as an argument: graph breaks that made a compiled model slower than eager), so
+# flash_attention calls these custom ops instead: the same kernels and gradient formula, opaque to
+# the compiler, which fuses the code around them and, with mode="reduce-overhead", captures them in
+# CUDA graphs. Outside compilation the autograd.Function above costs less host time per call.
+@torch.library.custom_op("flashlib::fa2_forward", mutates_args=())
+def _fa2_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return fa2_forward(q, k, v, causal=causal, scale=scale)
+
+
+@_fa2_forward_op.register_fake
+def _(q, k, v, causal, scale):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("flashlib::fa2_backward", mutates_args=())
+def _fa2_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                     lse: torch.Tensor, dout: torch.Tensor, causal: bool,
+                     scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from .kernels.fa2_bwd import fa2_backward
+    return fa2_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
+
+
+@_fa2_backward_op.register_fake
+def _(q, k, v, out, lse, dout, causal, scale):
+    # as fa2_backward: empty_like of each input, made contiguous only if its last dim is strided
+    return tuple(torch.empty_like(t if t.stride(-1) == 1 else t.contiguous()) for t in (q, k, v))
+
+
+def _save_for_op_backward(ctx, inputs, output):
+    q, k, v, ctx.causal, ctx.scale = inputs
+    ctx.save_for_backward(q, k, v, *output)
+
+
+def _op_backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    return (*_fa2_backward_op(q, k, v, out, lse, dout, ctx.causal, ctx.scale), None, None)
+
+
+_fa2_forward_op.register_autograd(_op_backward, setup_context=_save_for_op_backward)
+
+
 def flash_attention(q, k, v, *, causal=False, scale=None, return_lse=False):
     """Exact attention with FlashAttention-2 kernels, differentiable through torch.autograd.
 
@@ -94,7 +138,10 @@ def flash_attention(q, k, v, *, causal=False, scale=None, return_lse=False):
     lse = -inf.
     """
     scale = check_inputs(q, k, v, scale=scale, causal=causal)
-    out, lse = FlashAttention.apply(q, k, v, causal, scale)
+    if torch.compiler.is_compiling():
+        out, lse = _fa2_forward_op(q, k, v, causal, scale)
+    else:
+        out, lse = FlashAttention.apply(q, k, v, causal, scale)
     return (out, lse) if return_lse else out
 
 

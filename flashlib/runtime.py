@@ -8,7 +8,6 @@ exact enough to learn from and to test. Limits of the interpreter that the kerne
 bfloat16 arithmetic and ``tl.dot`` are wrong there, ``do_bench`` and autotuning need a GPU, and
 races cannot show because programs never overlap.
 """
-import functools
 import os
 
 import torch
@@ -70,10 +69,14 @@ def check_kernel(kernel, name: str | None = None) -> None:
             "starting Python.")
 
 
-@functools.cache
+_capabilities = {}   # a dict, not functools.cache, which torch.compile warns about
+
+
 def capability(device: torch.device) -> tuple[int, int]:
     """``device``'s CUDA compute capability, e.g. (9, 0); asked of the driver once."""
-    return torch.cuda.get_device_capability(device)
+    if device not in _capabilities:
+        _capabilities[device] = torch.cuda.get_device_capability(device)
+    return _capabilities[device]
 
 
 def check_device(name: str, t: torch.Tensor) -> None:

@@ -216,3 +216,30 @@ def test_small_problems_are_not_autotuned(monkeypatch):
     assert launch_kwargs == dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)  # 128s: too big
     kernel, launch_kwargs = choose(64, 2, config.TUNE_FROM_SCORES)
     assert isinstance(kernel, triton.runtime.Autotuner) and launch_kwargs == {}
+
+
+def test_torch_compile_traces_the_whole_call_and_matches_eager():
+    # under torch.compile flash_attention is one opaque custom op per direction (fullgraph: no
+    # graph break), running the same kernels as eager: outputs and gradients are bit-equal
+    q = rand(2, 33, 4, 16, dtype=torch.float32).transpose(1, 2).requires_grad_()  # (B, H, N, D) view
+    k, v = (rand(2, 2, 50, 16, dtype=torch.float32).requires_grad_() for _ in range(2))
+    dout = rand(2, 4, 33, 16, dtype=torch.float32)
+
+    def attend(q, k, v):
+        return flash_attention(q, k, v, causal=True, return_lse=True)
+    results = []
+    for fn in (torch.compile(attend, fullgraph=True, backend="aot_eager"), attend):
+        out, lse = fn(q, k, v)
+        results.append((out, lse, *torch.autograd.grad(out, (q, k, v), dout)))
+    for name, compiled, eager in zip(("out", "lse", "dq", "dk", "dv"), *results):
+        assert torch.equal(compiled, eager), name
+
+
+def test_custom_ops_pass_torch_opcheck():
+    # schema, fake (meta) outputs with the real strides, autograd registration
+    from flashlib import ops
+    q = rand(1, 7, 4, 16, dtype=torch.float32).transpose(1, 2)
+    k, v = (rand(1, 2, 9, 16, dtype=torch.float32) for _ in range(2))
+    out, lse = ops._fa2_forward_op(q, k, v, True, 0.25)
+    torch.library.opcheck(ops._fa2_forward_op, (q.requires_grad_(), k, v, True, 0.25))
+    torch.library.opcheck(ops._fa2_backward_op, (q.detach(), k, v, out, lse, torch.randn_like(out), True, 0.25))

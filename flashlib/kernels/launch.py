@@ -14,7 +14,8 @@ kernel to remember.
 
 Direct launches call ``CompiledKernel.run``, an internal of Triton; its signature is the one of
 the versions in ``TESTED_TRITON``. Elsewhere, through the interpreter, with Triton's launch hooks
-set (profilers), or with ``FLASHLIB_FAST_LAUNCH=0``, every call is a plain ``kernel[grid](...)``.
+set (profilers), while torch.compile traces (Dynamo cannot trace the memo), or with
+``FLASHLIB_FAST_LAUNCH=0``, every call is a plain ``kernel[grid](...)``.
 """
 import os
 
@@ -44,7 +45,7 @@ def fast_launch(kernel, grid, *args, **kwargs):
     signature holds every value its key reads); grid: a tuple of up to 3 ints, or a function of
     the meta-parameters as in Triton; args: the kernel's parameters up to its constexprs; kwargs:
     the constexprs and launch options the caller sets."""
-    if not ENABLED or _hooks_set():
+    if not ENABLED or torch.compiler.is_compiling() or _hooks_set():
         return kernel[grid](*args, **kwargs)
     driver = triton.runtime.driver.active
     device = driver.get_current_device()
