@@ -16,23 +16,14 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashlib
+from flashlib.bench_decode import host_time
 from flashlib.kernels.fa2_bwd import fa2_backward
 from flashlib.kernels.fa2_fwd import fa2_forward
 from flashlib.ops import FlashAttention, check_inputs
 
 
-def host_us(fn, calls=1000, loops=7):
-    for _ in range(30):
-        fn()
-    best = float("inf")
-    for _ in range(loops):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, time.perf_counter() - start)
-    torch.cuda.synchronize()
-    return best / calls * 1e6
+def host_us(fn):
+    return host_time(fn, calls=1000, repeats=7, grad=True)
 
 
 def sdpa(q, k, v):

@@ -192,12 +192,13 @@ def run_case(name, fn, shape, seqlens, dtype, *, ragged):
     return rec
 
 
-def host_time(fn, *, calls=200, repeats=3):
+def host_time(fn, *, calls=200, repeats=3, grad=False):
     """Microseconds of host (Python, launch) time per call: ``calls`` calls back to back without
-    a sync, best of ``repeats``. When it exceeds the GPU time, eager decoding is host-bound."""
+    a sync, best of ``repeats``, autograd off unless ``grad``. When it exceeds the GPU time, eager
+    decoding is host-bound."""
     import time
     best = math.inf
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         for _ in range(repeats):
             torch.cuda.synchronize()
             start = time.perf_counter()
