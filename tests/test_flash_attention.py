@@ -119,7 +119,7 @@ def test_undefined_output_gradient_gives_no_input_gradient(attend):
     if attend == "dense":
         out = flash_attention(q, k, v, causal=True)
     else:
-        out = block_sparse_attention(q, k, v, torch.ones(1, 1, dtype=torch.bool), block_size=32)
+        out = block_sparse_attention(q, k, v, torch.ones(1, 1, dtype=torch.bool, device=DEV), block_size=32)
     DropFirstGrad.apply(out, y).sum().backward()
     assert q.grad is None and k.grad is None and v.grad is None
     assert torch.equal(y.grad, torch.ones_like(y))
