@@ -15,6 +15,7 @@ into the split-KV kernel): at short caches it can exceed the GPU time, which CUD
 fewer, larger steps) hide; see benchmarks/NOTES.md.
 """
 import numbers
+from typing import Optional
 
 import torch
 
@@ -71,9 +72,28 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, sc
     """
     scale = check_decode_inputs(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
                                 num_splits=num_splits, scale=scale)
-    out, lse = flash_decode_forward(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
-                                    scale=scale, return_lse=return_lse)
+    if torch.compiler.is_compiling():
+        out, lse = _flash_decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, scale)
+    else:
+        out, lse = flash_decode_forward(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
+                                        scale=scale, return_lse=return_lse)
     return (out, lse) if return_lse else out
+
+
+# Under torch.compile the launcher (its scratch pool, lock and memo) is opaque to the compiler as
+# this custom op, as flash_attention's are (flashlib/ops.py): no graph break, and
+# mode="reduce-overhead" can replay decoding steps from CUDA graphs.
+@torch.library.custom_op("flashlib::flash_decode", mutates_args=())
+def _flash_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     cache_seqlens: Optional[torch.Tensor], num_splits: Optional[int],
+                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return flash_decode_forward(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
+                                scale=scale, return_lse=True, cached_scratch=False)
+
+
+@_flash_decode_op.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, num_splits, scale):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 class KVCache:

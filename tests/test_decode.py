@@ -365,3 +365,35 @@ def test_fast_launch_signature_separates_what_triton_specializes_on():
     assert launch._signature(0, (a,), {}) != launch._signature(1, (a,), {})   # another device
     if runtime.INTERPRET:
         assert not launch.ENABLED                                     # the interpreter: plain calls
+
+
+def test_torch_compile_runs_the_same_kernels():
+    # under torch.compile flash_decode is one custom op (flashlib::flash_decode): same results,
+    # fake outputs of the real shapes and strides (torch.library.opcheck)
+    from flashlib.decode import _flash_decode_op
+    q, k, v = inputs(2, 4, 2, 2, 50, 16, torch.float32)
+    lens = torch.tensor([50, 20], device=DEV)
+
+    def decode(q, k, v, lens):
+        return flash_decode(q, k, v, cache_seqlens=lens, num_splits=3, return_lse=True)
+    for compiled, eager in zip(torch.compile(decode, backend="aot_eager")(q, k, v, lens),
+                               decode(q, k, v, lens)):
+        assert torch.equal(compiled, eager)
+    torch.library.opcheck(_flash_decode_op, (q, k, v, lens, 3, 0.25))
+    torch.library.opcheck(_flash_decode_op, (q, k, v, None, None, 0.25))
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_compiled_with_cuda_graphs_matches_eager():
+    # mode="reduce-overhead" warms up and replays CUDA graphs in a memory pool of its own, which
+    # refuses any buffer that outlives a call (the eager path keeps its scratch per stream)
+    q, k, v = inputs(2, 32, 8, 1, 4096, 128, torch.float16)
+    lens = torch.tensor([4000, 1500], device=DEV, dtype=torch.int32)
+
+    def decode(q, k, v, lens):
+        return flash_decode(q, k, v, cache_seqlens=lens)
+    compiled = torch.compile(decode, mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):   # warm-up, recording, replay
+        out = compiled(q, k, v, lens)
+    assert torch.equal(out, decode(q, k, v, lens))

@@ -301,10 +301,12 @@ def _prepare(q, k_cache, v_cache):
     return q, k_cache, v_cache
 
 
-def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, merge_into=None):
+def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, merge_into=None,
+            cached_scratch=True):
     """Run the split-KV kernel; return (o_part, lse_part). merge_into=(out, lse): also merge the
     splits into them (the last split of each row block does it) and keep the partials in the
-    stream's workspace (None is returned for them); lse None: it goes to the workspace too."""
+    stream's workspace (None is returned for them); lse None: it goes to the workspace too.
+    cached_scratch=False: the workspace is fresh buffers (see ``workspace``)."""
     runtime.check_kernel(_decode_partial_kernel)
     q, k_cache, v_cache = _prepare(q, k_cache, v_cache)
     B, Hq, Nq, D = q.shape
@@ -327,7 +329,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
             needs.update(o_part=rows * num_splits * D, lse_part=rows * num_splits,
                          arrivals=B * Hkv * row_blocks)
         if needs:
-            scratch = workspace(q.device, needs)
+            scratch = workspace(q.device, needs, cached=cached_scratch)
             lse = scratch["lse"] if lse is None else lse
             o_part, lse_part, arrivals = (scratch[role] if role in needs else None
                                           for role in ("o_part", "lse_part", "arrivals"))
@@ -354,7 +356,7 @@ _graph_counters_lock = threading.Lock()   # two threads capturing at once get di
 GRAPH_COUNTERS = 1 << 16
 
 
-def workspace(device, needs):
+def workspace(device, needs, *, cached=True):
     """Scratch buffers of the one-launch path, ``needs`` = {role: elements}: "o_part", "lse_part",
     "lse" (one nobody asked for), float32, and "arrivals", int32 counters, zero before a launch
     (the merging program sets its row block's counter back to 0). Returns {role: buffer}, each at
@@ -367,12 +369,16 @@ def workspace(device, needs):
     at the first eager call on the device: zeroing them inside the graph would add a memset to
     every replay (on an H200, 10% of the GPU time of B=1 H=32 over 1k keys). A slice serves only
     its own graph node, and CUDA runs the launches of one graph in order. Captured before any
-    eager call, or once the pool is used up, the counters are zeroed in the graph."""
+    eager call, or once the pool is used up, the counters are zeroed in the graph.
+
+    cached=False (torch.compile's custom op): fresh buffers, with counters from the pool only
+    while capturing and only if an eager call made it: torch.compile's CUDA graphs warm up in
+    their own memory pool and refuse allocations that outlive the call."""
     def make(role, numel):
         if role == "arrivals":
             return torch.zeros(numel, dtype=torch.int32, device=device)
         return torch.empty(numel, dtype=torch.float32, device=device)
-    if device.type != "cuda":
+    if device.type != "cuda" or (not cached and not torch.cuda.is_current_stream_capturing()):
         return {role: make(role, numel) for role, numel in needs.items()}
     if torch.cuda.is_current_stream_capturing():
         return {role: graph_counters(device, numel) if role == "arrivals" else make(role, numel)
@@ -437,15 +443,17 @@ def combine(o_part, lse_part, *, out_dtype=None, block_r=16):
 
 
 def flash_decode_forward(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=None, scale=None,
-                         config=None, return_lse=True):
+                         config=None, return_lse=True, cached_scratch=True):
     """Flash-Decoding in one launch: the split-KV kernel, whose last split per row block merges
     (``decode_partial`` then ``combine``, fused). Returns ``(out, lse)``, out like q; lse is None
     unless ``return_lse`` (then it goes to the stream's scratch instead of a new tensor).
+    cached_scratch=False: no scratch outlives the call (``workspace``'s ``cached``).
 
     One launch instead of two matters at short caches, where the host's time per Triton launch
     (tens of microseconds) exceeds the GPU's work (benchmarks/NOTES.md)."""
     B, Hq, Nq, D = q.shape
     out = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device) if return_lse else None
-    _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, merge_into=(out, lse))
+    _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, merge_into=(out, lse),
+            cached_scratch=cached_scratch)
     return out, lse
