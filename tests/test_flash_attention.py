@@ -86,9 +86,8 @@ def test_non_contiguous_inputs():
     q = rand(2, 33, 4, 64, dtype=torch.float32).transpose(1, 2)
     k = rand(2, 50, 2, 64, dtype=torch.float32).transpose(1, 2)
     v = rand(2, 50, 2, 64, dtype=torch.float32).transpose(1, 2)
-    out = flash_attention(q, k, v)
-    ref, _ = attention_ref(q, k, v)
-    assert_close(out, ref, baseline=attention_naive(q, k, v), dtype=torch.float32)
+    out, lse = flash_attention(q, k, v, return_lse=True)
+    assert_attention_close(out, lse, q, k, v)   # 2x naive's error alone failed 1 seed in 2000
 
 
 def test_empty_rows_are_zero_not_nan():
