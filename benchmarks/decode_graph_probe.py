@@ -1,8 +1,10 @@
 """Decode bandwidth of one call timed four ways, to tell a CUDA graph's effect from the suite's:
 events around each synced eager call, ten eager calls back to back, a graph of one call replayed
-(as ``flashlib.bench_decode.graph_time`` does), a graph of ten calls. With ``--order``: the
-suite's own ``graph_time`` on the suite's inputs (B=8 Hkv=8), first, after ``do_bench`` and after
-``host_time``, as the suite runs them. GPU only:
+(as ``flashlib.bench_decode.graph_time`` did), a graph of ten calls. With ``--order``: the
+suite's own ``graph_time`` on the suite's inputs (B=8 Hkv=8) after each step the suite takes
+before it (``check_decode``, ``do_bench``, ``host_time``), without its warm-up (ten timed
+replays, as it was until 2026-11-25) and with it (25 ms untimed, then replays over 100 ms).
+GPU only:
 
     PYTHONPATH=. python benchmarks/decode_graph_probe.py [--order]
 """
@@ -20,20 +22,26 @@ dev = "cuda"
 
 def order():
     from flashlib import bench, bench_decode as bd
-    fns = bd.implementations(["flashlib", "sdpa_flash"])
-    for L in (131072, 32768):
+    fns = bd.implementations(["flashlib", "sdpa_cudnn"])
+    for L in (32768, 131072):
         B, Hq, Hkv, D = 8, 32, 8, 128
         q, _, _ = bench.make_inputs(B, Hq, Hkv, 1, 1, D, torch.float16, dev)
         _, k, v = bench.make_inputs(B, 1, Hkv, 1, L, D, torch.float16, dev)
         gb = bd.kv_bytes(bd.GQA, [L] * B, 2) / 1e9
         for name, f in fns.items():
-            g0 = gb / bd.graph_time(f, q, k, v, None)
-            ms = bench._time(lambda: f(q, k, v, None))
-            g1 = gb / bd.graph_time(f, q, k, v, None)
-            bd.host_time(lambda: f(q, k, v, None))
-            g2 = gb / bd.graph_time(f, q, k, v, None)
-            print(f"L={L} {name}: graph first {g0:.2f}, after do_bench {g1:.2f} (eager {gb / ms:.2f}), "
-                  f"after host_time {g2:.2f} TB/s", flush=True)
+            steps = {"check_decode": lambda: bd.check_decode(f, q, k, v, None),
+                     "do_bench": lambda: bench._time(lambda: f(q, k, v, None)),
+                     "host_time": lambda: bd.host_time(lambda: f(q, k, v, None))}
+            for warm in (False, True):
+                found = []
+                for step, run in steps.items():
+                    with torch.no_grad():
+                        run()
+                    ms = bd.graph_time(f, q, k, v, None, warmup_ms=25 if warm else 0,
+                                       rep_ms=100 if warm else 0)
+                    found.append(f"after {step} {gb / ms:.2f}")
+                print(f"L={L} {name} graph_time {'with' if warm else 'without'} warm-up: "
+                      + ", ".join(found) + " TB/s", flush=True)
 
 
 if "--order" in sys.argv:

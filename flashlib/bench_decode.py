@@ -209,10 +209,14 @@ def host_time(fn, *, calls=200, repeats=3, grad=False):
     return round(best / calls * 1e6, 1)
 
 
-def graph_time(fn, q, k, v, lens, *, cold_bytes=4e8, reps=10):
+def graph_time(fn, q, k, v, lens, *, cold_bytes=4e8, warmup_ms=25, rep_ms=100):
     """Milliseconds per call of ``fn(q, k, v, lens)`` replayed from one CUDA graph: GPU time, no
     host overhead. The graph calls fn on ``sets`` copies of the inputs in turn (at least
-    ``cold_bytes`` of cache in all, 8x an H100's L2), so each call reads its cache from HBM."""
+    ``cold_bytes`` of cache in all, 8x an H100's L2), so each call reads its cache from HBM.
+    As do_bench does, replays run for ``warmup_ms`` untimed, then the median of replays filling
+    ``rep_ms`` (at least 10). Without the warm-up, ten timed replays of a graph captured after
+    the suite's correctness check (``check_decode``) read B=8 Hkv=8 at 32k-128k keys 11-13% slow
+    on an H200, every implementation alike (benchmarks/decode_graph_probe.py --order)."""
     import statistics
     sets = max(1, min(32, math.ceil(cold_bytes / ((k.numel() + v.numel()) * k.element_size()))))
     inputs = [(q, k, v)] + [tuple(torch.randn_like(t) for t in (q, k, v)) for _ in range(sets - 1)]
@@ -227,9 +231,16 @@ def graph_time(fn, q, k, v, lens, *, cold_bytes=4e8, reps=10):
     with torch.cuda.graph(graph), torch.no_grad():
         for call in calls:
             call()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
     graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    once = max(start.elapsed_time(end), 1e-3)
+    for _ in range(int(warmup_ms / once)):
+        graph.replay()
     times = []
-    for _ in range(reps):
+    for _ in range(max(10, int(rep_ms / once))):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()

@@ -33,7 +33,7 @@ def check_inputs(q, k, v, *, scale=None, causal=False):
             raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}: use one dtype")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-        runtime.check_device(name, t)
+    runtime.check_device("q", q)   # k and v are on q's device
     if q.dtype == torch.bfloat16 and q.device.type == "cuda":
         major, minor = runtime.capability(q.device)
         if major < 8:

@@ -200,6 +200,18 @@ def test_autotuning_key_tells_batch_heads_apart():
     assert size_bucket(9000, 300, slices=40) == size_bucket(16384, 16384, slices=64)   # buckets
 
 
+def test_launch_helpers_match_triton():
+    # kernels.config's plain-Python next_power_of_2 / cdiv stand in for Triton's (host time)
+    import triton
+    from flashlib.kernels.config import cdiv, next_power_of_2, padded_headdim
+    for n in range(1, 1100):
+        assert next_power_of_2(n) == triton.next_power_of_2(n)
+        for d in (1, 3, 16, 64, 128):
+            assert cdiv(n, d) == triton.cdiv(n, d)
+    assert next_power_of_2(0) == 1
+    assert [padded_headdim(d) for d in (1, 16, 17, 80, 128, 200)] == [16, 16, 32, 128, 128, 256]
+
+
 def test_small_problems_are_not_autotuned(monkeypatch):
     # autotuning compiles every config per shape: only problems of TUNE_FROM_SCORES scores or
     # more are tuned; smaller ones take the first config that fits, as with autotuning off

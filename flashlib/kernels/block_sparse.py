@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from .config import size_bucket, tuned
+from .config import cdiv, padded_headdim, size_bucket, tuned
 from .fa2_bwd import DKDV_CONFIGS, DQ_CONFIGS, _load_lse2, dkdv_tile, dq_tile, row_delta
 from .fa2_fwd import CONFIGS, attend_tile, load_rows, write_output
 from .launch import fast_launch
@@ -292,12 +292,12 @@ def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False):
     q, k, v = _prepare(q, k, v)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = padded_headdim(D)
     bs = mask.block_size
     kernel, config = _choose_fwd(block_d, q.element_size(), B * Hq * Nq * Nk, bs)
     slice_b, slice_h = _slices(mask)
     fast_launch(
-        kernel, lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
+        kernel, lambda meta: (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
         q, k, v, out, lse, mask.kv_count, mask.kv_full, mask.kv_index, mask.kv_bitmap, mask.bitmaps,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
@@ -319,7 +319,7 @@ def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf
     grad_dtype = q.dtype
     q, k, v, out, dout = _prepare(q, k, v, out, dout.to(q.dtype))
     lse = lse.contiguous()
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = padded_headdim(D)
     bs, precision = mask.block_size, "tf32" if allow_tf32 else "ieee"
     n_bucket = size_bucket(Nq, Nk, slices=B * Hq)
     slice_b, slice_h = _slices(mask)
@@ -331,7 +331,7 @@ def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf
     dq_kernel, dq_config = _choose_dq(block_d, q.element_size(), scores, bs)
     dkdv_kernel, dkdv_config = _choose_dkdv(block_d, q.element_size(), scores, bs)
     fast_launch(
-        dq_kernel, lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
+        dq_kernel, lambda meta: (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
         q, k, v, out, dout, lse, delta, dq, mask.kv_count, mask.kv_full, mask.kv_index,
         mask.kv_bitmap, mask.bitmaps, *common, out.stride(0), out.stride(1), out.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2), slice_b, slice_h, Hq, Nq, Nk, D, mask.shape[2],
@@ -340,7 +340,7 @@ def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf
         EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs,
         BLOCK_D=block_d, DOT_PRECISION=precision, **dq_config)
     fast_launch(
-        dkdv_kernel, lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,),
+        dkdv_kernel, lambda meta: (cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,),
         q, k, v, dout, lse, delta, dk, dv, mask.q_count, mask.q_full, mask.q_index, mask.q_bitmap,
         mask.bitmaps, *common, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
         dv.stride(2), slice_b, slice_h, Hq, Hkv, Nq, Nk, D, mask.shape[3], mask.shape[2], scale, scale * LOG2E,

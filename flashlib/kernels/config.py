@@ -26,14 +26,31 @@ KEY = ["n_bucket", "BLOCK_D", "CAUSAL", "DOT_PRECISION"]
 TUNE_FROM_SCORES = 1 << 24
 
 
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1). Launchers call this at every launch, and
+    ``triton.next_power_of_2`` (a constexpr function since Triton 3.6) costs 1-2 us of host time."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for ints (``triton.cdiv``'s value, without its per-call cost)."""
+    return -(-a // b)
+
+
+def padded_headdim(D: int) -> int:
+    """The kernels' BLOCK_D: the head dim padded to a power of two, at least 16 (``tl.dot``'s
+    minimum); the padding is masked."""
+    return max(16, next_power_of_2(D))
+
+
 def size_bucket(*lengths, slices=1) -> int:
     """Autotuning key for a problem's size: the next powers of two (capped) of the longest sequence
     and of the (batch, head) slices, packed in one int. Both move the best tile: on an H200 the
     config tuned on 2 heads of a 16k block-sparse problem (small query blocks, to fill the GPU)
     took 0.73-0.75 ms on 64 heads, the one tuned there 0.64 ms; a first call on a slice must not
     decide for the whole."""
-    length = min(triton.next_power_of_2(max(lengths)), 1 << 16)
-    return length * 2048 + min(triton.next_power_of_2(slices), 1024)
+    length = min(next_power_of_2(max(lengths)), 1 << 16)
+    return length * 2048 + min(next_power_of_2(slices), 1024)
 
 
 @functools.cache

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from .config import _smem_limit
+from .config import _smem_limit, cdiv, next_power_of_2, padded_headdim
 from .fa2_fwd import _attend_key_blocks
 from .launch import fast_launch
 from .tile import LN2, LOG2E, finalize, tile_update
@@ -210,7 +210,7 @@ def _combine_kernel(OPart, LsePart, Out, Lse, n_rows, num_splits, D,
 def merge_tile(num_splits, block_r, block_d):
     """Splits merged at a time (``merge_splits``' BLOCK_S): all of them, up to a tile of
     ``MERGE_TILE`` float32 values (BLOCK_R x BLOCK_S x BLOCK_D) in registers."""
-    return max(1, min(triton.next_power_of_2(num_splits), MERGE_TILE // (block_r * block_d)))
+    return max(1, min(next_power_of_2(num_splits), MERGE_TILE // (block_r * block_d)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -261,7 +261,7 @@ def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, 
     two, and tied at 16k; on an H200 two splits win from 1k keys (2.42 against 2.33 unsplit;
     before the merge got cheaper, unsplit won at 1k)."""
     programs = max(1, batch * heads_kv * row_blocks)
-    longest = triton.cdiv(max_len, block_n * MIN_BLOCKS_PER_SPLIT)
+    longest = cdiv(max_len, block_n * MIN_BLOCKS_PER_SPLIT)
     splits = max(1, min(sms // programs * (8 if ragged else 1), longest, MAX_SPLITS))
     return 1 if splits == 2 and max_len < short_cache else splits
 
@@ -277,16 +277,16 @@ def launch_plan(q, k_cache, cache_seqlens=None, *, num_splits=None, config=None)
 @functools.lru_cache(maxsize=4096)  # a decoding loop asks for the same plan at every step
 def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, num_splits, config):
     rows = Hq // Hkv * Nq
-    block_m = max(16, min(MAX_ROWS, triton.next_power_of_2(rows)))
-    row_blocks = triton.cdiv(rows, block_m)
-    block_d, chosen = max(16, triton.next_power_of_2(D)), config is None
+    block_m = max(16, min(MAX_ROWS, next_power_of_2(rows)))
+    row_blocks = cdiv(rows, block_m)
+    block_d, chosen = padded_headdim(D), config is None
     if chosen:
         config = block_n_for(block_d, elem_bytes)
     if num_splits is None:
         num_splits = num_splits_heuristic(B, Hkv, row_blocks, Lmax, block_n=config[0],
                                           sms=sm_count(device), ragged=ragged,
                                           short_cache=for_gpu(SHORT_CACHE, device))
-    long_split = triton.cdiv(Lmax, num_splits) >= for_gpu(LONG_SPLIT, device)
+    long_split = cdiv(Lmax, num_splits) >= for_gpu(LONG_SPLIT, device)
     if chosen and long_split and not runtime.INTERPRET and \
             fits(LONG_SPLIT_CONFIG, block_d, elem_bytes):
         config = LONG_SPLIT_CONFIG
@@ -312,7 +312,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
     B, Hq, Nq, D = q.shape
     Hkv, Lmax = k_cache.shape[1], k_cache.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = padded_headdim(D)
     block_m, row_blocks, (block_n, warps, stages), num_splits = launch_plan(
         q, k_cache, cache_seqlens, num_splits=num_splits, config=config)
     grid = (B * Hkv * row_blocks * num_splits,)
@@ -338,9 +338,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
             _decode_partial_kernel, grid,
             q, k_cache, v_cache, q if cache_seqlens is None else cache_seqlens,
             *(q if t is None else t for t in (o_part, lse_part, out, lse, arrivals)),
-            q.stride(0), q.stride(1), q.stride(2),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
             Hkv, Nq, Lmax, D, scale * LOG2E, num_splits, row_blocks, Hq // Hkv,
             HAS_SEQLENS=cache_seqlens is not None, CAUSAL=Nq > 1, MERGE=merge_into is not None,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
@@ -378,9 +376,10 @@ def workspace(device, needs, *, cached=True):
         if role == "arrivals":
             return torch.zeros(numel, dtype=torch.int32, device=device)
         return torch.empty(numel, dtype=torch.float32, device=device)
-    if device.type != "cuda" or (not cached and not torch.cuda.is_current_stream_capturing()):
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if device.type != "cuda" or (not cached and not capturing):
         return {role: make(role, numel) for role, numel in needs.items()}
-    if torch.cuda.is_current_stream_capturing():
+    if capturing:
         return {role: graph_counters(device, numel) if role == "arrivals" else make(role, numel)
                 for role, numel in needs.items()}
     if device.index not in _graph_counters:
@@ -397,7 +396,7 @@ def workspace(device, needs, *, cached=True):
 
 def graph_counters(device, numel):
     """``numel`` zeroed arrival counters for a launch being captured, never handed out again."""
-    numel = triton.cdiv(numel, 4) * 4      # slices stay 16-byte aligned, as Triton assumed
+    numel = cdiv(numel, 4) * 4      # slices stay 16-byte aligned, as Triton assumed
     with _graph_counters_lock:
         pool = _graph_counters.get(device.index)
         if pool is not None and pool[1] + numel <= pool[0].numel():
@@ -435,8 +434,8 @@ def combine(o_part, lse_part, *, out_dtype=None, block_r=16):
     rows = lse.numel()
     if rows == 0:
         return out, lse
-    block_d = max(16, triton.next_power_of_2(D))
-    _combine_kernel[(triton.cdiv(rows, block_r),)](
+    block_d = padded_headdim(D)
+    _combine_kernel[(cdiv(rows, block_r),)](
         o_part.contiguous(), lse_part.contiguous(), out, lse, rows, S, D,
         BLOCK_R=block_r, BLOCK_D=block_d, BLOCK_S=merge_tile(S, block_r, block_d), num_warps=4)
     return out, lse

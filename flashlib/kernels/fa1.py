@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from .config import size_bucket, tuned
+from .config import padded_headdim, size_bucket, tuned
 from .tile import LN2, LOG2E, tile_update
 
 
@@ -154,7 +154,7 @@ def fa1_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, rescale=
     o_scratch = torch.empty((B * Hq, Nq, D), dtype=torch.float32, device=q.device)
     l_scratch = torch.empty((B * Hq, Nq), dtype=torch.float32, device=q.device)
     m_scratch = torch.empty((B * Hq, Nq), dtype=torch.float32, device=q.device)
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = padded_headdim(D)
     kernel, config = _choose(block_d, q.element_size(), B * Hq * Nq * Nk)
     kernel[(B * Hq,)](
         q, k, v, out, lse, o_scratch, l_scratch, m_scratch,

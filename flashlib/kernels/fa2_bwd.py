@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from .config import size_bucket, tuned
+from .config import cdiv, padded_headdim, size_bucket, tuned
 from .launch import fast_launch
 from .tile import LOG2E, key_range
 
@@ -247,7 +247,7 @@ def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf3
         # the interpreter computes bfloat16 dots wrongly: run the same kernels in float32 on CPU
         q, k, v, out, dout = (t.float() for t in (q, k, v, out, dout))
     lse = lse.contiguous()
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = padded_headdim(D)
     precision = "tf32" if allow_tf32 else "ieee"
     n_bucket = size_bucket(Nq, Nk, slices=B * Hq)
 
@@ -261,13 +261,13 @@ def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf3
     dq_kernel, dq_config = _choose_dq(block_d, q.element_size(), scores)
     dkdv_kernel, dkdv_config = _choose_dkdv(block_d, q.element_size(), scores)
     fast_launch(
-        dq_kernel, lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
+        dq_kernel, lambda meta: (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
         q, k, v, out, dout, lse, delta, dq, *common, out.stride(0), out.stride(1), out.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2), Hq, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
         GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, DOT_PRECISION=precision,
         **dq_config)
     fast_launch(
-        dkdv_kernel, lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,),
+        dkdv_kernel, lambda meta: (cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,),
         q, k, v, dout, lse, delta, dk, dv, *common,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         Hq, Hkv, Nq, Nk, D, scale, scale * LOG2E, n_bucket,

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from .config import size_bucket, tuned
+from .config import cdiv, padded_headdim, size_bucket, tuned
 from .launch import fast_launch
 from .tile import LOG2E, finalize, key_range
 from .tile import tile_update as tile_update_fn
@@ -180,12 +180,12 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
         q, k, v = q.float(), k.float(), v.float()
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = padded_headdim(D)
     kernel, config = _choose(block_d, q.element_size(), B * Hq * Nq * Nk)
     even_m = all(Nq % bm == 0 for bm in ([config["BLOCK_M"]] if config else {c[0] for c in CONFIGS}))
 
     def grid(meta):
-        return (triton.cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)
+        return (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)
 
     fast_launch(
         kernel, grid, q, k, v, out, lse,
