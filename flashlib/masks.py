@@ -61,6 +61,7 @@ class BlockMask:
         self.band = None if band is None else (int(band[0]), int(band[1]))
         self.device = torch.device("cpu") if device is None else torch.device(device)
         self.kinds, self.bitmaps, bitmap_id = self._classify()
+        self.device = self.kinds.device          # with its index: "cuda" is built on "cuda:0"
         self.kv_index, self.kv_full, self.kv_count, self.kv_bitmap = visit_lists(self.kinds, bitmap_id)
         self.q_index, self.q_full, self.q_count, self.q_bitmap = visit_lists(
             self.kinds.transpose(-1, -2), bitmap_id.transpose(-1, -2))
@@ -125,6 +126,8 @@ class BlockMask:
     def to(self, device) -> "BlockMask":
         """This mask with its tables on ``device`` (the kernels need them beside q, k, v)."""
         device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         if device == self.device:
             return self
         moved = object.__new__(BlockMask)

@@ -4,11 +4,13 @@ The layers follow flash-attention's Triton file: ``@triton.jit`` kernel (flashli
 launcher (``fa2_forward`` / ``fa2_backward``: allocation, grid) -> ``FlashAttention``
 (autograd.Function saving exactly q, k, v, out and lse) -> ``flash_attention`` (checks,
 keyword-only options, this docstring). Bad input raises ValueError/TypeError naming the argument,
-before any kernel is compiled. Under torch.compile, ``flash_attention`` reaches the same launchers
-through two custom ops instead of the autograd.Function (see ``_fa2_forward_op``).
+before any kernel is compiled. Under torch.compile, ``flash_attention`` and
+``block_sparse_attention`` reach the same launchers through custom ops (two each) instead of the
+autograd.Functions (see ``_fa2_forward_op``, ``_bs_forward_op``).
 """
 import math
 import numbers
+import types
 
 import torch
 
@@ -184,8 +186,18 @@ def block_sparse_attention(q, k, v, block_mask, *, block_size=128, causal=False,
     Returns out (like q) or (out, lse); a query with no key to attend to gets out = 0, lse = -inf.
     With an all-true mask this is ``flash_attention``.
     """
-    from . import masks
     scale = check_inputs(q, k, v, scale=scale, causal=causal)
+    mask = _resolve_mask(q, k, block_mask, block_size, causal)
+    if torch.compiler.is_compiling():
+        out, lse = _bs_forward_op(q, k, v, *_mask_args(mask), scale)
+    else:
+        out, lse = BlockSparseAttention.apply(q, k, v, mask, scale)
+    return (out, lse) if return_lse else out
+
+
+def _resolve_mask(q, k, block_mask, block_size, causal):
+    """The BlockMask on q's device that ``block_sparse_attention`` runs, checked against q, k."""
+    from . import masks
     B, Hq, Nq, _ = q.shape
     Nk = k.shape[2]
     if isinstance(block_mask, masks.BlockMask):
@@ -204,5 +216,69 @@ def block_sparse_attention(q, k, v, block_mask, *, block_size=128, causal=False,
     if Bm not in (1, B) or Hm not in (1, Hq):
         raise ValueError(f"block_mask covers (batch, heads) = ({Bm}, {Hm}), which does not broadcast "
                          f"over q's ({B}, {Hq}): use 1 or the full size in each")
-    out, lse = BlockSparseAttention.apply(q, k, v, mask.to(q.device), scale)
-    return (out, lse) if return_lse else out
+    return mask.to(q.device)
+
+
+# Under torch.compile, block-sparse attention runs as custom ops too (see _fa2_forward_op). An op
+# takes tensors and numbers, not a BlockMask: what the kernels read of the mask goes in as its
+# tables (tensors) and its layout (ints), and the kernels get it back as a plain namespace.
+_MASK_TABLES = ("kv_count", "kv_full", "kv_index", "kv_bitmap", "q_count", "q_full", "q_index",
+                "q_bitmap", "bitmaps")
+
+
+def _mask_args(mask):
+    """(tables, layout) of a BlockMask for the custom ops; ``_mask_from_args`` inverts it."""
+    lo, hi = (0, 0) if mask.band is None else mask.band
+    layout = [mask.block_size, mask.band is not None, lo, hi, mask.kv_visits, mask.q_visits,
+              mask.kv_full_adjacent, mask.q_full_adjacent]
+    return [getattr(mask, name) for name in _MASK_TABLES], [int(x) for x in layout]
+
+
+def _mask_from_args(tables, layout):
+    """What the block-sparse kernels read of a BlockMask (``kernels.block_sparse``), rebuilt."""
+    view = types.SimpleNamespace(**dict(zip(_MASK_TABLES, tables)))
+    view.block_size, banded, lo, hi, view.kv_visits, view.q_visits, kv_adjacent, q_adjacent = layout
+    view.band = (lo, hi) if banded else None
+    view.kv_full_adjacent, view.q_full_adjacent = bool(kv_adjacent), bool(q_adjacent)
+    view.shape = tuple(view.kv_index.shape)                  # (Bm, Hm, n_query_blocks, n_key_blocks)
+    view.batch_heads = view.shape[:2]
+    return view
+
+
+@torch.library.custom_op("flashlib::block_sparse_forward", mutates_args=())
+def _bs_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: list[torch.Tensor],
+                   layout: list[int], scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    from .kernels.block_sparse import block_sparse_forward
+    return block_sparse_forward(q, k, v, _mask_from_args(tables, layout), scale=scale)
+
+
+@_bs_forward_op.register_fake
+def _(q, k, v, tables, layout, scale):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("flashlib::block_sparse_backward", mutates_args=())
+def _bs_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                    lse: torch.Tensor, dout: torch.Tensor, tables: list[torch.Tensor],
+                    layout: list[int], scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from .kernels.block_sparse import block_sparse_backward
+    return block_sparse_backward(q, k, v, out, lse, dout, _mask_from_args(tables, layout), scale=scale)
+
+
+@_bs_backward_op.register_fake
+def _(q, k, v, out, lse, dout, tables, layout, scale):
+    return tuple(torch.empty_like(t if t.stride(-1) == 1 else t.contiguous()) for t in (q, k, v))
+
+
+def _save_for_bs_backward(ctx, inputs, output):
+    q, k, v, tables, ctx.layout, ctx.scale = inputs
+    ctx.save_for_backward(q, k, v, *output, *tables)
+
+
+def _bs_op_backward(ctx, dout, dlse):
+    q, k, v, out, lse, *tables = ctx.saved_tensors
+    grads = _bs_backward_op(q, k, v, out, lse, dout, tables, ctx.layout, ctx.scale)
+    return (*grads, [None] * len(tables), None, None)       # the tables' entry is a list
+
+
+_bs_forward_op.register_autograd(_bs_op_backward, setup_context=_save_for_bs_backward)

@@ -298,6 +298,61 @@ def test_band_and_bitmap_masking_give_the_same_bits():
         assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("name", ["window", "random"])
+def test_torch_compile_traces_the_whole_call_and_matches_eager(name):
+    # under torch.compile block_sparse_attention is one custom op per direction taking the mask's
+    # tables (fullgraph: no graph break for a BlockMask built outside), running the same kernels
+    # as eager: outputs and gradients bit-equal, for a band mask (partial tiles by arithmetic, full
+    # blocks stepped through) and a bitmap mask (tables read, heads broadcast)
+    B, Hq, Hkv, Nq, Nk, D = 2, 6, 2, 70, 97, 16
+    mask = dict(MASKS)[name](B, Nq, Nk, 32)
+    leaves = [t.requires_grad_() for t in qkv(B, Hq, Hkv, Nq, Nk, D)]
+    dout = rand(B, Hq, Nq, D)
+
+    def attend(q, k, v):
+        return block_sparse_attention(q, k, v, mask, return_lse=True)
+    results = []
+    for fn in (torch.compile(attend, fullgraph=True, backend="aot_eager"), attend):
+        out, lse = fn(*leaves)
+        results.append((out, lse, *torch.autograd.grad(out, leaves, dout)))
+    for what, compiled, eager in zip(("out", "lse", "dq", "dk", "dv"), *results):
+        assert torch.equal(compiled, eager), what
+
+
+def test_torch_compile_builds_masks_eagerly():
+    # a mask built inside the call (from a bool block tensor, or with causal=True): its tables are
+    # built on the host as in eager (graph breaks), and the result is eager's
+    q, k, v = qkv(1, 4, 2, 50, 66, 16)
+    blocks = torch.rand(1, 4, 4, 5, generator=torch.Generator().manual_seed(0)).to(DEV) < 0.6
+    window = masks.sliding_window(50, 66, 30, causal=False, block_size=16, device=DEV)
+
+    def attend(q, k, v):
+        return (block_sparse_attention(q, k, v, blocks, block_size=16, causal=True)
+                + block_sparse_attention(q, k, v, window, causal=True))
+    assert torch.equal(torch.compile(attend, backend="aot_eager")(q, k, v), attend(q, k, v))
+
+
+def test_mask_on_the_device_already_is_not_copied():
+    # block_sparse_attention moves the mask to q's device (cuda:0): a mask built on "cuda" is
+    # there already (a copy per call cost host time and, under torch.compile, a graph break)
+    mask = masks.sliding_window(40, 40, 8, block_size=16, device=DEV.type)
+    assert mask.to(torch.empty(0, device=DEV).device) is mask
+    assert mask.to(DEV.type) is mask
+
+
+def test_block_sparse_custom_ops_pass_torch_opcheck():
+    # schema, fake (meta) outputs with the real strides, autograd registration
+    from flashlib import ops
+    q, k, v = qkv(1, 4, 2, 40, 50, 16)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)            # strided heads
+    mask = masks.local_global(40, 50, 12, 5, block_size=16, device=DEV)
+    tables, layout = ops._mask_args(mask)
+    out, lse = ops._bs_forward_op(q, k, v, tables, layout, 0.3)
+    torch.library.opcheck(ops._bs_forward_op, (q.requires_grad_(), k, v, tables, layout, 0.3))
+    torch.library.opcheck(ops._bs_backward_op, (q.detach(), k, v, out, lse, torch.randn_like(out),
+                                                tables, layout, 0.3))
+
+
 def test_bad_input_names_the_argument():
     q, k, v = qkv(1, 2, 2, 40, 40, 16)
     with pytest.raises(ValueError, match="block_mask has shape"):
@@ -380,3 +435,25 @@ def test_gpu_direct_launches_repeat_the_first_call():
             assert launch._compiled[choose(64, 2, scores, mask.block_size)[0]], choose
         for choose in (fa2_fwd._choose, fa2_bwd._choose_dq, fa2_bwd._choose_dkdv):
             assert launch._compiled[choose(64, 2, scores)[0]], choose
+
+
+@gpu
+def test_gpu_compiled_matches_eager():
+    # under torch.compile (inductor, fullgraph) the custom ops run the same kernels as eager:
+    # output and gradients bit-equal, after a float64 check of the eager output
+    B, Hq, Hkv, N, D = 2, 8, 2, 2048 + 33, 64
+    q, k, v = (t.requires_grad_() for t in qkv(B, Hq, Hkv, N, N, D, torch.bfloat16))
+    dout = torch.randn_like(q)
+    mask = masks.causal(N, N, device=DEV) & masks.sliding_window(N, N, 500, device=DEV)
+
+    def attend(q, k, v):
+        return block_sparse_attention(q, k, v, mask)
+    runs = []
+    for fn in (attend, torch.compile(attend, fullgraph=True)):
+        out = fn(q, k, v)
+        runs.append((out, *torch.autograd.grad(out, (q, k, v), dout)))
+    plain, dense = [t.detach() for t in (q, k, v)], mask.to_dense()
+    ref, _ = attention_ref(*plain, mask=dense)
+    assert_close(runs[0][0], ref, baseline=attention_naive(*plain, mask=dense), dtype=q.dtype)
+    for name, eager, compiled in zip(("out", "dq", "dk", "dv"), *runs):
+        assert torch.equal(eager, compiled), name
