@@ -358,7 +358,7 @@ def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="block_mask has shape"):
         block_sparse_attention(q, k, v, torch.ones(2, 3, dtype=torch.bool, device=DEV), block_size=16)
     with pytest.raises(TypeError, match="block_mask must be a bool tensor"):
-        block_sparse_attention(q, k, v, torch.ones(3, 3), block_size=16)
+        block_sparse_attention(q, k, v, torch.ones(3, 3, device=DEV), block_size=16)
     with pytest.raises(ValueError, match="block_size must be a power of two"):
         block_sparse_attention(q, k, v, torch.ones(1, 1, dtype=torch.bool), block_size=48)
     with pytest.raises(ValueError, match="seqlen_q=50"):
