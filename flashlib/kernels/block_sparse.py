@@ -5,7 +5,7 @@ with FlashAttention-2's loop order and backward (Dao 2023, Algorithms 1 and 2). 
 ``flashlib.masks.BlockMask``, stored the way these kernels read it:
 
 - forward and dQ: one program per query tile walks the key blocks listed for its query block,
-  full blocks first (no mask, no bounds check), then partial ones (the element mask computed from
+  full blocks first (no mask, no bounds check: a block reaching past Nk is never full), then partial ones (the element mask computed from
   the mask's band for causal and sliding-window masks, else read from the block's bitmap); empty
   blocks are never loaded;
 - dK/dV: one program per key tile walks the transposed lists (the query blocks that see its key
@@ -151,7 +151,7 @@ def _bs_dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, 
                   band_lo, band_hi, BAND: tl.constexpr, ADJACENT: tl.constexpr, EVEN_N: tl.constexpr,
                   SPARSE_BLOCK: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                  BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
     n_m = tl.cdiv(Nq, BLOCK_M)
     pid_m = tl.program_id(0) % n_m
     off_bh = tl.program_id(0) // n_m
@@ -178,7 +178,7 @@ def _bs_dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, 
     start_n = _first_start(index, SPARSE_BLOCK)
     for t in range(0, n_full * TILES):
         dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_n + offs_n, Nk,
-                     qk_scale, offs_d, D, 0, False, DOT_PRECISION)
+                     qk_scale, offs_d, D, 0, False, False, EVEN_D, DOT_PRECISION)
         start_n = _next_start(index, t, n_full * TILES, start_n, TILES, SPARSE_BLOCK, BLOCK_N, ADJACENT)
     if n_full < n_all:
         start_n = _first_start(index + n_full, SPARSE_BLOCK)
@@ -187,7 +187,7 @@ def _bs_dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, 
                                     (start_n + offs_n)[None, :], Nq, Nk, band_lo, band_hi, BAND,
                                     EVEN_N, SPARSE_BLOCK)                                   # (BM, BN)
             dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_n + offs_n,
-                         Nk, qk_scale, offs_d, D, visible, True, DOT_PRECISION)
+                         Nk, qk_scale, offs_d, D, visible, True, not EVEN_N, EVEN_D, DOT_PRECISION)
             start_n = _next_start(index + n_full, t, (n_all - n_full) * TILES, start_n, TILES,
                                   SPARSE_BLOCK, BLOCK_N, False)
     tl.store(dQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
@@ -202,10 +202,10 @@ def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QB
                     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                     slice_b, slice_h, Hq, Hkv, Nq, Nk, D, n_kblocks, n_qblocks, scale, qk_scale, n_bucket, visits,
                     GROUP, band_lo, band_hi, BAND: tl.constexpr, ADJACENT: tl.constexpr,
-                    EVEN_N: tl.constexpr,
+                    EVEN_N: tl.constexpr, EVEN_M: tl.constexpr,
                     SPARSE_BLOCK: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr):
+                    EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
     n_n = tl.cdiv(Nk, BLOCK_N)
     off_bkv = tl.program_id(0) // n_n
     off_b, off_hkv = off_bkv // Hkv, off_bkv % Hkv
@@ -232,7 +232,7 @@ def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QB
         for t in range(0, n_full * TILES):
             dk, dv = dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                start_m + tl.arange(0, BLOCK_M), Nq, qk_scale, offs_d, D, 0, False,
-                               DOT_PRECISION)
+                               not EVEN_M, EVEN_D, DOT_PRECISION)
             start_m = _next_start(index, t, n_full * TILES, start_m, TILES, SPARSE_BLOCK, BLOCK_M, ADJACENT)
         if n_full < n_all:
             start_m = _first_start(index + n_full, SPARSE_BLOCK)
@@ -243,7 +243,7 @@ def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QB
                                         Nq, Nk, band_lo, band_hi, BAND, EVEN_N, SPARSE_BLOCK)
                 dk, dv = dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm,
                                    stride_dom, start_m + tl.arange(0, BLOCK_M), Nq, qk_scale, offs_d,
-                                   D, visible, True, DOT_PRECISION)
+                                   D, visible, True, not EVEN_M, EVEN_D, DOT_PRECISION)
                 start_m = _next_start(index + n_full, t, (n_all - n_full) * TILES, start_m, TILES,
                                       SPARSE_BLOCK, BLOCK_M, False)
     kv_ok = (offs_n[:, None] < Nk) & (offs_d[None, :] < D)
@@ -338,14 +338,14 @@ def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf
         mask.shape[3], scale, scale * LOG2E,
         n_bucket, mask.kv_visits, Hq // Hkv, *_band(mask), ADJACENT=mask.kv_full_adjacent,
         EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs,
-        BLOCK_D=block_d, DOT_PRECISION=precision, **dq_config)
+        BLOCK_D=block_d, EVEN_D=D == block_d, DOT_PRECISION=precision, **dq_config)
     fast_launch(
         dkdv_kernel, lambda meta: (cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,),
         q, k, v, dout, lse, delta, dk, dv, mask.q_count, mask.q_full, mask.q_index, mask.q_bitmap,
         mask.bitmaps, *common, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
         dv.stride(2), slice_b, slice_h, Hq, Hkv, Nq, Nk, D, mask.shape[3], mask.shape[2], scale, scale * LOG2E,
         n_bucket, mask.q_visits, Hq // Hkv, *_band(mask), ADJACENT=mask.q_full_adjacent,
-        EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs,
-        BLOCK_D=block_d, DOT_PRECISION=precision,
+        EVEN_N=Nk % bs == 0, EVEN_M=Nq % bs == 0, SPARSE_BLOCK=bs,
+        BLOCK_D=block_d, EVEN_D=D == block_d, DOT_PRECISION=precision,
         **dkdv_config)
     return dq.to(grad_dtype), dk.to(grad_dtype), dv.to(grad_dtype)

@@ -11,7 +11,9 @@ Memory stays O(N): only lse (B, H, N) and D are kept besides q, k, v, out.
 
 Causal blocks are skipped and split into masked (diagonal band / ragged tail) and unmasked runs,
 as in the forward. Padded rows and columns load as zeros; lse of padded or empty rows is read as
-+inf, so their P is exactly 0.
++inf, so their P is exactly 0. Tiles that lie inside the sequence and a head dim that fills
+BLOCK_D load without bounds: on an H200 the bounds checks of the streamed Q/dO tiles cost the
+block-sparse dK/dV pass 2.5-3% (benchmarks/results/h200/block_sparse_dkdv_probe.log).
 """
 import math
 
@@ -42,25 +44,38 @@ def row_delta(Out, Delta, do, off_b, off_h, off_bh, stride_ob, stride_oh, stride
 
 
 @triton.jit
-def _load_lse2(Lse, offs, N):
-    """lse in base 2; padded (offs >= N) and empty (-inf) rows become +inf so that P = 0."""
-    lse = tl.load(Lse + offs, mask=offs < N, other=float("inf"))
+def _load_lse2(Lse, offs, N, BOUNDED: tl.constexpr = True):
+    """lse in base 2; padded (offs >= N) and empty (-inf) rows become +inf so that P = 0.
+    BOUNDED: offs may reach past N."""
+    if BOUNDED:
+        lse = tl.load(Lse + offs, mask=offs < N, other=float("inf"))
+    else:
+        lse = tl.load(Lse + offs)
     return tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
 
 
 @triton.jit
 def dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, offs_m, Nq,
-              qk_scale, offs_d, D, visible, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              qk_scale, offs_d, D, visible, MASKED: tl.constexpr, BOUNDED: tl.constexpr,
+              EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Add one query tile's (rows ``offs_m``) share to dK, dV (BN, BD) of a resident K, V block.
 
-    MASKED: P^T is zeroed outside ``visible`` (BN, BM). Rows past Nq load as zeros with
-    lse = +inf, so their P is 0 either way. Shared with block-sparse.
+    MASKED: P^T is zeroed outside ``visible`` (BN, BM). BOUNDED: the tile may reach past Nq; those
+    rows load as zeros with lse = +inf, so their P is 0. EVEN_D: D == BD, no column bounds.
+    Shared with block-sparse.
     """
-    row_ok = (offs_m[None, :] < Nq) & (offs_d[:, None] < D)
-    qt = tl.load(q_base + offs_m[None, :] * stride_qm + offs_d[:, None], mask=row_ok, other=0.0)      # (BD, BM)
-    dot_ = tl.load(do_base + offs_m[None, :] * stride_dom + offs_d[:, None], mask=row_ok, other=0.0)  # (BD, BM)
-    lse2 = _load_lse2(lse_base, offs_m, Nq)                                       # (BM,)
-    delta = tl.load(delta_base + offs_m, mask=offs_m < Nq, other=0.0)             # (BM,)
+    qt_ptrs = q_base + offs_m[None, :] * stride_qm + offs_d[:, None]              # (BD, BM): Q^T
+    dot_ptrs = do_base + offs_m[None, :] * stride_dom + offs_d[:, None]           # (BD, BM): dO^T
+    if BOUNDED:
+        row_ok = (offs_m[None, :] < Nq) & (offs_d[:, None] < D)
+        qt = tl.load(qt_ptrs, mask=row_ok, other=0.0)
+        dot_ = tl.load(dot_ptrs, mask=row_ok, other=0.0)
+        delta = tl.load(delta_base + offs_m, mask=offs_m < Nq, other=0.0)         # (BM,)
+    else:
+        qt = tl.load(qt_ptrs) if EVEN_D else tl.load(qt_ptrs, mask=offs_d[:, None] < D, other=0.0)
+        dot_ = tl.load(dot_ptrs) if EVEN_D else tl.load(dot_ptrs, mask=offs_d[:, None] < D, other=0.0)
+        delta = tl.load(delta_base + offs_m)                                      # (BM,)
+    lse2 = _load_lse2(lse_base, offs_m, Nq, BOUNDED)                              # (BM,)
     st = tl.dot(k, qt, input_precision=DOT_PRECISION) * qk_scale                  # (BN, BM)
     pt = tl.math.exp2(st - lse2[None, :])                                         # (BN, BM)
     if MASKED:
@@ -75,14 +90,16 @@ def dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, st
 @triton.jit
 def _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                        lo, hi, Nq, causal_offset, qk_scale, offs_n, offs_d, D,
-                       MASKED: tl.constexpr, BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Accumulate dK, dV of one key block over query blocks [lo, hi)."""
+                       MASKED: tl.constexpr, BOUNDED: tl.constexpr, EVEN_D: tl.constexpr,
+                       BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Accumulate dK, dV of one key block over query blocks [lo, hi); BOUNDED if hi may pass Nq."""
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)                                  # (BM,)
         visible = offs_n[:, None] <= offs_m[None, :] + causal_offset              # (BN, BM) causal
         dk, dv = dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                           offs_m, Nq, qk_scale, offs_d, D, visible, MASKED, DOT_PRECISION)
+                           offs_m, Nq, qk_scale, offs_d, D, visible, MASKED, BOUNDED, EVEN_D,
+                           DOT_PRECISION)
     return dk, dv
 
 
@@ -93,7 +110,8 @@ def _dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV,
                  stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                  Hq, Hkv, Nq, Nk, D, scale, qk_scale, n_bucket,
                  GROUP, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
     n_n = tl.cdiv(Nk, BLOCK_N)
     off_bkv = tl.program_id(0) // n_n          # flat grid: B x H may exceed CUDA's 65535 on axis 1
     off_b, off_hkv = off_bkv // Hkv, off_bkv % Hkv
@@ -108,8 +126,10 @@ def _dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV,
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
-    # query rows that see this key block: [lo, Nq); rows >= mid see all of it (no mask needed)
+    # query rows that see this key block: [lo, Nq); rows >= mid see all of it (no mask needed);
+    # query blocks from n_even on reach past Nq (the ragged tail: bounded loads)
     causal_offset = Nk - Nq
+    n_even = Nq // BLOCK_M * BLOCK_M
     if CAUSAL:
         lo = tl.minimum(tl.maximum(start_n - causal_offset, 0), Nq) // BLOCK_M * BLOCK_M
         mid = tl.minimum(tl.maximum(start_n + BLOCK_N - 1 - causal_offset, lo), Nq)
@@ -127,10 +147,18 @@ def _dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV,
         if lo < mid:   # the diagonal band: none without a causal mask
             dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                         stride_qm, stride_dom, lo, mid, Nq, causal_offset,
-                                        qk_scale, offs_n, offs_d, D, True, BLOCK_M, DOT_PRECISION)
+                                        qk_scale, offs_n, offs_d, D, True, True, EVEN_D, BLOCK_M,
+                                        DOT_PRECISION)
+        tail = tl.maximum(mid, n_even)
         dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                    stride_qm, stride_dom, mid, Nq, Nq, causal_offset,
-                                    qk_scale, offs_n, offs_d, D, False, BLOCK_M, DOT_PRECISION)
+                                    stride_qm, stride_dom, mid, tail, Nq, causal_offset,
+                                    qk_scale, offs_n, offs_d, D, False, False, EVEN_D, BLOCK_M,
+                                    DOT_PRECISION)
+        if tail < Nq:  # a branch: even an empty loop sets up its software pipeline
+            dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                                        stride_qm, stride_dom, tail, Nq, Nq, causal_offset,
+                                        qk_scale, offs_n, offs_d, D, False, True, EVEN_D, BLOCK_M,
+                                        DOT_PRECISION)
     dk = dk * scale
     tl.store(dK + off_b.to(tl.int64) * stride_dkb + off_hkv.to(tl.int64) * stride_dkh
              + offs_n[:, None] * stride_dkn + offs_d[None, :], dk.to(dK.dtype.element_ty), mask=kv_ok)
@@ -140,14 +168,25 @@ def _dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV,
 
 @triton.jit
 def dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, cols, Nk, qk_scale,
-            offs_d, D, visible, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+            offs_d, D, visible, MASKED: tl.constexpr, BOUNDED: tl.constexpr, EVEN_D: tl.constexpr,
+            DOT_PRECISION: tl.constexpr):
     """Add one key tile's (columns ``cols``) share to dQ (BM, BD) of a resident query block.
 
-    MASKED: P is zeroed outside ``visible`` (BM, BN). Shared with block-sparse.
+    MASKED: P is zeroed outside ``visible`` (BM, BN). BOUNDED: the tile may reach past Nk.
+    EVEN_D: D == BD. Shared with block-sparse.
     """
-    col_ok = (cols[None, :] < Nk) & (offs_d[:, None] < D)
-    kt = tl.load(k_base + cols[None, :] * stride_kn + offs_d[:, None], mask=col_ok, other=0.0)   # (BD, BN)
-    vt = tl.load(v_base + cols[None, :] * stride_vn + offs_d[:, None], mask=col_ok, other=0.0)   # (BD, BN)
+    kt_ptrs = k_base + cols[None, :] * stride_kn + offs_d[:, None]                 # (BD, BN): K^T
+    vt_ptrs = v_base + cols[None, :] * stride_vn + offs_d[:, None]                 # (BD, BN): V^T
+    if BOUNDED:
+        col_ok = (cols[None, :] < Nk) & (offs_d[:, None] < D)
+        kt = tl.load(kt_ptrs, mask=col_ok, other=0.0)
+        vt = tl.load(vt_ptrs, mask=col_ok, other=0.0)
+    elif EVEN_D:
+        kt = tl.load(kt_ptrs)
+        vt = tl.load(vt_ptrs)
+    else:
+        kt = tl.load(kt_ptrs, mask=offs_d[:, None] < D, other=0.0)
+        vt = tl.load(vt_ptrs, mask=offs_d[:, None] < D, other=0.0)
     s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale                    # (BM, BN)
     p = tl.math.exp2(s - lse2[:, None])                                             # (BM, BN)
     if MASKED:
@@ -160,7 +199,7 @@ def dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, cols, 
 @triton.jit
 def _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, lo, hi, Nk,
                    causal_offset, qk_scale, offs_m, offs_d, D,
-                   MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
                    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Accumulate dQ of one query block over key blocks [lo, hi)."""
     for start_n in range(lo, hi, BLOCK_N):
@@ -169,8 +208,9 @@ def _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
         visible = cols[None, :] < Nk                                                    # (1, BN)
         if CAUSAL:
             visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)     # (BM, BN)
+        # the masked run holds the ragged tail, so only it needs bounds
         dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, cols, Nk, qk_scale,
-                     offs_d, D, visible, MASKED, DOT_PRECISION)
+                     offs_d, D, visible, MASKED, MASKED, EVEN_D, DOT_PRECISION)
     return dq
 
 
@@ -181,7 +221,8 @@ def _dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ,
                stride_ob, stride_oh, stride_om, stride_dqb, stride_dqh, stride_dqm,
                Hq, Nq, Nk, D, scale, qk_scale, n_bucket,
                GROUP, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+               DOT_PRECISION: tl.constexpr):
     n_m = tl.cdiv(Nq, BLOCK_M)
     pid_m = tl.program_id(0) % n_m
     off_bh = tl.program_id(0) // n_m           # flat grid: B x H may exceed CUDA's 65535 on axis 1
@@ -209,11 +250,11 @@ def _dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ,
     n_full, hi = key_range(start_m, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, 0, n_full,
                         Nk, causal_offset, qk_scale, offs_m, offs_d, D,
-                        False, CAUSAL, BLOCK_N, DOT_PRECISION)
+                        False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION)
     if n_full < hi:   # a branch: even an empty loop sets up its software pipeline
         dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, n_full,
                             hi, Nk, causal_offset, qk_scale, offs_m, offs_d, D,
-                            True, CAUSAL, BLOCK_N, DOT_PRECISION)
+                            True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION)
     dq = dq * scale
     tl.store(dQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
              + offs_m[:, None] * stride_dqm + offs_d[None, :], dq.to(dQ.dtype.element_ty), mask=row_ok)
@@ -264,13 +305,15 @@ def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf3
         dq_kernel, lambda meta: (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
         q, k, v, out, dout, lse, delta, dq, *common, out.stride(0), out.stride(1), out.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2), Hq, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
-        GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, DOT_PRECISION=precision,
+        GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, EVEN_D=D == block_d,
+        DOT_PRECISION=precision,
         **dq_config)
     fast_launch(
         dkdv_kernel, lambda meta: (cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,),
         q, k, v, dout, lse, delta, dk, dv, *common,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         Hq, Hkv, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
-        GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, DOT_PRECISION=precision,
+        GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, EVEN_D=D == block_d,
+        DOT_PRECISION=precision,
         **dkdv_config)
     return dq.to(grad_dtype), dk.to(grad_dtype), dv.to(grad_dtype)
