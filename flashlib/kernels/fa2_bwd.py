@@ -13,7 +13,7 @@ Causal blocks are skipped and split into masked (diagonal band / ragged tail) an
 as in the forward. Padded rows and columns load as zeros; lse of padded or empty rows is read as
 +inf, so their P is exactly 0. Tiles that lie inside the sequence and a head dim that fills
 BLOCK_D load without bounds: on an H200 the bounds checks of the streamed Q/dO tiles cost the
-block-sparse dK/dV pass 2.5-3% (benchmarks/results/h200/block_sparse_dkdv_probe.log).
+block-sparse dK/dV pass 2.3-3.3% (benchmarks/results/h200/block_sparse_dkdv_probe.log).
 """
 import math
 
