@@ -55,6 +55,18 @@ def _load_lse2(Lse, offs, N, BOUNDED: tl.constexpr = True):
 
 
 @triton.jit
+def _load_transposed(base, rows, stride, N, offs_d, D, BOUNDED: tl.constexpr, EVEN_D: tl.constexpr):
+    """Rows ``rows`` (BX,) of a (N, D) matrix as a transposed (BD, BX) tile, zeros past D and, when
+    BOUNDED (the rows may reach past N), past N. A tile inside both loads without bounds checks."""
+    ptrs = base + rows[None, :] * stride + offs_d[:, None]
+    if BOUNDED:
+        return tl.load(ptrs, mask=(rows[None, :] < N) & (offs_d[:, None] < D), other=0.0)
+    if EVEN_D:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=offs_d[:, None] < D, other=0.0)
+
+
+@triton.jit
 def dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, offs_m, Nq,
               qk_scale, offs_d, D, visible, MASKED: tl.constexpr, BOUNDED: tl.constexpr,
               EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
@@ -64,18 +76,13 @@ def dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, st
     rows load as zeros with lse = +inf, so their P is 0. EVEN_D: D == BD, no column bounds.
     Shared with block-sparse.
     """
-    qt_ptrs = q_base + offs_m[None, :] * stride_qm + offs_d[:, None]              # (BD, BM): Q^T
-    dot_ptrs = do_base + offs_m[None, :] * stride_dom + offs_d[:, None]           # (BD, BM): dO^T
+    qt = _load_transposed(q_base, offs_m, stride_qm, Nq, offs_d, D, BOUNDED, EVEN_D)      # (BD, BM)
+    dot_ = _load_transposed(do_base, offs_m, stride_dom, Nq, offs_d, D, BOUNDED, EVEN_D)  # (BD, BM)
+    lse2 = _load_lse2(lse_base, offs_m, Nq, BOUNDED)                              # (BM,)
     if BOUNDED:
-        row_ok = (offs_m[None, :] < Nq) & (offs_d[:, None] < D)
-        qt = tl.load(qt_ptrs, mask=row_ok, other=0.0)
-        dot_ = tl.load(dot_ptrs, mask=row_ok, other=0.0)
         delta = tl.load(delta_base + offs_m, mask=offs_m < Nq, other=0.0)         # (BM,)
     else:
-        qt = tl.load(qt_ptrs) if EVEN_D else tl.load(qt_ptrs, mask=offs_d[:, None] < D, other=0.0)
-        dot_ = tl.load(dot_ptrs) if EVEN_D else tl.load(dot_ptrs, mask=offs_d[:, None] < D, other=0.0)
-        delta = tl.load(delta_base + offs_m)                                      # (BM,)
-    lse2 = _load_lse2(lse_base, offs_m, Nq, BOUNDED)                              # (BM,)
+        delta = tl.load(delta_base + offs_m)
     st = tl.dot(k, qt, input_precision=DOT_PRECISION) * qk_scale                  # (BN, BM)
     pt = tl.math.exp2(st - lse2[None, :])                                         # (BN, BM)
     if MASKED:
@@ -175,18 +182,8 @@ def dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, cols, 
     MASKED: P is zeroed outside ``visible`` (BM, BN). BOUNDED: the tile may reach past Nk.
     EVEN_D: D == BD. Shared with block-sparse.
     """
-    kt_ptrs = k_base + cols[None, :] * stride_kn + offs_d[:, None]                 # (BD, BN): K^T
-    vt_ptrs = v_base + cols[None, :] * stride_vn + offs_d[:, None]                 # (BD, BN): V^T
-    if BOUNDED:
-        col_ok = (cols[None, :] < Nk) & (offs_d[:, None] < D)
-        kt = tl.load(kt_ptrs, mask=col_ok, other=0.0)
-        vt = tl.load(vt_ptrs, mask=col_ok, other=0.0)
-    elif EVEN_D:
-        kt = tl.load(kt_ptrs)
-        vt = tl.load(vt_ptrs)
-    else:
-        kt = tl.load(kt_ptrs, mask=offs_d[:, None] < D, other=0.0)
-        vt = tl.load(vt_ptrs, mask=offs_d[:, None] < D, other=0.0)
+    kt = _load_transposed(k_base, cols, stride_kn, Nk, offs_d, D, BOUNDED, EVEN_D)     # (BD, BN)
+    vt = _load_transposed(v_base, cols, stride_vn, Nk, offs_d, D, BOUNDED, EVEN_D)     # (BD, BN)
     s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale                    # (BM, BN)
     p = tl.math.exp2(s - lse2[:, None])                                             # (BM, BN)
     if MASKED:
