@@ -261,7 +261,7 @@ def _dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ,
 DKDV_CONFIGS = [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3), (32, 64, 4, 2),
                 (64, 128, 4, 2), (32, 64, 4, 1), (16, 32, 4, 1)]
 DQ_CONFIGS = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2),
-              (128, 64, 4, 2), (64, 32, 4, 1), (32, 16, 4, 1)]
+              (128, 64, 4, 2), (64, 32, 4, 1), (32, 16, 4, 1), (128, 64, 4, 3)]
 # SRAM: dK/dV keep a K and a V block and stream Q and dO blocks; dQ keeps Q, dO and streams K, V
 _choose_dkdv = tuned(_dkdv_kernel, DKDV_CONFIGS, lambda bm, bn: (2 * bn, 2 * bm))
 _choose_dq = tuned(_dq_kernel, DQ_CONFIGS, lambda bm, bn: (2 * bm, 2 * bn))
