@@ -5,11 +5,12 @@ with FlashAttention-2's loop order and backward (Dao 2023, Algorithms 1 and 2). 
 ``flashlib.masks.BlockMask``, stored the way these kernels read it:
 
 - forward and dQ: one program per query tile walks the key blocks listed for its query block,
-  full blocks first (no mask, no bounds check: a block reaching past Nk is never full), then partial ones (the element mask computed from
-  the mask's band for causal and sliding-window masks, else read from the block's bitmap); empty
-  blocks are never loaded;
+  full blocks first (no mask, no bounds check: a block reaching past Nk is never full), then
+  partial ones (the element mask computed from the mask's band for causal and sliding-window
+  masks, else read from the block's bitmap); empty blocks are never loaded;
 - dK/dV: one program per key tile walks the transposed lists (the query blocks that see its key
-  block), summing over the query heads of a grouped-query group as the dense kernel does.
+  block), summing over the query heads of a grouped-query group as the dense kernel does; a
+  ragged last query block can be full, so its query tiles load with bounds unless Nq fills it.
 Where every list's full blocks are adjacent (bands, documents, all-full masks: the mask's
 ``kv_full_adjacent`` / ``q_full_adjacent``), the kernels step through them as the dense loop
 does, without reading the list.
