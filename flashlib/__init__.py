@@ -16,5 +16,5 @@ __version__ = "0.1.0"
 
 def check(exercise: str, **kwargs) -> bool:
     """Grade one exercise (e.g. ``flashlib.check("ex01")``), print a report; never raises."""
-    from .grading import check as _check
+    from .self_check import check as _check
     return _check(exercise, **kwargs)

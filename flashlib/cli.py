@@ -9,15 +9,15 @@ import sys
 
 
 def _run_check(args) -> int:
-    from . import grading
+    from . import self_check
 
     if args.all == (args.exercise is not None):
         print("give one exercise (flashlib check ex01) or --all", file=sys.stderr)
         return 2
     if args.all:
-        ok = grading.check_all(impl=args.impl, path=args.path, seed=args.seed)
+        ok = self_check.check_all(impl=args.impl, path=args.path, seed=args.seed)
     else:
-        ok = grading.check(args.exercise, impl=args.impl, path=args.path, seed=args.seed)
+        ok = self_check.check(args.exercise, impl=args.impl, path=args.path, seed=args.seed)
     return 0 if ok else 1
 
 

@@ -1,38 +1,34 @@
-"""Exercise grading: `flashlib check ex01` for learners, `flashlib grade DIR` for instructors.
+"""Exercise grading: the checks and the report behind `flashlib check` and `flashlib grade`.
 
-This module runs the checks and reports: ``check`` and ``check_all`` (what lessons call),
-``run_checks``, ``run_one`` and ``format_report``. How the pieces fit:
+This module runs a grader's checks on one file and reports: ``run_checks``, ``run_one`` and
+``format_report``. How the pieces fit:
 
 - ``solutions/exNN_topic.py`` hold the answers; ``tools/make_exercises.py`` turns them into the
   stubs in ``exercises/`` that learners edit.
 - ``tests/exercises/test_exNN_topic.py`` is the grader of exercise NN: a list ``CHECKS`` of plain
   functions ``check(impl, rng)`` (impl: the learner's module, rng: a seeded NumPy generator) that
-  raise ``CheckFailed`` with words a learner can act on, written with ``flashlib.checks``. pytest
-  runs them (``pytest tests/exercises --impl=solutions|exercises|PATH``) and so does ``check``
-  below, in-process, with the same code.
+  raise ``CheckFailed`` with words a learner can act on, written with ``flashlib.checks``; the
+  Triton exercises' graders add ``GPU_CHECKS``, run only on a GPU: the learner's kernel compiled
+  once at a real size. pytest runs them (``pytest tests/exercises --impl=solutions|exercises|PATH``)
+  and so does ``run_checks`` below, with the same code.
 - ``flashlib.course`` finds the course repository, resolves exercise names ("ex01") and loads
-  files: ``check`` loads the learner's file fresh from disk on every call (compiled from source,
-  never from an import cache), runs every check, prints one line per check and never raises. It
-  runs them in a thread stopped after ``TIME_LIMIT_S`` (as ``grade``), so a loop that never ends
-  is reported and a notebook's kernel survives it. Errors raised inside a Triton kernel are
-  reported as the learner's own error at the learner's line, with a hint where the mistake is a
-  common one.
+  files: ``run_checks`` loads the learner's file fresh from disk on every call (compiled from
+  source, never from an import cache) and runs every check. Errors raised inside a Triton kernel
+  are reported as the learner's own error at the learner's line, with a hint where the mistake is
+  a common one.
 - A file that reaches for the answer is "not accepted: write it yourself" (``flashlib.integrity``):
   statically (``borrowed``: flashlib beyond the stub's imports, solutions/, exec/importlib/
   sys.modules), once loaded (``foreign``: a public function that is flashlib's), and while it runs
   (``tripwire``: the grader's FLASHLIB_ANSWERS, flashlib's own answers to the exercise, record
   any call made from the learner's file, however the learner reached them).
-- ``flashlib.classroom.grade`` (``flashlib grade DIR``) runs these checks in its own process
-  against proxies of a student's functions, which run in a confined process
-  (``flashlib.sandbox``), with a time limit.
-
-Limits: ``check`` runs the learner's code in-process with the learner's rights (a teaching aid);
-instructors grade untrusted work with ``flashlib grade``.
+- ``flashlib.self_check`` (``flashlib check ex01``, the lessons' check cells) runs these checks
+  within a time limit, in a thread or a child process, and prints the report;
+  ``flashlib.classroom.grade`` (``flashlib grade DIR``) runs them in its own process against
+  proxies of a student's functions, which run in a confined process (``flashlib.sandbox``).
 """
 import os
 import re
 import secrets
-import sys
 import traceback
 import warnings
 from dataclasses import dataclass, field
@@ -41,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from .checks import CheckFailed
-from .course import (course_root, display_path, implementation_path, list_exercises, load_grader,
+from .course import (course_root, display_path, implementation_path, load_grader,
                      load_module, no_root_message, resolve, short)
 from .integrity import NOT_ACCEPTED, allowed_flashlib, answers, borrowed, foreign, tripped, tripwire
 
@@ -66,10 +62,18 @@ class Report:
     problem: str | None = None      # why nothing could be graded (missing file, syntax error)
     status: str = "failed"          # "passed", "failed", "not done", "error", "missing", "timeout",
     #                                 "not accepted" (the file uses flashlib's answer or solutions/)
+    where: str = ""                 # "" (the checks) or "compiled for <GPU>" (the GPU_CHECKS)
 
     @property
     def passed(self) -> int:
         return sum(r.status == "ok" for r in self.results)
+
+
+def _gpu_label() -> str:
+    import torch
+
+    return f"compiled for the GPU ({torch.cuda.get_device_name()})" if torch.cuda.is_available() \
+        else "compiled for the GPU"
 
 
 def default_seed() -> int:
@@ -189,8 +193,12 @@ def run_one(check_fn, impl, seed: int) -> CheckResult:
     return CheckResult(title, "ok")
 
 
-def run_checks(exercise, *, impl="exercises", path=None, seed=None, root=None) -> Report:
-    """Grade one exercise in-process; returns a Report (never raises for the learner's faults)."""
+def run_checks(exercise, *, impl="exercises", path=None, seed=None, root=None, gpu=False,
+               progress=None) -> Report:
+    """Grade one exercise in-process; returns a Report (never raises for the learner's faults).
+
+    gpu: run the grader's ``GPU_CHECKS`` (the learner's kernel compiled for the GPU, at a real
+    size) instead of its ``CHECKS``. progress: called with each check's title as it starts."""
     seed = default_seed() if seed is None else int(seed)
     root = course_root(root)
     if root is None:
@@ -201,9 +209,9 @@ def run_checks(exercise, *, impl="exercises", path=None, seed=None, root=None) -
     except LookupError as e:
         return Report(str(exercise), None, seed, 0, problem=str(e), status="error")
     grader = load_grader(name, root)
-    checks = list(grader.CHECKS)
+    checks = list(getattr(grader, "GPU_CHECKS", ()) if gpu else grader.CHECKS)
     file = implementation_path(name, impl=impl, path=path, root=root)
-    report = Report(name, file, seed, len(checks))
+    report = Report(name, file, seed, len(checks), where=_gpu_label() if gpu else "")
     if not file.is_file():
         where = "run `python tools/make_exercises.py` to regenerate it, or restore it from git" \
             if impl == "exercises" and path is None else "check the path"
@@ -240,6 +248,8 @@ def run_checks(exercise, *, impl="exercises", path=None, seed=None, root=None) -
         report.status = "not accepted"
         return report
     for c in checks:
+        if progress is not None:
+            progress(check_title(c))
         report.results.append(run_one(c, module, seed))
         if report.results[-1].status == "not accepted":
             report.problem, report.status = report.results[-1].message, "not accepted"
@@ -263,7 +273,8 @@ def format_report(report: Report) -> str:
                 "with your code (the docstring is the spec)")
     if report.problem is not None:
         return f"{sn}: {report.problem}"
-    lines = [f"{report.name} ({where}, seed {report.seed})"]
+    stage = f", {report.where}" if report.where else ""
+    lines = [f"{report.name}{stage} ({where}, seed {report.seed})"]
     last_hint = None
     for r in report.results:
         tag = {"ok": "ok  ", "failed": "FAIL", "error": "ERR ",
@@ -276,111 +287,8 @@ def format_report(report: Report) -> str:
             if line:
                 lines.append("        " + line)
     if report.status == "passed":
-        lines.append(f"{sn} passed: all {report.total} checks. Well done!")
+        lines.append(f"{sn} passed{stage}: all {report.total} checks. Well done!")
     else:
         lines.append(f"{sn}: {report.passed} of {report.total} checks passed. Fix the first "
                      f"failure, then check again (same inputs: FLASHLIB_SEED={report.seed}).")
     return "\n".join(lines)
-
-
-TIME_LIMIT_S = 60.0   # per exercise, as `flashlib grade` (classroom.grade's default timeout)
-
-
-class _TimeUp(BaseException):
-    """Raised inside a check's thread when its time is up. A BaseException, so that neither an
-    ``except Exception`` in the learner's code nor Triton's interpreter catches it."""
-
-
-def _stop(thread) -> None:
-    """Raise _TimeUp in ``thread`` at its next Python line (CPython's async exception)."""
-    import ctypes
-
-    set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
-    set_async_exc(ctypes.c_ulong(thread.ident), ctypes.py_object(_TimeUp))
-
-
-def _line_running(thread, file) -> int | None:
-    """The line of ``file`` that ``thread`` is running (innermost), or None."""
-    frame = sys._current_frames().get(thread.ident)
-    file = Path(file).resolve() if file is not None else None
-    while frame is not None and file is not None:
-        if Path(frame.f_code.co_filename).resolve() == file:
-            return frame.f_lineno
-        frame = frame.f_back
-    return None
-
-
-def _run_checks_in_time(exercise, *, impl, path, seed, timeout) -> Report:
-    """``run_checks`` in a thread, stopped after ``timeout`` seconds: a notebook's kernel (and
-    its variables) survive a learner's loop that never ends, with no process to start."""
-    import threading
-
-    box = {}
-
-    def work():
-        try:
-            box["report"] = run_checks(exercise, impl=impl, path=path, seed=seed)
-        except _TimeUp:
-            pass
-        except BaseException as e:  # noqa: B036  re-raised in the caller's thread
-            box["error"] = e
-
-    worker = threading.Thread(target=work, name="flashlib-check", daemon=True)
-    worker.start()
-    try:
-        worker.join(timeout)
-    except KeyboardInterrupt:   # a notebook's stop button stops the check too
-        _stop(worker)
-        raise
-    if "error" in box:
-        raise box["error"]
-    if "report" in box:
-        return box["report"]
-    name = resolve(exercise)
-    file = implementation_path(name, impl=impl, path=path)
-    line = _line_running(worker, file)
-    _stop(worker)
-    worker.join(5.0)
-    where = f", line {line}" if line is not None else ""
-    problem = (f"stopped after {timeout:g} s (the time limit `flashlib grade` gives each "
-               f"exercise): your code was still running ({display_path(file)}{where}). Look for "
-               "a loop that never ends: a while loop whose condition never turns false, or a loop "
-               "variable that is never advanced.")
-    if worker.is_alive():
-        problem += " It is still running in the background: restart the kernel (or Python)."
-    return Report(name, file, seed, 0, problem=problem, status="timeout")
-
-
-def check(exercise, *, impl="exercises", path=None, seed=None, timeout=None) -> bool:
-    """Grade one exercise: print a short report, return True only if every check passes.
-
-    exercise: "ex01", "1", 1 or "ex01_safe_softmax". impl: "exercises" (your work) or
-    "solutions". path: a file (or folder of exNN_*.py files) to grade instead. timeout: seconds
-    before the check is stopped and reported (None: TIME_LIMIT_S, as `flashlib grade`). Never
-    raises: an unsolved stub, a syntax error, an exception or a loop that never ends in your
-    code is reported, not raised.
-    """
-    seed = default_seed() if seed is None else int(seed)
-    timeout = TIME_LIMIT_S if timeout is None else float(timeout)
-    try:
-        report = _run_checks_in_time(exercise, impl=impl, path=path, seed=seed, timeout=timeout)
-    except Exception as e:  # a broken grader or install: still never raise into a lesson
-        print(f"{exercise}: could not run the grader: {type(e).__name__}: {e}")
-        return False
-    print(format_report(report))
-    return report.status == "passed"
-
-
-def check_all(*, impl="exercises", path=None, seed=None, timeout=None) -> bool:
-    """``check`` every exercise (each with its own time limit); True if all pass."""
-    names = list_exercises()
-    if not names:
-        print(no_root_message())
-        return False
-    seed = default_seed() if seed is None else seed
-    results = []
-    for name in names:
-        results.append(check(name, impl=impl, path=path, seed=seed, timeout=timeout))
-        print()
-    print(f"{sum(results)} of {len(results)} exercises passed")
-    return all(results)

@@ -17,6 +17,38 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _repair_interpreter_scalars() -> None:
+    """Let the interpreter use a scalar in ``range(0, n, BLOCK)`` under NumPy >= 2.4 on older Triton.
+
+    The interpreter holds a kernel's scalars as 1-element arrays and, up to Triton 3.6 (the GPU
+    machines' version), converts them with ``int(array)``, which NumPy 2.4 refuses ("only
+    0-dimensional arrays can be converted to Python scalars"): every kernel whose loop bound is an
+    argument failed there. Newer Triton converts as below; this does the same on any version.
+    """
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "_flashlib_repaired", False):
+        return
+
+    def index(self):
+        return int(self.handle.data.item())
+
+    def patch_lang_tensor(tensor, *args):   # (tensor), (tensor, builder) or (tensor, scope)
+        patch(tensor, *args)
+        if args and hasattr(args[0], "set_attr"):
+            args[0].set_attr(tensor, "__index__", index)   # undone after the launch, as Triton's
+        else:
+            tensor.__index__ = index
+
+    patch_lang_tensor._flashlib_repaired = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
+
+
+if INTERPRET:
+    _repair_interpreter_scalars()
 DEVICE = torch.device("cuda" if HAS_CUDA and not INTERPRET else "cpu")
 # GPU kernels autotune over a few block configs; FLASHLIB_AUTOTUNE=0 uses the first config only
 # (quick compiles for tests). The interpreter always uses one small fixed config.

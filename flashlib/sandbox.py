@@ -480,6 +480,9 @@ def _child_main(argv):
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     cfg = json.loads(argv[2])
+    import importlib.util
+    if importlib.util.find_spec("flashlib") is None:   # a course run from its clone, not installed
+        sys.path.append(os.path.dirname(here))           # (-I ignores PYTHONPATH)
     if cfg["confine"]:
         try:
             _confine(cfg)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flashlib import check, checks, classroom, course, grading
+from flashlib import check, checks, classroom, course, self_check
 from flashlib.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,7 +100,7 @@ def test_check_stops_a_loop_that_never_ends(tmp_path, capsys, where, text):
 def test_check_has_the_time_limit_of_grade():
     import inspect
 
-    assert grading.TIME_LIMIT_S == inspect.signature(classroom.grade).parameters["timeout"].default
+    assert self_check.TIME_LIMIT_S == inspect.signature(classroom.grade).parameters["timeout"].default
 
 
 @pytest.mark.parametrize("mutant, offending", [

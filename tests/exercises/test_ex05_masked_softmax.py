@@ -219,6 +219,27 @@ CHECKS = [check_rows_any_length, check_writes_only_its_row, check_negative_rows,
           check_large_inputs, check_far_below_zero, check_float16]
 
 
+def check_gpu_real_size(impl, rng):
+    """compiled for the GPU: 4096 rows of 1000 (float32) and of 3000 (float16) columns"""
+    for n_cols, dtype in ((1000, torch.float32), (3000, torch.float16)):
+        x = 3 * rng.standard_normal((4096, n_cols))
+        _expect_rows(impl, x, dtype=dtype, what="rows on the GPU")
+        tail_rows, elsewhere = _writes_outside(_run(impl, x, dtype=dtype)[1], *x.shape)
+        if tail_rows or elsewhere:
+            checks.fail(f"on the GPU, with n_cols={n_cols}, your kernel wrote outside the output "
+                        "rows", HINT_STORE_MASK if tail_rows else HINT_STRIDE)
+
+
+# run only on a GPU (`flashlib check` compiles them after CHECKS pass through the interpreter)
+GPU_CHECKS = [check_gpu_real_size]
+
+
 @pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
 def test_ex05(check, exercise_impl, grader_seed):
+    checks.pytest_run(check, exercise_impl, grader_seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("check", GPU_CHECKS, ids=checks.check_id)
+def test_ex05_gpu(check, exercise_impl, grader_seed):
     checks.pytest_run(check, exercise_impl, grader_seed)

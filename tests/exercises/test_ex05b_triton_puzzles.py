@@ -14,6 +14,7 @@ accumulation in the matmul, padded score lanes that are not -inf, no max subtrac
 import numpy as np
 import pytest
 import torch
+import triton
 
 from flashlib import checks, runtime
 from flashlib.testing import attention_magnitudes
@@ -342,6 +343,70 @@ def check_attention_row(impl, rng):
 CHECKS = [check_vector_add, check_copy_tile, check_matmul_tile, check_attention_row]
 
 
+def _tensor_core_product(a64, b64):
+    """A @ B of float16 values on the GPU's tensor cores, summed in float32: flashlib's tiled
+    matmul kernel (lesson 05) writing float32. The GPU check's second baseline: tensor cores sum a
+    tile's products in their own order and rounding (on an H100 about 50 float32 ulps at K = 700,
+    against a few for a CPU's float32 loop), and a right answer does the same."""
+    from flashlib.kernels.primer import matmul_kernel
+
+    a, b = (torch.from_numpy(x).to(DEV, torch.float16) for x in (a64, b64))
+    (M, K), N = a.shape, b.shape[1]
+    c = torch.empty((M, N), dtype=torch.float32, device=DEV)
+    matmul_kernel[(triton.cdiv(M, 64) * triton.cdiv(N, 64),)](
+        a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
+        c.stride(1), BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, DOT_PRECISION="ieee")
+    return c.double().cpu().numpy()
+
+
+def check_gpu_real_size(impl, rng):
+    """compiled for the GPU: the four puzzles at real sizes
+    (an add of 100,003, a (1000, 777) transposed copy, a (500, 700) @ (700, 300) float16 matmul,
+    2000 attention rows over 200 keys)"""
+    x, y = rng.standard_normal(100_003), rng.standard_normal(100_003)
+    got, outside, xv, yv = _add(impl, x, y, strides=(3, 2, 2))
+    if outside:
+        checks.fail("on the GPU, vector_add wrote outside out", HINT_TAIL)
+    checks.expect_close(got, _np(xv) + _np(yv), baseline=_np(xv + yv), dtype=torch.float32,
+                        name="vector_add of 100,003 on the GPU")
+    x = rng.standard_normal((1000, 777))
+    got, outside = _copy(impl, x, layout="transposed")
+    if outside:
+        checks.fail("on the GPU, copy_matrix wrote outside the output matrix", HINT_2D_MASK)
+    expected = _np(_to(x, torch.float32))
+    checks.expect_close(got, expected, baseline=expected, dtype=torch.float32,
+                        name="copy_matrix of a (1000, 777) transposed view on the GPU")
+    a, b = rng.standard_normal((500, 700)) + 1.5, rng.standard_normal((700, 300)) + 1.5
+    got, outside, a64, b64 = _matmul(impl, a, b, dtype=torch.float16)
+    if outside:
+        checks.fail("on the GPU, matmul wrote outside C", HINT_2D_MASK)
+    baseline = ((torch.from_numpy(a64).float() @ torch.from_numpy(b64).float()).double().numpy(),
+                _tensor_core_product(a64, b64))
+    checks.expect_close(got, a64 @ b64, baseline=baseline, dtype=torch.float32,
+                        name="matmul (500, 700) @ (700, 300), float16 inputs, on the GPU",
+                        magnitude=float((np.abs(a64) @ np.abs(b64)).max()))
+    q, k, v = _qkv(rng, 2000, 200, 48, 1.0)
+    got, outside, (q64, k64, v64) = _attention(impl, q, k, v, scale=0.125)
+    if outside:
+        checks.fail("on the GPU, attention_rows wrote outside O", HINT_D_MASK)
+    t = [torch.from_numpy(x).float() for x in (q64, k64, v64)]
+    baseline = (torch.softmax(0.125 * t[0] @ t[1].T, -1) @ t[2]).double().numpy()
+    mags = attention_magnitudes(q64[None, None], k64[None, None], v64[None, None], scale=0.125)
+    checks.expect_close(got, _attention64(q64, k64, v64, 0.125), baseline=baseline,
+                        dtype=torch.float32, magnitude=mags["out"],
+                        name="attention of 2000 queries over 200 keys, d=48, on the GPU")
+
+
+# run only on a GPU (`flashlib check` compiles them after CHECKS pass through the interpreter)
+GPU_CHECKS = [check_gpu_real_size]
+
+
 @pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
 def test_ex05b(check, exercise_impl, grader_seed):
+    checks.pytest_run(check, exercise_impl, grader_seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("check", GPU_CHECKS, ids=checks.check_id)
+def test_ex05b_gpu(check, exercise_impl, grader_seed):
     checks.pytest_run(check, exercise_impl, grader_seed)

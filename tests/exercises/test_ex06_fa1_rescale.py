@@ -248,6 +248,22 @@ CHECKS = [check_one_update, check_masked_rows, check_far_from_zero, check_fa1_fo
           check_fa1_causal]
 
 
+def check_gpu_real_size(impl, rng):
+    """compiled for the GPU: fa1_forward with your rescale, float16, N = 1000, causal
+    (2 batches, 4 heads, head dim 64)"""
+    _expect_forward(impl, rng, torch.float16, (2, 4, 1000, 64), (2, 4, 1000, 64), causal=True)
+
+
+# run only on a GPU (`flashlib check` compiles them after CHECKS pass through the interpreter)
+GPU_CHECKS = [check_gpu_real_size]
+
+
 @pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
 def test_ex06(check, exercise_impl, grader_seed):
+    checks.pytest_run(check, exercise_impl, grader_seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("check", GPU_CHECKS, ids=checks.check_id)
+def test_ex06_gpu(check, exercise_impl, grader_seed):
     checks.pytest_run(check, exercise_impl, grader_seed)

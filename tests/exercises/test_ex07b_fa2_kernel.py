@@ -390,6 +390,22 @@ CHECKS = [check_one_block, check_ragged, check_heads_and_layouts, check_causal,
           check_large_logits, check_int64_offsets]
 
 
+def check_gpu_real_size(impl, rng):
+    """compiled for the GPU: your kernel, float16, Nq = 1000, Nk = 1100, head dim 80, causal
+    (2 batches, 8 query heads over 2 K/V heads)"""
+    _expect(impl, rng, (2, 8, 1000, 80), (2, 2, 1100, 80), causal=True, dtype=torch.float16)
+
+
+# run only on a GPU (`flashlib check` compiles them after CHECKS pass through the interpreter)
+GPU_CHECKS = [check_gpu_real_size]
+
+
 @pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
 def test_ex07b(check, exercise_impl, grader_seed):
+    checks.pytest_run(check, exercise_impl, grader_seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("check", GPU_CHECKS, ids=checks.check_id)
+def test_ex07b_gpu(check, exercise_impl, grader_seed):
     checks.pytest_run(check, exercise_impl, grader_seed)
