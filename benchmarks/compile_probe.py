@@ -1,5 +1,5 @@
 """Probe: lesson 11's training step (6 layers, B=32, T=256, 6 query heads over 2 K/V heads, d=64,
-bfloat16 autocast; flashlib/gpt.py) with flashlib's attention and with SDPA's flash backend, run
+bfloat16 autocast; flashlib/teach/gpt.py) with flashlib's attention and with SDPA's flash backend, run
 eagerly, under torch.compile (default and mode="reduce-overhead") and captured by hand in one CUDA
 graph. Compares each mode's loss and gradient (the tied embedding's, relative to its largest
 entry) with eager's, then prints the median ms per step (do_bench). At these sizes host time
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from flashlib import gpt
+from flashlib.teach import gpt
 
 
 def sdpa_attention(q, k, v, cache=None):

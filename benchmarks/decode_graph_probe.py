@@ -1,6 +1,6 @@
 """Decode bandwidth of one call timed four ways, to tell a CUDA graph's effect from the suite's:
 events around each synced eager call, ten eager calls back to back, a graph of one call replayed
-(as ``flashlib.bench_decode.graph_time`` did), a graph of ten calls. With ``--order``: the
+(as ``flashlib.bench.decode.graph_time`` did), a graph of ten calls. With ``--order``: the
 suite's own ``graph_time`` on the suite's inputs (B=8 Hkv=8) after each step the suite takes
 before it (``check_decode``, ``do_bench``, ``host_time``), without its warm-up (ten timed
 replays, as it was until 2026-11-25) and with it (25 ms untimed, then replays over 100 ms).
@@ -21,7 +21,7 @@ dev = "cuda"
 
 
 def order():
-    from flashlib import bench, bench_decode as bd
+    from flashlib.bench import harness as bench, decode as bd
     fns = bd.implementations(["flashlib", "sdpa_cudnn"])
     for L in (32768, 131072):
         B, Hq, Hkv, D = 8, 32, 8, 128

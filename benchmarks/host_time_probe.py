@@ -16,10 +16,11 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashlib
-from flashlib.bench_decode import host_time
+from flashlib.bench.decode import host_time
 from flashlib.kernels.fa2_bwd import fa2_backward
 from flashlib.kernels.fa2_fwd import fa2_forward
-from flashlib.ops import FlashAttention, check_inputs
+from flashlib.inputs import check_inputs
+from flashlib.ops import FlashAttention
 
 
 def host_us(fn):

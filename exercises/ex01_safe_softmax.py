@@ -11,7 +11,7 @@ Three passes over each row (Milakov & Gimelshein 2018, Algorithm 2):
     2. d = sum_j exp(x_j - m)
     3. y_i = exp(x_i - m) / d
 
-Compare ``flashlib.softmax.naive_softmax``, which overflows; ``flashlib.softmax.safe_softmax``
+Compare ``flashlib.teach.softmax.naive_softmax``, which overflows; ``flashlib.teach.softmax.safe_softmax``
 is the library's answer (look at it after you are done).
 
 Write ``safe_softmax`` below; then run ``flashlib check ex01``.

@@ -15,7 +15,7 @@ max); every term already in d' was computed relative to m_old, so d' must be res
 and d' is exactly d. This update is what makes FlashAttention's tiling possible.
 
 Walk over the last axis in blocks of ``block_size`` columns (the last block may be shorter).
-Compare ``flashlib.softmax.online_normalizer``, the library's version (it merges (m, d) states).
+Compare ``flashlib.teach.softmax.online_normalizer``, the library's version (it merges (m, d) states).
 
 Write the loop below; then run ``flashlib check ex02``.
 """

@@ -1,6 +1,6 @@
 """Exercise 11 (lesson 11): a GPT's attention, for training and for sampling with a KV cache.
 
-``flashlib.gpt.GPT(cfg, attention=attend)`` calls your function in every layer with the new
+``flashlib.teach.gpt.GPT(cfg, attention=attend)`` calls your function in every layer with the new
 tokens' queries, keys and values, already split into heads:
 
     q: (B, Hq, T, D)     k, v: (B, Hkv, T, D)     Hq % Hkv == 0 (grouped-query heads)
@@ -21,7 +21,7 @@ and must get back their attention output, (B, Hq, T, D). Token i may attend to t
 
 What the cache holds past a sequence's length is not keys: leave those slots alone (``cache.k``
 and ``cache.v`` are (B, Hkv, max_len, D) buffers) and let ``cache.attend`` read the lengths.
-Then run ``flashlib.check("ex11")``.
+Then run ``flashlib.course.check("ex11")``.
 """
 from flashlib import flash_attention
 

@@ -1,20 +1,22 @@
 """flashlib: the course's reference implementation of FlashAttention.
 
+The library an engineer imports lives at the top of the package: ``ops`` (the public functions
+and their autograd), ``kernels/`` (Triton kernels, the shared tile step, launchers), ``masks``,
+``decode`` (KV caches), ``inputs`` (input checks), ``reference`` (the float64 oracle),
+``runtime`` (device detection; the interpreter on a CPU) and ``testing`` (the one tolerance rule).
+Three subpackages sit above it and import it, never the other way round: ``teach`` (the lessons'
+algorithms and figures), ``course`` (checking and grading exercises, the `flashlib` command) and
+``bench`` (benchmark suites, ``python -m flashlib.bench``).
+
 Import order matters: ``runtime`` turns Triton's interpreter on (on machines without a GPU)
 before any kernel module defines a ``@triton.jit`` function.
 """
 from . import runtime  # noqa: F401  (first: sets TRITON_INTERPRET before kernels are defined)
-from . import masks, reference, softmax  # noqa: F401
+from . import masks, reference  # noqa: F401
 from .decode import KVCache, flash_decode
 from .ops import block_sparse_attention, flash_attention
 from .reference import attention_ref
 
-__all__ = ["KVCache", "attention_ref", "block_sparse_attention", "check", "flash_attention",
-           "flash_decode", "masks", "reference", "runtime", "softmax"]
+__all__ = ["KVCache", "attention_ref", "block_sparse_attention", "flash_attention",
+           "flash_decode", "masks", "reference", "runtime"]
 __version__ = "0.1.0"
-
-
-def check(exercise: str, **kwargs) -> bool:
-    """Grade one exercise (e.g. ``flashlib.check("ex01")``), print a report; never raises."""
-    from .self_check import check as _check
-    return _check(exercise, **kwargs)

@@ -21,7 +21,7 @@ import torch
 
 from . import runtime
 from .kernels.decode import flash_decode_forward
-from .ops import SUPPORTED_DTYPES, check_inputs
+from .inputs import SUPPORTED_DTYPES, check_inputs
 
 
 def check_decode_inputs(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=None):

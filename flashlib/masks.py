@@ -29,14 +29,61 @@ is evaluated densely once, on the mask's device, in chunks of query rows (fine o
 about 128k x 128k per (Bm, Hm)); the bitmaps cost block_size^2 bytes per partial tile.
 """
 import math
+from typing import NamedTuple
 
 import torch
 
-__all__ = ["BlockMask", "visit_lists", "full_blocks_adjacent", "causal", "sliding_window",
+__all__ = ["BlockMask", "KernelView", "visit_lists", "full_blocks_adjacent", "causal", "sliding_window",
            "local_global", "document", "random_blocks", "from_function", "from_block_tensor"]
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 _CHUNK_ELEMENTS = 1 << 25  # rule elements evaluated at once while building
+
+
+class KernelView(NamedTuple):
+    """What the block-sparse kernels read of a ``BlockMask`` (``kernels.block_sparse``), and nothing
+    else: the visit tables (tensors on the mask's device) and the layout (numbers). The eager path
+    hands it to the launchers as it is; under torch.compile a custom op takes ``tables()`` and
+    ``layout()`` (an op's arguments are tensors and ints) and ``from_args`` rebuilds it."""
+    kv_count: torch.Tensor      # (Bm, Hm, nQ) int32: key blocks each query block visits
+    kv_full: torch.Tensor       # (Bm, Hm, nQ) int32: how many of them (listed first) are full
+    kv_index: torch.Tensor      # (Bm, Hm, nQ, nK) int32: the key blocks, full ones first
+    kv_bitmap: torch.Tensor     # (Bm, Hm, nQ, nK) int32: a partial entry's bitmap in ``bitmaps``
+    q_count: torch.Tensor       # (Bm, Hm, nK) ... the same per key block, for dK/dV
+    q_full: torch.Tensor
+    q_index: torch.Tensor       # (Bm, Hm, nK, nQ)
+    q_bitmap: torch.Tensor
+    bitmaps: torch.Tensor       # (n_bitmaps, block_size, block_size) uint8: partial tiles' patterns
+    block_size: int
+    band: tuple | None          # (lo, hi): partial tiles masked by arithmetic, not bitmaps
+    kv_visits: int              # a power of two >= the mean visit count (an autotuning key)
+    q_visits: int
+    kv_full_adjacent: bool      # every row's full entries are adjacent key blocks
+    q_full_adjacent: bool
+
+    @property
+    def shape(self):
+        """(Bm, Hm, n_query_blocks, n_key_blocks)."""
+        return tuple(self.kv_index.shape)
+
+    @property
+    def batch_heads(self):
+        return self.shape[:2]
+
+    def tables(self) -> list:
+        return list(self[:9])
+
+    def layout(self) -> list:
+        lo, hi = (0, 0) if self.band is None else self.band
+        return [int(x) for x in (self.block_size, self.band is not None, lo, hi, self.kv_visits,
+                                 self.q_visits, self.kv_full_adjacent, self.q_full_adjacent)]
+
+    @classmethod
+    def from_args(cls, tables, layout) -> "KernelView":
+        """The view that ``tables()`` and ``layout()`` came from."""
+        block_size, banded, lo, hi, kv_visits, q_visits, kv_adjacent, q_adjacent = layout
+        return cls(*tables, block_size, (lo, hi) if banded else None, kv_visits, q_visits,
+                   bool(kv_adjacent), bool(q_adjacent))
 
 
 class BlockMask:
@@ -77,6 +124,13 @@ class BlockMask:
     def shape(self):
         """(Bm, Hm, n_query_blocks, n_key_blocks)."""
         return tuple(self.kinds.shape)
+
+    def kernel_view(self) -> KernelView:
+        """What the kernels read of this mask (``KernelView``)."""
+        return KernelView(self.kv_count, self.kv_full, self.kv_index, self.kv_bitmap, self.q_count,
+                          self.q_full, self.q_index, self.q_bitmap, self.bitmaps, self.block_size,
+                          self.band, self.kv_visits, self.q_visits, self.kv_full_adjacent,
+                          self.q_full_adjacent)
 
     def _rows(self, q0, q1):
         Bm, Hm = self.batch_heads

@@ -1,4 +1,4 @@
-"""Public torch entry points: input checks, the autograd.Function, and ``flash_attention``.
+"""Public torch entry points: the autograd.Functions, ``flash_attention`` and ``block_sparse_attention``.
 
 The layers follow flash-attention's Triton file: ``@triton.jit`` kernel (flashlib/kernels) ->
 launcher (``fa2_forward`` / ``fa2_backward``: allocation, grid) -> ``FlashAttention``
@@ -8,50 +8,12 @@ before any kernel is compiled. Under torch.compile, ``flash_attention`` and
 ``block_sparse_attention`` reach the same launchers through custom ops (two each) instead of the
 autograd.Functions (see ``_fa2_forward_op``, ``_bs_forward_op``).
 """
-import math
-import numbers
-import types
 
 import torch
 
-from . import runtime
+from .inputs import check_inputs
 from .kernels.fa2_fwd import fa2_forward
-from .reference import check_qkv
-
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_HEADDIM = 256
-
-
-def check_inputs(q, k, v, *, scale=None, causal=False):
-    """Validate q, k, v for the kernels; return the resolved scale. Errors name the argument."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    B, Hq, Hkv, Nq, Nk, D = check_qkv(q, k, v)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; expected float16, bfloat16 or float32")
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}: use one dtype")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-    runtime.check_device("q", q)   # k and v are on q's device
-    if q.dtype == torch.bfloat16 and q.device.type == "cuda":
-        major, minor = runtime.capability(q.device)
-        if major < 8:
-            raise TypeError(f"q is bfloat16, which needs an sm_80 (Ampere) or newer GPU; this one "
-                            f"is sm_{major}{minor} (e.g. Colab's T4): use float16")
-    if D > MAX_HEADDIM:
-        raise ValueError(f"headdim {D} is over the supported maximum {MAX_HEADDIM}")
-    if min(B, Hq, D) == 0:
-        raise ValueError(f"q has an empty dimension: shape {tuple(q.shape)}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be True or False, got {causal!r}")
-    if scale is None:
-        return 1.0 / math.sqrt(D)
-    if not isinstance(scale, numbers.Real) or not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite real number, got {scale!r}")
-    return float(scale)
+from .masks import KernelView
 
 
 class FlashAttention(torch.autograd.Function):
@@ -151,7 +113,7 @@ class BlockSparseAttention(torch.autograd.Function):
     """Block-sparse forward and backward as one autograd node; saves q, k, v, out, lse."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, scale):
+    def forward(ctx, q, k, v, mask, scale):   # mask: a masks.KernelView
         from .kernels.block_sparse import block_sparse_forward
         out, lse = block_sparse_forward(q, k, v, mask, scale=scale)
         ctx.set_materialize_grads(False)   # lse's gradient: None, not a zeros tensor per call
@@ -188,10 +150,11 @@ def block_sparse_attention(q, k, v, block_mask, *, block_size=128, causal=False,
     """
     scale = check_inputs(q, k, v, scale=scale, causal=causal)
     mask = _resolve_mask(q, k, block_mask, block_size, causal)
+    view = mask.kernel_view()
     if torch.compiler.is_compiling():
-        out, lse = _bs_forward_op(q, k, v, *_mask_args(mask), scale)
+        out, lse = _bs_forward_op(q, k, v, view.tables(), view.layout(), scale)
     else:
-        out, lse = BlockSparseAttention.apply(q, k, v, mask, scale)
+        out, lse = BlockSparseAttention.apply(q, k, v, view, scale)
     return (out, lse) if return_lse else out
 
 
@@ -220,36 +183,15 @@ def _resolve_mask(q, k, block_mask, block_size, causal):
 
 
 # Under torch.compile, block-sparse attention runs as custom ops too (see _fa2_forward_op). An op
-# takes tensors and numbers, not a BlockMask: what the kernels read of the mask goes in as its
-# tables (tensors) and its layout (ints), and the kernels get it back as a plain namespace.
-_MASK_TABLES = ("kv_count", "kv_full", "kv_index", "kv_bitmap", "q_count", "q_full", "q_index",
-                "q_bitmap", "bitmaps")
-
-
-def _mask_args(mask):
-    """(tables, layout) of a BlockMask for the custom ops; ``_mask_from_args`` inverts it."""
-    lo, hi = (0, 0) if mask.band is None else mask.band
-    layout = [mask.block_size, mask.band is not None, lo, hi, mask.kv_visits, mask.q_visits,
-              mask.kv_full_adjacent, mask.q_full_adjacent]
-    return [getattr(mask, name) for name in _MASK_TABLES], [int(x) for x in layout]
-
-
-def _mask_from_args(tables, layout):
-    """What the block-sparse kernels read of a BlockMask (``kernels.block_sparse``), rebuilt."""
-    view = types.SimpleNamespace(**dict(zip(_MASK_TABLES, tables)))
-    view.block_size, banded, lo, hi, view.kv_visits, view.q_visits, kv_adjacent, q_adjacent = layout
-    view.band = (lo, hi) if banded else None
-    view.kv_full_adjacent, view.q_full_adjacent = bool(kv_adjacent), bool(q_adjacent)
-    view.shape = tuple(view.kv_index.shape)                  # (Bm, Hm, n_query_blocks, n_key_blocks)
-    view.batch_heads = view.shape[:2]
-    return view
+# takes tensors and numbers, not a BlockMask: the mask's KernelView goes in as its tables and its
+# layout, and KernelView.from_args rebuilds it for the launchers.
 
 
 @torch.library.custom_op("flashlib::block_sparse_forward", mutates_args=())
 def _bs_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: list[torch.Tensor],
                    layout: list[int], scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     from .kernels.block_sparse import block_sparse_forward
-    return block_sparse_forward(q, k, v, _mask_from_args(tables, layout), scale=scale)
+    return block_sparse_forward(q, k, v, KernelView.from_args(tables, layout), scale=scale)
 
 
 @_bs_forward_op.register_fake
@@ -262,7 +204,7 @@ def _bs_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
                     lse: torch.Tensor, dout: torch.Tensor, tables: list[torch.Tensor],
                     layout: list[int], scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from .kernels.block_sparse import block_sparse_backward
-    return block_sparse_backward(q, k, v, out, lse, dout, _mask_from_args(tables, layout), scale=scale)
+    return block_sparse_backward(q, k, v, out, lse, dout, KernelView.from_args(tables, layout), scale=scale)
 
 
 @_bs_backward_op.register_fake

@@ -22,6 +22,8 @@ import math
 import numpy as np
 import torch
 
+from .inputs import check_qkv, default_scale
+
 _CHUNK_ELEMENTS = 1 << 26  # score-matrix elements per chunk of query rows (512 MiB in float64)
 
 
@@ -30,27 +32,6 @@ def causal_mask(seqlen_q: int, seqlen_k: int, device=None) -> torch.Tensor:
     i = torch.arange(seqlen_q, device=device)[:, None]
     j = torch.arange(seqlen_k, device=device)[None, :]
     return j <= i + (seqlen_k - seqlen_q)
-
-
-def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int]:
-    """Validate SDPA-layout q, k, v; return (B, Hq, Hkv, Nq, Nk, D). Errors name the argument."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.ndim != 4:
-            raise ValueError(f"{name} must have 4 dims (batch, heads, seqlen, headdim), "
-                             f"got shape {tuple(t.shape)}")
-    B, Hq, Nq, D = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} "
-                         f"and v {tuple(v.shape)}")
-    Bk, Hkv, Nk, Dk = k.shape
-    if Bk != B:
-        raise ValueError(f"k has batch {Bk} but q has batch {B}")
-    if Dk != D:
-        raise ValueError(f"k has headdim {Dk} but q has headdim {D}")
-    if Hkv == 0 or Hq % Hkv != 0:
-        raise ValueError(f"heads_q={Hq} is not a multiple of heads_kv={Hkv}: each key/value "
-                         "head must serve a whole group of query heads")
-    return B, Hq, Hkv, Nq, Nk, D
 
 
 def attention_ref(q, k, v, *, causal=False, scale=None, mask=None):
@@ -69,7 +50,7 @@ def attention_ref(q, k, v, *, causal=False, scale=None, mask=None):
         if mask is not None:
             mask = torch.from_numpy(np.ascontiguousarray(mask))
     B, Hq, Hkv, Nq, Nk, D = check_qkv(q, k, v)
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    scale = default_scale(D) if scale is None else float(scale)
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
     group = Hq // Hkv
     k = k.repeat_interleave(group, dim=1)  # (B, Hq, Nk, D)
@@ -109,7 +90,7 @@ def attention_naive(q, k, v, *, causal=False, scale=None, mask=None):
     as ``attention_ref``; returns out only.
     """
     B, Hq, Hkv, Nq, Nk, D = check_qkv(q, k, v)
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    scale = default_scale(D) if scale is None else float(scale)
     k = k.repeat_interleave(Hq // Hkv, dim=1)
     v = v.repeat_interleave(Hq // Hkv, dim=1)
     s = torch.matmul(q, k.transpose(-1, -2)) * scale                  # (B, Hq, Nq, Nk)

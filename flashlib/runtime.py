@@ -55,15 +55,20 @@ DEVICE = torch.device("cuda" if HAS_CUDA and not INTERPRET else "cpu")
 AUTOTUNE = DEVICE.type == "cuda" and os.environ.get("FLASHLIB_AUTOTUNE", "1") != "0"
 
 
-def gpu_name() -> str:
-    """Short name of the GPU ("h100", "t4", ...) or "cpu"; used for benchmark folders."""
-    if not HAS_CUDA:
+_gpu_names = {}   # a dict, not functools.cache, which torch.compile warns about
+
+
+def gpu_name(device=None) -> str:
+    """Short name of ``device``'s GPU (the current one by default): "h100", "t4", ...; "cpu"
+    without one. Names benchmark folders and picks the kernels' per-GPU tables."""
+    if not HAS_CUDA or (device is not None and torch.device(device).type != "cuda"):
         return "cpu"
-    name = torch.cuda.get_device_name().lower()
-    for known in ("h200", "h100", "a100", "a10g", "l40s", "l4", "t4", "v100", "4090", "3090"):
-        if known in name:
-            return known
-    return name.replace("nvidia", "").strip().replace(" ", "_")
+    if device not in _gpu_names:
+        name = torch.cuda.get_device_name(device).lower()
+        known = ("h200", "h100", "a100", "a10g", "l40s", "l4", "t4", "v100", "4090", "3090")
+        _gpu_names[device] = next((k for k in known if k in name), None) or \
+            name.replace("nvidia", "").strip().replace(" ", "_")
+    return _gpu_names[device]
 
 
 def preset(cpu, gpu):

@@ -13,7 +13,7 @@ acc = sum_j exp(s_j - m) v_j over the keys seen so far. For each new key j:
 
 and only after the last key: out = acc / l (normalise once), and the log-sum-exp of the scores
 lse = m + log(l), which lesson 03 uses to merge partial outputs (FlashAttention-2 saves it for
-the backward pass). Compare ``flashlib.tiled.online_attention``.
+the backward pass). Compare ``flashlib.teach.tiled.online_attention``.
 
 Write the loop below, vectorised over the query rows; then run ``flashlib check ex03``.
 """

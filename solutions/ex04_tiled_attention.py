@@ -17,8 +17,8 @@ Masked scores are -inf (causal masking, padding past N). A row can have only -in
 (a causal row with no key yet, a padded row): then m_new = -inf and exp(-inf - (-inf)) is NaN.
 Such a row must keep m = -inf, l = 0, acc = 0: use 0 instead of -inf as its reference max.
 
-``flashlib.tiled.fa2_forward(q, k, v, block_q=..., block_k=..., causal=..., tile_update=fn)``
-runs the loops around your step (look at it); ``flashlib.tiled.fa2_tile_update`` is the
+``flashlib.teach.tiled.fa2_forward(q, k, v, block_q=..., block_k=..., causal=..., tile_update=fn)``
+runs the loops around your step (look at it); ``flashlib.teach.tiled.fa2_tile_update`` is the
 library's answer. Write the step below; then run ``flashlib check ex04``.
 
 RETURN ORDER: ``return m_new, l, acc``, the state in the order it comes in (m, l, acc). Exercise

@@ -29,7 +29,7 @@ Two details of flashlib's kernels:
   max in the exponents, and divide by 1 where l_new is 0.
 
 Write the body below (Triton: ``tl.maximum``, ``tl.where``, ``tl.math.exp2``, ``x[:, None]`` to
-broadcast a row vector over columns); then run ``flashlib.check("ex06")``.
+broadcast a row vector over columns); then run ``flashlib.course.check("ex06")``.
 """
 import flashlib  # noqa: F401  (first: turns Triton's interpreter on where there is no GPU)
 import triton

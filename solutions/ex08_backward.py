@@ -24,8 +24,8 @@ Masked entries (causal, keys past Nk) have S = -inf, so P = 0 there. A row with 
 attend to (causal with Nq > Nk, a padded row) has lse = -inf, and exp(-inf - (-inf)) is NaN:
 such a row must get P = 0 (use 0 instead of -inf as its lse).
 
-``flashlib.tiled.fa2_backward(q, k, v, out, lse, dout, ..., dkdv_update=fn)`` runs the loops
-around your step (look at it); ``flashlib.tiled.fa2_dkdv_update`` is the library's answer.
+``flashlib.teach.tiled.fa2_backward(q, k, v, out, lse, dout, ..., dkdv_update=fn)`` runs the loops
+around your step (look at it); ``flashlib.teach.tiled.fa2_dkdv_update`` is the library's answer.
 Write the step below; then run ``flashlib check ex08``.
 """
 import numpy as np

@@ -22,7 +22,8 @@ BLAS_SETTINGS = ", ".join(f"{name}={value}" for name, value in sorted(os.environ
 import pytest  # noqa: E402
 
 import seed_sweep  # noqa: E402  (tests/seed_sweep.py)
-from flashlib import course, grading  # noqa: E402
+from flashlib import course  # noqa: E402
+from flashlib.course import grading
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = grading.default_seed()

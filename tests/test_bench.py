@@ -6,7 +6,7 @@ import pathlib
 import pytest
 import torch
 
-from flashlib import bench
+from flashlib.bench import harness as bench
 from flashlib.reference import attention_naive
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -32,10 +32,13 @@ def test_ratios_are_sdpa_flash_time_over_own_time_for_the_same_op_and_shape():
 
 
 def test_cli_refuses_to_time_without_a_gpu():
-    if bench.runtime.DEVICE.type == "cuda":
+    from flashlib import runtime
+    from flashlib.bench.__main__ import main
+
+    if runtime.DEVICE.type == "cuda":
         pytest.skip("has a GPU")
     with pytest.raises(SystemExit):
-        bench.main(["--suite", "forward"])
+        main(["--suite", "forward"])
 
 
 @pytest.mark.parametrize("path", RESULTS, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -57,7 +60,7 @@ def test_committed_results_follow_the_design_format(path):
 
 
 def test_block_sparse_records_ratios_and_plot(tmp_path):
-    from flashlib import bench_sparse
+    from flashlib.bench import sparse as bench_sparse
     shape = dict(dtype="float16", B=1, Hq=2, Hkv=2, Nq=8, Nk=8, D=16, causal=False, gbps=None, peak_mem_gb=None)
     rec = lambda op, impl, mask, s, ms: dict(op=op, impl=impl, mask=mask, density=s, ms=ms, tflops=1.0,  # noqa: E731
                                             ratio_vs_sdpa_flash=None, ratio_vs_flex=None, **shape)
@@ -74,7 +77,7 @@ def test_block_sparse_records_ratios_and_plot(tmp_path):
 
 
 def test_decode_check_ratios_table_and_plot(tmp_path, capsys):
-    from flashlib import bench_decode
+    from flashlib.bench import decode as bench_decode
     q, k, v = bench.make_inputs(2, 4, 2, 1, 70, 16, torch.float32, "cpu")
     flashlib_decode = bench_decode.implementations(["flashlib"])["flashlib"]
     for seqlens in (None, [70, 9]):

@@ -346,7 +346,9 @@ def test_block_sparse_custom_ops_pass_torch_opcheck():
     q, k, v = qkv(1, 4, 2, 40, 50, 16)
     q = q.transpose(1, 2).contiguous().transpose(1, 2)            # strided heads
     mask = masks.local_global(40, 50, 12, 5, block_size=16, device=DEV)
-    tables, layout = ops._mask_args(mask)
+    view = mask.kernel_view()
+    tables, layout = view.tables(), view.layout()
+    assert masks.KernelView.from_args(tables, layout) == view     # the op sees what eager sees
     out, lse = ops._bs_forward_op(q, k, v, tables, layout, 0.3)
     torch.library.opcheck(ops._bs_forward_op, (q.requires_grad_(), k, v, tables, layout, 0.3))
     torch.library.opcheck(ops._bs_backward_op, (q.detach(), k, v, out, lse, torch.randn_like(out),

@@ -24,8 +24,9 @@ import numpy as np
 import pytest
 import torch
 
-from flashlib import classroom, course, grading, sandbox
+from flashlib.course import classroom, grading, sandbox
 
+from flashlib import course
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = ROOT / "tests" / "hostile"
 NUMPY_EXERCISES = ["ex00", "ex01", "ex02", "ex03", "ex04"]
@@ -47,7 +48,7 @@ EXPECTED = {
     ("hog", "ex01"): (r"error: your file fails on import: MemoryError", 0),
     ("printer", "ex01"): (r"passed$", None),
     ("cheater", "ex01"): (r"not accepted: write it yourself \(uses "
-                          r"flashlib\.softmax\.safe_softmax\)$", 0),
+                          r"flashlib\.teach\.softmax\.safe_softmax\)$", 0),
     ("solution_reader", "ex02"): (r"not accepted: write it yourself \(reads solutions", 0),
     ("broken", "ex01"): (r"error: your file does not parse: SyntaxError: .* \(line 3\)$", 0),
     ("absent", "ex00"): (r"passed$", None),
@@ -138,8 +139,8 @@ def test_class_folder_is_restored_if_changed(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("source, why", [
-    ("from flashlib.softmax import safe_softmax\n", "uses flashlib.softmax.safe_softmax"),
-    ("import flashlib\nf = flashlib.tiled.fa2_forward\n", "uses flashlib.tiled.fa2_forward"),
+    ("from flashlib.teach.softmax import safe_softmax\n", "uses flashlib.teach.softmax.safe_softmax"),
+    ("import flashlib\nf = flashlib.teach.tiled.fa2_forward\n", "uses flashlib.teach.tiled.fa2_forward"),
     ("import flashlib\ng = getattr(flashlib, 'tiled')\n", "uses flashlib (as a value)"),
     ("import importlib\n", "imports importlib"),
     ("x = __import__('flashlib')\n", "uses __import__"),
@@ -212,7 +213,7 @@ def test_grade_from_another_folder_with_relative_paths(tmp_path):
     """Issue 10: `flashlib grade subs --out grades.csv` run outside the course folder."""
     shutil.copytree(ROOT / "solutions", tmp_path / "subs" / "ada",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    result = subprocess.run([sys.executable, "-m", "flashlib.cli", "grade", "subs", "--out",
+    result = subprocess.run([sys.executable, "-m", "flashlib.course.cli", "grade", "subs", "--out",
                              "grades.csv", "--exercises", "ex00", "ex01", "--timeout", "30"],
                             capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr

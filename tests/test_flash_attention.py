@@ -6,7 +6,8 @@ N up to 16k, head dims 64/80/128/256, float16 and bfloat16, causal and not, grou
 import pytest
 import torch
 
-from flashlib import runtime, tiled
+from flashlib import runtime
+from flashlib.teach import tiled
 from flashlib.ops import block_sparse_attention, flash_attention
 from flashlib.reference import attention_naive, attention_ref
 from flashlib.testing import assert_attention_close, assert_close, attention_magnitudes
@@ -44,7 +45,7 @@ def run_and_check(B, Hq, Hkv, Nq, Nk, D, causal, dtype, *, backward=True, scale=
 
 
 def tiled_backward(q, k, v, out, lse, dout, causal, scale):
-    """flashlib.tiled.fa2_backward (NumPy, no grouped heads) on grouped-head inputs."""
+    """flashlib.teach.tiled.fa2_backward (NumPy, no grouped heads) on grouped-head inputs."""
     group = q.shape[1] // k.shape[1]
     arrays = [t.detach().cpu().numpy() for t in (q, k.repeat_interleave(group, 1),
                                                  v.repeat_interleave(group, 1), out, lse, dout)]

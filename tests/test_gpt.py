@@ -1,4 +1,4 @@
-"""flashlib.gpt: the capstone's GPT on flashlib's kernels (through the interpreter on a CPU).
+"""flashlib.teach.gpt: the capstone's GPT on flashlib's kernels (through the interpreter on a CPU).
 
 Its attention against a float64 oracle model (training forward and gradients), sampling with the
 KV cache against recomputing the sequence (the same tokens and logits), grouped-query heads, the
@@ -7,7 +7,8 @@ tokenizer, the batches, and clear errors for bad configurations and arguments.
 import pytest
 import torch
 
-from flashlib import gpt, runtime
+from flashlib.teach import gpt
+from flashlib import runtime
 from flashlib.reference import attention_naive, attention_ref
 from flashlib.testing import assert_close
 

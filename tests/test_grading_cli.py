@@ -1,4 +1,4 @@
-"""`flashlib.check`, the `flashlib` command, and instructor grading of a folder of students.
+"""`flashlib.course.check`, the `flashlib` command, and instructor grading of a folder of students.
 
 The grading test builds a class of four: one who solved everything, one who did nothing (and
 lost a file), one whose files crash or do not parse, one whose code never returns; each
@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flashlib import check, checks, classroom, course, self_check
-from flashlib.cli import main
+from flashlib.course import check, checks, classroom, self_check
+from flashlib import course
+from flashlib.course.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "solutions" / "ex01_safe_softmax.py"
@@ -183,10 +184,10 @@ def test_grade_a_class(tmp_path, capsys):
 
 
 def test_console_script_grades_in_a_subprocess(tmp_path):
-    """`python -m flashlib.cli` is what the `flashlib` console script runs."""
+    """`python -m flashlib.course.cli` is what the `flashlib` console script runs."""
     subs = tmp_path / "subs"
     shutil.copytree(ROOT / "solutions", subs / "ada", ignore=shutil.ignore_patterns("__pycache__"))
-    result = subprocess.run([sys.executable, "-m", "flashlib.cli", "grade", str(subs),
+    result = subprocess.run([sys.executable, "-m", "flashlib.course.cli", "grade", str(subs),
                              "--exercises", "ex00", "--out", str(tmp_path / "g.csv"),
                              "--timeout", "30"], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -195,7 +196,7 @@ def test_console_script_grades_in_a_subprocess(tmp_path):
 
 
 def test_check_without_the_course_folder_says_so(monkeypatch, capsys):
-    monkeypatch.setattr(course, "find_root", lambda: None)
+    monkeypatch.setattr(course.files, "find_root", lambda: None)
     assert check("ex01") is False
     out = capsys.readouterr().out
     assert "cannot find the course's tests/exercises/ folder" in out and "pip install -e ." in out

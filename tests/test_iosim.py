@@ -1,10 +1,10 @@
-"""flashlib.iosim: walked counts equal the closed forms and show Theorem 2 (FA1 section 3.2)."""
+"""flashlib.teach.iosim: walked counts equal the closed forms and show Theorem 2 (FA1 section 3.2)."""
 import math
 
 import numpy as np
 import pytest
 
-from flashlib import iosim
+from flashlib.teach import iosim
 
 MATMULS = [(17, 80, 97), (130, 17, 1), (1, 97, 130), (97, 130, 17)]   # (m, k, n)
 SRAMS = [300, 1000, 4099]

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 import seed_sweep
-from flashlib import course, grading, integrity
+from flashlib import course
 
+from flashlib.course import grading, integrity
 ROOT = Path(__file__).resolve().parent.parent
 MUTANTS, VARIANTS = seed_sweep.MUTANTS, seed_sweep.VARIANTS
 EXERCISES = course.list_exercises(ROOT)

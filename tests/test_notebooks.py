@@ -3,7 +3,7 @@
 Clean (tools/clean_notebooks.py): no outputs, no execution counts, metadata only the kernelspec
 and language_info name. A lesson: named NN_topic.ipynb, a "You will
 learn" markdown cell, and, if it sets an exercise (its markdown names exercises/exNN_*.py), a
-code cell calling flashlib.check("exNN"); no cell imports the learner's exercises/ directly (the
+code cell calling course.check("exNN"); no cell imports the learner's exercises/ directly (the
 lesson must run with the stubs unsolved). Executing the notebooks is nbval's job (pytest lessons/).
 """
 import importlib.util
@@ -65,9 +65,9 @@ def test_exercise_has_a_check_cell(path):
     markdown = "\n".join(c.source for c in cells if c.cell_type == "markdown")
     code = "\n".join(c.source for c in cells if c.cell_type == "code")
     exercises = set(re.findall(r"exercises/(ex\d\d[a-z]?)_\w+\.py", markdown))
-    checked = set(re.findall(r"flashlib\.check\(\s*[\"'](ex\d\d[a-z]?)[\"']", code))
+    checked = set(re.findall(r"course\.check\(\s*[\"'](ex\d\d[a-z]?)[\"']", code))
     assert exercises <= checked, f"{path.name}: exercises {sorted(exercises - checked)} have no " \
-        "flashlib.check(...) cell"
+        "course.check(...) cell"
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from flashlib import reference
-from flashlib.reference import attention_naive, attention_ref, causal_mask, check_qkv
+from flashlib.inputs import check_qkv
+from flashlib.reference import attention_naive, attention_ref, causal_mask
 from flashlib.testing import assert_close, attention_magnitudes
 
 SHAPES = [(1, 17), (17, 1), (97, 130), (130, 97), (17, 17)]  # (Nq, Nk), Nq > Nk included

@@ -1,4 +1,4 @@
-"""flashlib.softmax: the naive form overflows; the (max, sum) state algebra (lessons 01-02)."""
+"""flashlib.teach.softmax: the naive form overflows; the (max, sum) state algebra (lessons 01-02)."""
 import warnings
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from flashlib.softmax import (merge_states, naive_softmax, online_normalizer, online_softmax,
+from flashlib.teach.softmax import (merge_states, naive_softmax, online_normalizer, online_softmax,
                               safe_softmax)
 from flashlib.testing import assert_close
 

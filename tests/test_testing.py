@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from flashlib import tiled
+from flashlib.teach import tiled
 from flashlib.reference import attention_naive, attention_ref
 from flashlib.testing import (FACTOR, ULPS, accumulation_eps, assert_close, attention_magnitudes,
                               error_floor, tolerance)

@@ -1,4 +1,4 @@
-"""flashlib.tiled: every NumPy algorithm against the float64 oracle, on irregular shapes."""
+"""flashlib.teach.tiled: every NumPy algorithm against the float64 oracle, on irregular shapes."""
 import math
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from flashlib import tiled
+from flashlib.teach import tiled
 from flashlib.reference import attention_naive, attention_ref, causal_mask
 from flashlib.testing import assert_close, attention_magnitudes
 

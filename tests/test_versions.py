@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from flashlib import runtime, viz
+from flashlib import runtime
+from flashlib.teach import viz
 from flashlib.kernels import versions
 from flashlib.kernels.fa1 import fa1_forward, scratch_bytes
 from flashlib.reference import attention_naive, attention_ref

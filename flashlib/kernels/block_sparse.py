@@ -22,15 +22,15 @@ is part of the mask (diagonal blocks are partial), so the kernels need no causal
 mask is built on the host side of the call (``flashlib.masks``), and its bitmaps cost one byte per
 element of each partial block.
 """
-import math
 
 import torch
 import triton
 import triton.language as tl
 
 from .. import runtime
-from .config import cdiv, padded_headdim, size_bucket, tuned
-from .fa2_bwd import DKDV_CONFIGS, DQ_CONFIGS, _load_lse2, dkdv_tile, dq_tile, row_delta
+from .config import cdiv, padded_headdim, prologue, size_bucket, tuned
+from .fa2_bwd import (DKDV_CONFIGS, DQ_CONFIGS, _load_lse2, dkdv_tile, dq_tile, row_delta,
+                      store_rows)
 from .fa2_fwd import CONFIGS, attend_tile, load_rows, write_output
 from .launch import fast_launch
 from .tile import LOG2E, tile_update
@@ -191,9 +191,8 @@ def _bs_dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, 
                          Nk, qk_scale, offs_d, D, visible, True, not EVEN_N, EVEN_D, DOT_PRECISION)
             start_n = _next_start(index + n_full, t, (n_all - n_full) * TILES, start_n, TILES,
                                   SPARSE_BLOCK, BLOCK_N, False)
-    tl.store(dQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
-             + offs_m[:, None] * stride_dqm + offs_d[None, :], (dq * scale).to(dQ.dtype.element_ty),
-             mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < D))
+    store_rows(dQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh, dq * scale,
+               offs_m, stride_dqm, Nq, offs_d, D)
 
 
 @triton.jit
@@ -247,11 +246,10 @@ def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QB
                                    D, visible, True, not EVEN_M, EVEN_D, DOT_PRECISION)
                 start_m = _next_start(index + n_full, t, (n_all - n_full) * TILES, start_m, TILES,
                                       SPARSE_BLOCK, BLOCK_M, False)
-    kv_ok = (offs_n[:, None] < Nk) & (offs_d[None, :] < D)
-    tl.store(dK + off_b.to(tl.int64) * stride_dkb + off_hkv.to(tl.int64) * stride_dkh
-             + offs_n[:, None] * stride_dkn + offs_d[None, :], (dk * scale).to(dK.dtype.element_ty), mask=kv_ok)
-    tl.store(dV + off_b.to(tl.int64) * stride_dvb + off_hkv.to(tl.int64) * stride_dvh
-             + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(dV.dtype.element_ty), mask=kv_ok)
+    store_rows(dK + off_b.to(tl.int64) * stride_dkb + off_hkv.to(tl.int64) * stride_dkh, dk * scale,
+               offs_n, stride_dkn, Nk, offs_d, D)
+    store_rows(dV + off_b.to(tl.int64) * stride_dvb + off_hkv.to(tl.int64) * stride_dvh, dv, offs_n,
+               stride_dvn, Nk, offs_d, D)
 
 
 _choose_fwd = tuned(_bs_fwd_kernel, CONFIGS, lambda bm, bn: (bm, 2 * bn), key=KEY)
@@ -271,14 +269,6 @@ def _band(mask):
     return (*mask.band, True) if mask.band is not None else (0, 0, False)
 
 
-def _prepare(q, k, v, *rest):
-    """Last dim contiguous; on the interpreter bfloat16 runs as float32 (its bf16 dots are wrong)."""
-    tensors = [t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, *rest)]
-    if runtime.INTERPRET and q.dtype == torch.bfloat16:
-        tensors = [t.float() for t in tensors]
-    return tensors
-
-
 def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False):
     """Launch the block-sparse forward. Returns ``(out, lse)`` like ``fa2_forward``.
 
@@ -288,9 +278,7 @@ def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False):
     runtime.check_kernel(_bs_fwd_kernel)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    out_dtype = q.dtype
-    q, k, v = _prepare(q, k, v)
+    (q, k, v), scale, precision, out_dtype = prologue(q, k, v, scale=scale, allow_tf32=allow_tf32)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     block_d = padded_headdim(D)
@@ -307,7 +295,7 @@ def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False):
         mask.kv_visits, Hq // Hkv, *_band(mask), ADJACENT=mask.kv_full_adjacent, EVEN_N=Nk % bs == 0,
         SPARSE_BLOCK=bs, BLOCK_D=block_d,
         EVEN_M=Nq % bs == 0, EVEN_D=D == block_d,
-        DOT_PRECISION="tf32" if allow_tf32 else "ieee", **config)
+        DOT_PRECISION=precision, **config)
     return out.to(out_dtype), lse
 
 
@@ -316,12 +304,11 @@ def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf
     runtime.check_kernel(_bs_dkdv_kernel)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    grad_dtype = q.dtype
-    q, k, v, out, dout = _prepare(q, k, v, out, dout.to(q.dtype))
+    (q, k, v, out, dout), scale, precision, grad_dtype = prologue(
+        q, k, v, out, dout.to(q.dtype), scale=scale, allow_tf32=allow_tf32)
     lse = lse.contiguous()
     block_d = padded_headdim(D)
-    bs, precision = mask.block_size, "tf32" if allow_tf32 else "ieee"
+    bs = mask.block_size
     n_bucket = size_bucket(Nq, Nk, slices=B * Hq)
     slice_b, slice_h = _slices(mask)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

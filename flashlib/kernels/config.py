@@ -17,6 +17,7 @@ import torch
 import triton
 
 from .. import runtime
+from ..inputs import default_scale
 
 INTERPRETER_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64}
 KEY = ["n_bucket", "BLOCK_D", "CAUSAL", "DOT_PRECISION"]
@@ -108,3 +109,20 @@ def tuned(kernel, configs, footprint, elem_arg="Q", key=KEY):
             return kernel, first_fitting(block_d, elem_bytes, max_block)
         return autotuner, {}
     return choose
+
+
+def prologue(q, *tensors, scale=None, allow_tf32=False):
+    """What every launcher does first. Returns ``(q, *tensors), scale, precision, dtype``.
+
+    The tensors with their last dim contiguous (kernels step along a row by 1 and take every
+    other stride as given); through the interpreter, bfloat16 as float32, since its bfloat16
+    dots are wrong (``dtype`` is the caller's, to cast results back to); ``scale`` resolved
+    (1/sqrt(headdim) by default); ``precision`` the dots' ("tf32" if ``allow_tf32``, else exact
+    "ieee"). Inputs are validated before, by ``flashlib.inputs``.
+    """
+    dtype = q.dtype
+    tensors = [t if t.stride(-1) == 1 else t.contiguous() for t in (q, *tensors)]
+    if runtime.INTERPRET and dtype == torch.bfloat16:
+        tensors = [t.float() for t in tensors]
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    return tensors, scale, "tf32" if allow_tf32 else "ieee", dtype

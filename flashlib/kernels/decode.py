@@ -25,15 +25,14 @@ of FlashAttention-2's inner loop (Dao 2023, Algorithm 1):
 
 Layout (batch, heads, seqlen, headdim) with any strides (a last dim that is not contiguous is
 copied). Head dims up to 256, padded inside to a power of two (>= 16) and masked; float16,
-bfloat16 and float32 (exact ``ieee`` dots). Block configs (``CONFIGS``, ``LONG_SPLIT_CONFIG``) and
-a split heuristic (``num_splits_heuristic``) from timings on an H100 and an H200
-(benchmarks/results/<gpu>/decode_sweep.log).
+bfloat16 and float32 (exact ``ieee`` dots). Key-block configs (``KEY_BLOCK_CONFIGS``,
+``LONG_SPLIT_KEY_BLOCK``) and a split heuristic (``num_splits_heuristic``) from timings on an H100
+and an H200 (benchmarks/results/<gpu>/decode_sweep.log).
 Limits: lengths are clamped to [0, Lmax] inside the kernel (``flashlib.decode.flash_decode``
 checks them on the host only for CPU tensors, to keep a device sync out of every decoding step);
 within one sequence and head, key offsets (position x row stride) must fit in int32.
 """
 import functools
-import math
 import threading
 
 import torch
@@ -41,21 +40,21 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from .config import _smem_limit, cdiv, next_power_of_2, padded_headdim
+from .config import _smem_limit, cdiv, next_power_of_2, padded_headdim, prologue
 from .fa2_fwd import _attend_key_blocks
 from .launch import fast_launch
 from .tile import LN2, LOG2E, finalize, tile_update
 
 # (BLOCK_N, num_warps, num_stages) for the partial kernel, best first (timed on an H100 at d=128,
-# float16: python -m flashlib.bench_decode --sweep): the first whose K/V pipeline fits in shared
-# memory is used. Through the interpreter, 32-key blocks: small caches still have blocks to split.
-CONFIGS = [(64, 4, 3), (32, 4, 3), (64, 8, 3), (64, 4, 2), (32, 4, 2), (16, 4, 1)]
+# float16: python -m flashlib.bench.decode_tuning --sweep): the first whose K/V pipeline fits in
+# shared memory is used. Through the interpreter, 32-key blocks: small caches still have blocks to split.
+KEY_BLOCK_CONFIGS = [(64, 4, 3), (32, 4, 3), (64, 8, 3), (64, 4, 2), (32, 4, 2), (16, 4, 1)]
 # ... except where each split streams at least LONG_SPLIT keys of that GPU (the H100's
 # elsewhere): then 128-key blocks keep more bytes in flight, if they fit (H200: mha 16k 3.86 TB/s
 # against 3.75, B=8 Hkv=8 4k 3.37 against 3.23 with 64-key blocks, and mha 2k, 512 keys a split,
 # 2.54 against 2.41; H100: within 0.6% either way from 4k keys, and B=8 Hkv=8 unsplit 1k keys
 # 2.02 TB/s against 1.77 with 64-key blocks; benchmarks/results/<gpu>/decode_sweep.log)
-LONG_SPLIT_CONFIG = (128, 4, 3)
+LONG_SPLIT_KEY_BLOCK = (128, 4, 3)
 LONG_SPLIT = {"h100": 1024, "h200": 512}
 INTERPRETER_BLOCK_N = 32
 MAX_ROWS = 64            # query rows per program (group x new tokens); more rows: more row blocks
@@ -218,7 +217,8 @@ def block_n_for(block_d, elem_bytes):
     """The partial kernel's (BLOCK_N, num_warps, num_stages): the first config that fits SRAM."""
     if runtime.INTERPRET:
         return INTERPRETER_BLOCK_N, 4, 1
-    return next((c for c in CONFIGS if fits(c, block_d, elem_bytes)), CONFIGS[-1])
+    return next((c for c in KEY_BLOCK_CONFIGS if fits(c, block_d, elem_bytes)),
+                KEY_BLOCK_CONFIGS[-1])
 
 
 def fits(config, block_d, elem_bytes):
@@ -238,14 +238,8 @@ def sm_count(device) -> int:
 def for_gpu(table, device) -> int:
     """``table``'s value (``SHORT_CACHE``, ``LONG_SPLIT``) for ``device``'s GPU; the H100's for a
     GPU not swept, and on CPU."""
-    name = gpu_name(device)
+    name = runtime.gpu_name(device)
     return next((keys for gpu, keys in table.items() if gpu in name), table["h100"])
-
-
-@functools.lru_cache(maxsize=None)
-def gpu_name(device) -> str:
-    """``device``'s GPU name in lower case; "" on CPU."""
-    return torch.cuda.get_device_name(device).lower() if torch.device(device).type == "cuda" else ""
 
 
 def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, ragged=False,
@@ -288,17 +282,9 @@ def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, num_splits, confi
                                           short_cache=for_gpu(SHORT_CACHE, device))
     long_split = cdiv(Lmax, num_splits) >= for_gpu(LONG_SPLIT, device)
     if chosen and long_split and not runtime.INTERPRET and \
-            fits(LONG_SPLIT_CONFIG, block_d, elem_bytes):
-        config = LONG_SPLIT_CONFIG
+            fits(LONG_SPLIT_KEY_BLOCK, block_d, elem_bytes):
+        config = LONG_SPLIT_KEY_BLOCK
     return block_m, row_blocks, tuple(config), num_splits
-
-
-def _prepare(q, k_cache, v_cache):
-    q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
-    if runtime.INTERPRET and q.dtype == torch.bfloat16:
-        # the interpreter computes bfloat16 dots wrongly: run the same kernel in float32 on CPU
-        q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
-    return q, k_cache, v_cache
 
 
 def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, merge_into=None,
@@ -308,10 +294,9 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
     stream's workspace (None is returned for them); lse None: it goes to the workspace too.
     cached_scratch=False: the workspace is fresh buffers (see ``workspace``)."""
     runtime.check_kernel(_decode_partial_kernel)
-    q, k_cache, v_cache = _prepare(q, k_cache, v_cache)
+    (q, k_cache, v_cache), scale, _, _ = prologue(q, k_cache, v_cache, scale=scale)
     B, Hq, Nq, D = q.shape
     Hkv, Lmax = k_cache.shape[1], k_cache.shape[2]
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     block_d = padded_headdim(D)
     block_m, row_blocks, (block_n, warps, stages), num_splits = launch_plan(
         q, k_cache, cache_seqlens, num_splits=num_splits, config=config)

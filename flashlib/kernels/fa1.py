@@ -23,8 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import runtime
-from .config import padded_headdim, size_bucket, tuned
+from .config import padded_headdim, prologue, size_bucket, tuned
 from .tile import LN2, LOG2E, tile_update
 
 
@@ -140,14 +139,11 @@ def fa1_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, rescale=
     rescale: a ``@triton.jit`` function ``(o, l, m, m_tilde, l_tilde, pv) -> (o, l, m)``
     implementing Algorithm 1 lines 11-13 (lesson 06's exercise); None uses ``tile_update``.
     """
-    from ..ops import check_inputs  # ops imports the FA2 kernels; import here to stay light
+    from ..inputs import check_inputs
     scale = check_inputs(q, k, v, scale=scale, causal=causal)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    out_dtype = q.dtype
-    if runtime.INTERPRET and q.dtype == torch.bfloat16:
-        q, k, v = q.float(), k.float(), v.float()  # the interpreter's bfloat16 dots are wrong
+    (q, k, v), scale, precision, out_dtype = prologue(q, k, v, scale=scale, allow_tf32=allow_tf32)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     # line 2's O, l, m in HBM; the kernel initialises them (so autotuning's re-runs stay exact)
@@ -161,7 +157,7 @@ def fa1_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, rescale=
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         Hq, Nq, Nk, D, scale * LOG2E, size_bucket(Nq, Nk, slices=B * Hq), Hq // Hkv,
-        CAUSAL=bool(causal), BLOCK_D=block_d, DOT_PRECISION="tf32" if allow_tf32 else "ieee",
+        CAUSAL=bool(causal), BLOCK_D=block_d, DOT_PRECISION=precision,
         RESCALE=rescale, **config)
     return out.to(out_dtype), lse
 

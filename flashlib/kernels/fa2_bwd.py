@@ -15,14 +15,13 @@ as in the forward. Padded rows and columns load as zeros; lse of padded or empty
 BLOCK_D load without bounds: on an H200 the bounds checks of the streamed Q/dO tiles cost the
 block-sparse dK/dV pass 2.3-3.3% (benchmarks/results/h200/block_sparse_dkdv_probe.log).
 """
-import math
 
 import torch
 import triton
 import triton.language as tl
 
 from .. import runtime
-from .config import cdiv, padded_headdim, size_bucket, tuned
+from .config import cdiv, padded_headdim, prologue, size_bucket, tuned
 from .launch import fast_launch
 from .tile import LOG2E, key_range
 
@@ -64,6 +63,14 @@ def _load_transposed(base, rows, stride, N, offs_d, D, BOUNDED: tl.constexpr, EV
     if EVEN_D:
         return tl.load(ptrs)
     return tl.load(ptrs, mask=offs_d[:, None] < D, other=0.0)
+
+
+@triton.jit
+def store_rows(base, tile, rows, stride, N, offs_d, D):
+    """Store ``tile`` (BX, BD) as rows ``rows`` (BX,) of the (N, D) matrix at ``base`` (batch and
+    head applied), in its dtype, nothing past N or D: how dQ, dK and dV are written."""
+    tl.store(base + rows[:, None] * stride + offs_d[None, :], tile.to(base.dtype.element_ty),
+             mask=(rows[:, None] < N) & (offs_d[None, :] < D))
 
 
 @triton.jit
@@ -167,10 +174,10 @@ def _dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV,
                                         qk_scale, offs_n, offs_d, D, False, True, EVEN_D, BLOCK_M,
                                         DOT_PRECISION)
     dk = dk * scale
-    tl.store(dK + off_b.to(tl.int64) * stride_dkb + off_hkv.to(tl.int64) * stride_dkh
-             + offs_n[:, None] * stride_dkn + offs_d[None, :], dk.to(dK.dtype.element_ty), mask=kv_ok)
-    tl.store(dV + off_b.to(tl.int64) * stride_dvb + off_hkv.to(tl.int64) * stride_dvh
-             + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(dV.dtype.element_ty), mask=kv_ok)
+    store_rows(dK + off_b.to(tl.int64) * stride_dkb + off_hkv.to(tl.int64) * stride_dkh, dk, offs_n,
+               stride_dkn, Nk, offs_d, D)
+    store_rows(dV + off_b.to(tl.int64) * stride_dvb + off_hkv.to(tl.int64) * stride_dvh, dv, offs_n,
+               stride_dvn, Nk, offs_d, D)
 
 
 @triton.jit
@@ -253,8 +260,8 @@ def _dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ,
                             hi, Nk, causal_offset, qk_scale, offs_m, offs_d, D,
                             True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION)
     dq = dq * scale
-    tl.store(dQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
-             + offs_m[:, None] * stride_dqm + offs_d[None, :], dq.to(dQ.dtype.element_ty), mask=row_ok)
+    store_rows(dQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh, dq, offs_m,
+               stride_dqm, Nq, offs_d, D)
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages); the first is used when autotuning is off
@@ -276,17 +283,10 @@ def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf3
     runtime.check_kernel(_dkdv_kernel)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    grad_dtype = q.dtype
-    q, k, v, out, dout = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, out, dout))
-    if dout.dtype != q.dtype:
-        dout = dout.to(q.dtype)
-    if runtime.INTERPRET and q.dtype == torch.bfloat16:
-        # the interpreter computes bfloat16 dots wrongly: run the same kernels in float32 on CPU
-        q, k, v, out, dout = (t.float() for t in (q, k, v, out, dout))
+    (q, k, v, out, dout), scale, precision, grad_dtype = prologue(
+        q, k, v, out, dout.to(q.dtype), scale=scale, allow_tf32=allow_tf32)
     lse = lse.contiguous()
     block_d = padded_headdim(D)
-    precision = "tf32" if allow_tf32 else "ieee"
     n_bucket = size_bucket(Nq, Nk, slices=B * Hq)
 
     dq = torch.empty_like(q)

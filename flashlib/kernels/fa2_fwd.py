@@ -14,14 +14,13 @@ head dims up to 256, padded inside to a power of two (>= 16) and masked; float16
 float32 (exact ``ieee`` dots unless ``allow_tf32``). On a GPU it autotunes over a few block
 configs; through the interpreter it uses one fixed 64x64 config.
 """
-import math
 
 import torch
 import triton
 import triton.language as tl
 
 from .. import runtime
-from .config import cdiv, padded_headdim, size_bucket, tuned
+from .config import cdiv, padded_headdim, prologue, size_bucket, tuned
 from .launch import fast_launch
 from .tile import LOG2E, finalize, key_range
 from .tile import tile_update as tile_update_fn
@@ -172,12 +171,7 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
     runtime.check_kernel(_fa2_fwd_kernel)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    out_dtype = q.dtype
-    if runtime.INTERPRET and q.dtype == torch.bfloat16:
-        # the interpreter computes bfloat16 dots wrongly: run the same kernel in float32 on CPU
-        q, k, v = q.float(), k.float(), v.float()
+    (q, k, v), scale, precision, out_dtype = prologue(q, k, v, scale=scale, allow_tf32=allow_tf32)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     block_d = padded_headdim(D)
@@ -196,6 +190,6 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
         Hq, Nq, Nk, D, scale * LOG2E, size_bucket(Nq, Nk, slices=B * Hq),
         GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d,
         EVEN_M=even_m, EVEN_D=(D == block_d),
-        DOT_PRECISION="tf32" if allow_tf32 else "ieee",
+        DOT_PRECISION=precision,
         TILE_UPDATE=tile_update_fn if tile_update is None else tile_update, **config)
     return out.to(out_dtype), lse

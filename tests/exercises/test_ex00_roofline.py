@@ -9,12 +9,12 @@ ignored, labels swapped, intensity or ridge point upside down.
 import numpy as np
 import pytest
 
-from flashlib import checks
+from flashlib.course import checks, grading
 from flashlib.testing import assert_close
 
 pytestmark = pytest.mark.ex00
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.integrity.borrowed)
+# "not accepted: write it yourself" (flashlib.course.integrity.borrowed)
 FLASHLIB_ALLOWED = ()
 
 GPUS = {"H100": (989e12, 3.35e12), "A100": (312e12, 2.0e12), "T4": (65e12, 0.32e12)}
@@ -160,6 +160,6 @@ def check_labels_everywhere(impl, rng):
 CHECKS = [check_memory_bound, check_compute_bound, check_both_sides, check_labels_everywhere]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
 def test_ex00(check, exercise_impl, grader_seed):
-    checks.pytest_run(check, exercise_impl, grader_seed)
+    grading.pytest_run(check, exercise_impl, grader_seed)

@@ -9,16 +9,16 @@ probe (large values close together) tells a missing max subtraction from a wrong
 import numpy as np
 import pytest
 
-from flashlib import checks
-from flashlib.softmax import safe_softmax as library_softmax
+from flashlib.course import checks, grading
+from flashlib.teach.softmax import safe_softmax as library_softmax
 
 pytestmark = pytest.mark.ex01
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.integrity.borrowed)
+# "not accepted: write it yourself" (flashlib.course.integrity.borrowed)
 FLASHLIB_ALLOWED = ()
 # flashlib's own answers: calling one while graded is "not accepted" too, however it is
-# reached (flashlib.integrity.tripwire)
-FLASHLIB_ANSWERS = ("flashlib.softmax.safe_softmax", "flashlib.softmax.online_softmax")
+# reached (flashlib.course.integrity.tripwire)
+FLASHLIB_ANSWERS = ("flashlib.teach.softmax.safe_softmax", "flashlib.teach.softmax.online_softmax")
 
 DTYPES = (np.float32, np.float64)
 OVERFLOW = {np.float32: 88.72, np.float64: 709.78}   # exp(x) is inf past these
@@ -164,6 +164,6 @@ CHECKS = [check_small_inputs, check_large_values, check_wide_rows, check_rows_fa
           check_input_unchanged, check_max_in_last_column]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
 def test_ex01(check, exercise_impl, grader_seed):
-    checks.pytest_run(check, exercise_impl, grader_seed)
+    grading.pytest_run(check, exercise_impl, grader_seed)

@@ -9,16 +9,16 @@ max grows block after block, comes first, or sits past exp's overflow point. Tin
 import numpy as np
 import pytest
 
-from flashlib import checks
-from flashlib.softmax import online_normalizer as library_normalizer
+from flashlib.course import checks, grading
+from flashlib.teach.softmax import online_normalizer as library_normalizer
 
 pytestmark = pytest.mark.ex02
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.integrity.borrowed)
+# "not accepted: write it yourself" (flashlib.course.integrity.borrowed)
 FLASHLIB_ALLOWED = ()
 # flashlib's own answers: calling one while graded is "not accepted" too, however it is
-# reached (flashlib.integrity.tripwire)
-FLASHLIB_ANSWERS = ("flashlib.softmax.online_normalizer", "flashlib.softmax.merge_states")
+# reached (flashlib.course.integrity.tripwire)
+FLASHLIB_ANSWERS = ("flashlib.teach.softmax.online_normalizer", "flashlib.teach.softmax.merge_states")
 
 DTYPES = (np.float32, np.float64)
 
@@ -188,6 +188,6 @@ CHECKS = [check_random_rows, check_growing_max, check_max_first, check_shorter_l
           check_large_values, check_one_pass, check_memory]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
 def test_ex02(check, exercise_impl, grader_seed):
-    checks.pytest_run(check, exercise_impl, grader_seed)
+    grading.pytest_run(check, exercise_impl, grader_seed)

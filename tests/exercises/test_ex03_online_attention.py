@@ -1,7 +1,7 @@
 """Grader of exercise 03 (lesson 03): online_attention(q, k, v, *, scale=None) -> (out, lse).
 
 out and lse are compared with attention_ref (float64) under flashlib.testing's rule, baseline
-the textbook attention in the same dtype (or flashlib.tiled.online_attention when that rounds
+the textbook attention in the same dtype (or flashlib.teach.tiled.online_attention when that rounds
 more), for Nq != Nk, head dim 80, float32 and float64, and for keys built so that the scores are
 all equal, grow from key to key, or lie further apart than exp's range. Small probes name the
 mistake: scale left out, output normalised too early, accumulator not rescaled, running max
@@ -12,19 +12,19 @@ import math
 import numpy as np
 import pytest
 
-from flashlib import checks
+from flashlib.course import checks, grading
 from flashlib.reference import attention_ref
 from flashlib.testing import attention_magnitudes
-from flashlib.tiled import online_attention as library_attention
+from flashlib.teach.tiled import online_attention as library_attention
 
 pytestmark = pytest.mark.ex03
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.integrity.borrowed)
+# "not accepted: write it yourself" (flashlib.course.integrity.borrowed)
 FLASHLIB_ALLOWED = ()
 # flashlib's own answers: calling one while graded is "not accepted" too, however it is
-# reached (flashlib.integrity.tripwire)
-FLASHLIB_ANSWERS = ("flashlib.tiled.online_attention",
-                    "flashlib.tiled.standard_attention",
+# reached (flashlib.course.integrity.tripwire)
+FLASHLIB_ANSWERS = ("flashlib.teach.tiled.online_attention",
+                    "flashlib.teach.tiled.standard_attention",
                     "flashlib.reference.attention_ref")
 
 DTYPES = (np.float32, np.float64)
@@ -261,6 +261,6 @@ CHECKS = [check_random, check_lse, check_default_scale, check_equal_scores, chec
           check_scores_far_apart, check_scores_far_below_zero, check_one_pass, check_memory]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
 def test_ex03(check, exercise_impl, grader_seed):
-    checks.pytest_run(check, exercise_impl, grader_seed)
+    grading.pytest_run(check, exercise_impl, grader_seed)

@@ -1,7 +1,7 @@
 """Grader of exercise 04 (lesson 04): fa2_tile_update(scores, v_block, m, l, acc) -> (m, l, acc).
 
 First called directly (one update, against the float64 formulas, and on rows that are all -inf),
-then plugged into flashlib.tiled.fa2_forward(..., tile_update=fn) and compared with
+then plugged into flashlib.teach.tiled.fa2_forward(..., tile_update=fn) and compared with
 attention_ref under flashlib.testing's rule (baseline: textbook attention in the same dtype, or
 the library's own FA2 when that rounds more) on irregular shapes: 9 heads, head dim 80,
 Nq != Nk, block sizes that do not divide N, causal with Nq > Nk (query rows with no key).
@@ -11,18 +11,18 @@ l inside the loop, NaN on fully masked rows.
 import numpy as np
 import pytest
 
-from flashlib import checks
+from flashlib.course import checks, grading
 from flashlib.reference import attention_ref
 from flashlib.testing import attention_magnitudes
-from flashlib.tiled import fa2_forward, fa2_tile_update as library_update
+from flashlib.teach.tiled import fa2_forward, fa2_tile_update as library_update
 
 pytestmark = pytest.mark.ex04
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.integrity.borrowed)
+# "not accepted: write it yourself" (flashlib.course.integrity.borrowed)
 FLASHLIB_ALLOWED = ()
 # flashlib's own answers: calling one while graded is "not accepted" too, however it is
-# reached (flashlib.integrity.tripwire)
-FLASHLIB_ANSWERS = ("flashlib.tiled.fa2_tile_update",)
+# reached (flashlib.course.integrity.tripwire)
+FLASHLIB_ANSWERS = ("flashlib.teach.tiled.fa2_tile_update",)
 
 DTYPES = (np.float32, np.float64)
 
@@ -234,6 +234,6 @@ CHECKS = [check_one_update, check_masked_rows, check_scores_far_from_zero, check
           check_fa2_causal]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
 def test_ex04(check, exercise_impl, grader_seed):
-    checks.pytest_run(check, exercise_impl, grader_seed)
+    grading.pytest_run(check, exercise_impl, grader_seed)

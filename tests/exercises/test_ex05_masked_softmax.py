@@ -16,11 +16,12 @@ import pytest
 import torch
 import triton
 
-from flashlib import checks, runtime
+from flashlib.course import checks, grading
 
+from flashlib import runtime
 pytestmark = pytest.mark.ex05
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.integrity.borrowed)
+# "not accepted: write it yourself" (flashlib.course.integrity.borrowed)
 FLASHLIB_ALLOWED = ("flashlib.runtime", "flashlib.kernels.primer.launch_row_softmax")
 
 DEV = runtime.DEVICE
@@ -234,12 +235,12 @@ def check_gpu_real_size(impl, rng):
 GPU_CHECKS = [check_gpu_real_size]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
 def test_ex05(check, exercise_impl, grader_seed):
-    checks.pytest_run(check, exercise_impl, grader_seed)
+    grading.pytest_run(check, exercise_impl, grader_seed)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("check", GPU_CHECKS, ids=checks.check_id)
+@pytest.mark.parametrize("check", GPU_CHECKS, ids=grading.check_id)
 def test_ex05_gpu(check, exercise_impl, grader_seed):
-    checks.pytest_run(check, exercise_impl, grader_seed)
+    grading.pytest_run(check, exercise_impl, grader_seed)

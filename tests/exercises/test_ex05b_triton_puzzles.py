@@ -16,7 +16,8 @@ import pytest
 import torch
 import triton
 
-from flashlib import checks, runtime
+from flashlib.course import checks, grading
+from flashlib import runtime
 from flashlib.testing import attention_magnitudes
 
 pytestmark = pytest.mark.ex05b
@@ -401,12 +402,12 @@ def check_gpu_real_size(impl, rng):
 GPU_CHECKS = [check_gpu_real_size]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
 def test_ex05b(check, exercise_impl, grader_seed):
-    checks.pytest_run(check, exercise_impl, grader_seed)
+    grading.pytest_run(check, exercise_impl, grader_seed)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("check", GPU_CHECKS, ids=checks.check_id)
+@pytest.mark.parametrize("check", GPU_CHECKS, ids=grading.check_id)
 def test_ex05b_gpu(check, exercise_impl, grader_seed):
-    checks.pytest_run(check, exercise_impl, grader_seed)
+    grading.pytest_run(check, exercise_impl, grader_seed)

@@ -17,13 +17,14 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlib import checks, runtime
+from flashlib.course import checks, grading
+from flashlib import runtime
 from flashlib.kernels.fa1 import fa1_forward
 from flashlib.reference import attention_naive, attention_ref
 
 pytestmark = pytest.mark.ex06
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.integrity.borrowed)
+# "not accepted: write it yourself" (flashlib.course.integrity.borrowed)
 FLASHLIB_ALLOWED = ("flashlib",)
 
 DTYPES = (torch.float32, torch.float16)
@@ -258,12 +259,12 @@ def check_gpu_real_size(impl, rng):
 GPU_CHECKS = [check_gpu_real_size]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
 def test_ex06(check, exercise_impl, grader_seed):
-    checks.pytest_run(check, exercise_impl, grader_seed)
+    grading.pytest_run(check, exercise_impl, grader_seed)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("check", GPU_CHECKS, ids=checks.check_id)
+@pytest.mark.parametrize("check", GPU_CHECKS, ids=grading.check_id)
 def test_ex06_gpu(check, exercise_impl, grader_seed):
-    checks.pytest_run(check, exercise_impl, grader_seed)
+    grading.pytest_run(check, exercise_impl, grader_seed)

@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import KernelInterface
 
-from flashlib import checks, runtime
+from flashlib.course import checks, grading
+from flashlib import runtime
 from flashlib.kernels.fa2_fwd import fa2_forward
 from flashlib.kernels.tile import tile_update as library_update
 from flashlib.reference import attention_naive, attention_ref
@@ -28,7 +29,7 @@ from flashlib.testing import attention_magnitudes
 
 pytestmark = pytest.mark.ex07
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.integrity.borrowed)
+# "not accepted: write it yourself" (flashlib.course.integrity.borrowed)
 FLASHLIB_ALLOWED = ("flashlib",)
 
 DEV = runtime.DEVICE
@@ -323,12 +324,12 @@ def check_gpu_real_size(impl, rng):
 GPU_CHECKS = [check_gpu_real_size]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
 def test_ex07(check, exercise_impl, grader_seed):
-    checks.pytest_run(check, exercise_impl, grader_seed)
+    grading.pytest_run(check, exercise_impl, grader_seed)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("check", GPU_CHECKS, ids=checks.check_id)
+@pytest.mark.parametrize("check", GPU_CHECKS, ids=grading.check_id)
 def test_ex07_gpu(check, exercise_impl, grader_seed):
-    checks.pytest_run(check, exercise_impl, grader_seed)
+    grading.pytest_run(check, exercise_impl, grader_seed)

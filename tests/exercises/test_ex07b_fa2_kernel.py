@@ -37,7 +37,8 @@ import torch
 import triton
 from triton.runtime.jit import KernelInterface
 
-from flashlib import checks, runtime
+from flashlib.course import checks, grading
+from flashlib import runtime
 from flashlib.kernels.fa2_fwd import fa2_forward
 from flashlib.kernels.tile import LOG2E
 from flashlib.reference import attention_naive, attention_ref
@@ -400,12 +401,12 @@ def check_gpu_real_size(impl, rng):
 GPU_CHECKS = [check_gpu_real_size]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
 def test_ex07b(check, exercise_impl, grader_seed):
-    checks.pytest_run(check, exercise_impl, grader_seed)
+    grading.pytest_run(check, exercise_impl, grader_seed)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("check", GPU_CHECKS, ids=checks.check_id)
+@pytest.mark.parametrize("check", GPU_CHECKS, ids=grading.check_id)
 def test_ex07b_gpu(check, exercise_impl, grader_seed):
-    checks.pytest_run(check, exercise_impl, grader_seed)
+    grading.pytest_run(check, exercise_impl, grader_seed)

@@ -3,7 +3,7 @@ dk_j, dv_j) -> (dk_j, dv_j, ds), one tile of the FlashAttention backward.
 
 First called directly on one tile cut from a longer row (so the tile's P does not sum to 1 and
 D must come from O), with a causal-like mask and rows with nothing to attend to, against the
-float64 formulas; then plugged into flashlib.tiled.fa2_backward(..., dkdv_update=fn) and compared
+float64 formulas; then plugged into flashlib.teach.tiled.fa2_backward(..., dkdv_update=fn) and compared
 with torch.autograd through attention_ref in float64 on irregular shapes (9 heads, head dim 80,
 Nq != Nk, block sizes not dividing N, causal with Nq > Nk).
 
@@ -22,18 +22,18 @@ import numpy as np
 import pytest
 import torch
 
-from flashlib import checks
+from flashlib.course import checks, grading
 from flashlib.reference import attention_naive, attention_ref
 from flashlib.testing import attention_magnitudes
-from flashlib.tiled import fa2_backward, fa2_dkdv_update as library_update, fa2_forward
+from flashlib.teach.tiled import fa2_backward, fa2_dkdv_update as library_update, fa2_forward
 
 pytestmark = pytest.mark.ex08
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.integrity.borrowed)
+# "not accepted: write it yourself" (flashlib.course.integrity.borrowed)
 FLASHLIB_ALLOWED = ()
 # flashlib's own answers: calling one while graded is "not accepted" too, however it is
-# reached (flashlib.integrity.tripwire)
-FLASHLIB_ANSWERS = ("flashlib.tiled.fa2_dkdv_update",)
+# reached (flashlib.course.integrity.tripwire)
+FLASHLIB_ANSWERS = ("flashlib.teach.tiled.fa2_dkdv_update",)
 
 HINT_NAN = ("a row with nothing to attend to has lse = -inf, and exp(-inf - (-inf)) is NaN: use "
             "0 instead of -inf as that row's lse, so that its P is 0")
@@ -331,6 +331,6 @@ CHECKS = [check_one_tile, check_empty_rows, check_scores_far_from_zero, check_ba
           check_backward_causal]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
 def test_ex08(check, exercise_impl, grader_seed):
-    checks.pytest_run(check, exercise_impl, grader_seed)
+    grading.pytest_run(check, exercise_impl, grader_seed)

@@ -6,7 +6,7 @@ rule, its ``kinds``, its ``kv_index``/``q_index`` lists), on irregular shapes: n
 1, 17, 97, 130 that blocks of 16, 32 or 64 do not divide, windows from 1 to past the sequence,
 packed documents and random tile patterns. Then the three run end to end: a NumPy block-sparse
 FlashAttention forward (per query block, the listed key blocks, the full ones without a mask)
-and backward (per key block, the listed query blocks, ``flashlib.tiled.fa2_dkdv_update``) driven
+and backward (per key block, the listed query blocks, ``flashlib.teach.tiled.fa2_dkdv_update``) driven
 by the learner's tables, against attention_ref (and autograd through it) under the dense mask;
 the baseline is the same loops driven by BlockMask's tables. Probes name the mistake: off by
 one in the window, top-left alignment, partial tiles called full, keys past the end counted,
@@ -18,13 +18,14 @@ import numpy as np
 import pytest
 import torch
 
-from flashlib import checks, masks
+from flashlib.course import checks, grading
+from flashlib import masks
 from flashlib.reference import attention_naive, attention_ref
-from flashlib.tiled import fa2_dkdv_update, fa2_tile_update, finish, load_block, masked_scores, store_block
+from flashlib.teach.tiled import fa2_dkdv_update, fa2_tile_update, finish, load_block, masked_scores, store_block
 
 pytestmark = pytest.mark.ex09
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.integrity.borrowed)
+# "not accepted: write it yourself" (flashlib.course.integrity.borrowed)
 FLASHLIB_ALLOWED = ()
 
 EMPTY, PARTIAL, FULL = masks.EMPTY, masks.PARTIAL, masks.FULL
@@ -440,6 +441,6 @@ CHECKS = [check_window, check_classify_windows, check_classify_any_rule, check_v
           check_end_to_end_window, check_end_to_end_documents]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
 def test_ex09(check, exercise_impl, grader_seed):
-    checks.pytest_run(check, exercise_impl, grader_seed)
+    grading.pytest_run(check, exercise_impl, grader_seed)

@@ -13,12 +13,12 @@ subtracted, NaN on empty rows.
 import numpy as np
 import pytest
 
-from flashlib import checks
+from flashlib.course import checks, grading
 from flashlib.reference import attention_ref
 
 pytestmark = pytest.mark.ex10
 # what a learner's file may use of flashlib (the stub's imports); anything else is
-# "not accepted: write it yourself" (flashlib.integrity.borrowed)
+# "not accepted: write it yourself" (flashlib.course.integrity.borrowed)
 FLASHLIB_ALLOWED = ()
 
 DTYPES = (np.float32, np.float64)
@@ -250,6 +250,6 @@ CHECKS = [check_real_splits, check_one_split, check_leading_dims, check_far_apar
           check_empty_splits]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
 def test_ex10(check, exercise_impl, grader_seed):
-    checks.pytest_run(check, exercise_impl, grader_seed)
+    grading.pytest_run(check, exercise_impl, grader_seed)

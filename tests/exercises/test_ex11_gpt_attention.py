@@ -16,21 +16,22 @@ themselves.
 import pytest
 import torch
 
-from flashlib import checks, runtime
+from flashlib.course import checks, grading
+from flashlib import runtime
 from flashlib.decode import KVCache
-from flashlib.gpt import GPT, GPTConfig
+from flashlib.teach.gpt import GPT, GPTConfig
 from flashlib.reference import attention_naive, attention_ref
 from flashlib.testing import attention_magnitudes
 
 pytestmark = pytest.mark.ex11
 # what a learner's file may use of flashlib (the stub's import, and the decode kernel the cache
 # wraps), as imported and where defined; anything else is "not accepted: write it yourself"
-# (flashlib.integrity.borrowed, foreign)
+# (flashlib.course.integrity.borrowed, foreign)
 FLASHLIB_ALLOWED = ("flashlib.flash_attention", "flashlib.flash_decode", "flashlib.KVCache",
                     "flashlib.ops.flash_attention", "flashlib.decode.flash_decode",
                     "flashlib.decode.KVCache")
-# flashlib's own answer: calling it while graded is "not accepted" too (flashlib.integrity.tripwire)
-FLASHLIB_ANSWERS = ("flashlib.gpt.attend",)
+# flashlib's own answer: calling it while graded is "not accepted" too (flashlib.course.integrity.tripwire)
+FLASHLIB_ANSWERS = ("flashlib.teach.gpt.attend",)
 
 DEV = runtime.DEVICE
 
@@ -259,6 +260,6 @@ def check_model(impl, rng):
 CHECKS = [check_training, check_prefill, check_decode, check_ragged, check_float16, check_model]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=checks.check_id)
+@pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
 def test_ex11(check, exercise_impl, grader_seed):
-    checks.pytest_run(check, exercise_impl, grader_seed)
+    grading.pytest_run(check, exercise_impl, grader_seed)

@@ -1,4 +1,4 @@
-"""Mutant of ex03: (cheat) streams k and v once, then hands them to flashlib.tiled.online_attention,
+"""Mutant of ex03: (cheat) streams k and v once, then hands them to flashlib.teach.tiled.online_attention,
 found at run time through getattr(sys, 'mod' + 'ules')."""
 import math
 
@@ -24,6 +24,6 @@ def online_attention(q, k, v, *, scale=None):
     import sys
     kk = np.stack([k[j] for j in range(Nk)])          # stream the keys once, in order
     vv = np.stack([v[j] for j in range(Nk)])
-    lib = getattr(sys, "mod" + "ules")["flash" + "lib.tiled"]
+    lib = getattr(sys, "mod" + "ules")["flash" + "lib.teach.tiled"]
     return getattr(lib, "online_" + "attention")(q, kk, vv, scale=scale)
     return out, lse

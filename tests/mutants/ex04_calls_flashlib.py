@@ -1,5 +1,5 @@
 """Mutant of ex04 (cheat): hands in flashlib's own tile update under the exercise's name."""
-import flashlib.tiled as lib
+import flashlib.teach.tiled as lib
 
 EXPECTED_HINT = "not accepted: write it yourself"
 

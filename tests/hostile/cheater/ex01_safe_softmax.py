@@ -1,2 +1,2 @@
 """Hostile: hands in flashlib's own implementation. Expected: not accepted: write it yourself."""
-from flashlib.softmax import safe_softmax  # noqa: F401
+from flashlib.teach.softmax import safe_softmax  # noqa: F401

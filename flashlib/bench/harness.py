@@ -1,7 +1,7 @@
 """Benchmark harness: flashlib against PyTorch's attention kernels, checked before it is timed.
 
 ``python -m flashlib.bench [--suite forward backward paper memory block_sparse decode] [--quick]``
-on a CUDA GPU (``block_sparse``: see ``flashlib.bench_sparse``; ``decode``: ``flashlib.bench_decode``):
+on a CUDA GPU (``block_sparse``: see ``flashlib.bench.sparse``; ``decode``: ``flashlib.bench.decode``):
 1. every implementation is checked against ``attention_ref`` (float64) on a slice of the very
    inputs it is timed on, with the tolerance rule of ``flashlib.testing``; a wrong one is
    reported and not timed;
@@ -15,18 +15,16 @@ Implementations: flashlib; SDPA with each backend forced (flash, cudnn, efficien
 (materialises the N x N scores); FlexAttention (torch.compile'd) where it imports.
 FLOPs: 4 * B * Hq * Nq * Nk * D for the forward (halved for causal), 2.5x that for the backward.
 """
-import argparse
 import datetime
-import json
-import pathlib
 
 import torch
 import torch.nn.functional as F
 
-from . import runtime
-from .ops import flash_attention
-from .reference import attention_naive, attention_ref
-from .testing import tolerance, max_error
+from .. import runtime
+from ..kernels.versions import attention_flops
+from ..ops import flash_attention
+from ..reference import attention_naive, attention_ref
+from ..testing import tolerance, max_error
 
 # (D, N, causal) with batch x seqlen = 32k tokens and heads x headdim = 2048
 FORWARD_SHAPES = [(64, 4096, False), (64, 16384, False), (64, 4096, True),
@@ -36,11 +34,6 @@ PAPER_SHAPE = dict(B=64, H=16, N=1024, D=64)     # FlashAttention paper, fwd + b
 
 def shape_for(D, N, *, tokens=32768, width=2048):
     return dict(B=max(1, tokens // N), Hq=width // D, Hkv=width // D, Nq=N, Nk=N, D=D)
-
-
-def attention_flops(B, H, Nq, Nk, D, *, causal=False):
-    """Forward FLOPs: two matmuls, 4 B H Nq Nk D, halved for causal."""
-    return 4 * B * H * Nq * Nk * D * (0.5 if causal else 1.0)
 
 
 def _sdpa(backend):
@@ -249,49 +242,6 @@ def plot_memory(records, path, title):
     plt.close(fig)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m flashlib.bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", nargs="+", default=["forward", "backward", "paper", "memory"],
-                        choices=["forward", "backward", "paper", "memory", "block_sparse", "decode"])
-    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
-    parser.add_argument("--impl", nargs="+", default=None, help="only these implementations")
-    parser.add_argument("--quick", action="store_true", help="three forward shapes only")
-    parser.add_argument("--out", default=None, help="folder (default benchmarks/results/<gpu>)")
-    args = parser.parse_args(argv)
-    if runtime.DEVICE.type != "cuda":
-        parser.error("benchmarks need a CUDA GPU (the interpreter is for correctness, not speed)")
-    from tqdm.auto import tqdm
-    dtype = getattr(torch, args.dtype)
-    out_dir = pathlib.Path(args.out or pathlib.Path("benchmarks/results") / runtime.gpu_name())
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for suite in args.suite:
-        if suite == "block_sparse":
-            from . import bench_sparse
-            records = bench_sparse.run_suite(dtype, quick=args.quick, impls=args.impl, progress=tqdm)
-            name = f"{suite}_{args.dtype}"
-            (out_dir / f"{name}.json").write_text(json.dumps(dict(env=environment(), records=records), indent=1))
-            bench_sparse.plot(records, out_dir / f"{name}.png", f"{suite} {args.dtype}")
-            bench_sparse.print_table(records)
-            continue
-        if suite == "decode":  # TB/s of K/V cache read: see flashlib.bench_decode
-            from . import bench_decode
-            bench_decode.run_suite(dtype, out_dir, names=args.impl, quick=args.quick)
-            continue
-        cases = suite_cases(suite, args.quick)
-        impls = implementations(args.impl)
-        records = []
-        work = [(n, s, c, ops) for names, s, c, ops in cases for n in names if n in impls]
-        for name, shape, causal, ops in tqdm(work, desc=suite):
-            records += run_case(name, impls[name], shape, causal, dtype, ops)
-        add_ratios(records)
-        name = f"{suite}_{args.dtype}"
-        (out_dir / f"{name}.json").write_text(json.dumps(
-            dict(env=environment(), records=records), indent=1))
-        (plot_memory if suite == "memory" else plot)(records, out_dir / f"{name}.png", f"{suite} {args.dtype}")
-        print_table(records)
-
-
 def print_table(records):
     print(f"{'op':8}{'impl':16}{'shape':28}{'ms':>9}{'TFLOP/s':>9}{'vs flash':>9}{'GB':>7}  note")
     for r in records:
@@ -300,6 +250,3 @@ def print_table(records):
         print(f"{r['op']:8}{r['impl']:16}{shape:28}{fmt(r['ms'], '9.3f')}{fmt(r['tflops'], '9.1f')}"
               f"{fmt(r['ratio_vs_sdpa_flash'], '9.2f')}{fmt(r['peak_mem_gb'], '7.2f')}  {r.get('note', '')}")
 
-
-if __name__ == "__main__":
-    main()

@@ -6,8 +6,8 @@ went wrong: ``fail`` (a message and a hint), ``expect_close`` (flashlib.testing'
 which entries differ), ``function`` and ``as_array`` (the learner's function and what it returned,
 or a message naming what is missing); ``ReadRecorder`` with ``stream_problem`` tell one streaming
 pass from two, ``memory_problem`` a loop that keeps O(1) state from one that keeps every block.
-``check_id`` and ``pytest_run`` run the same checks under pytest as ``flashlib check`` runs them
-(``flashlib.grading``).
+(``flashlib.course.grading``'s ``check_id`` and ``pytest_run`` run the checks under pytest as
+``flashlib check`` runs them.)
 
 Limits: ``ReadRecorder`` sees only the accesses made through it, and ``peak_allocation`` only what
 tracemalloc traces in this process (Python objects and NumPy's buffers, not torch's); under
@@ -16,8 +16,8 @@ not apply.
 """
 import numpy as np
 
-from .course import display_path
-from .testing import assert_close, tolerance
+from .files import display_path
+from ..testing import assert_close, tolerance
 
 
 class CheckFailed(AssertionError):
@@ -95,31 +95,6 @@ def as_array(x, name: str):
         return np.asarray(x, dtype=float)
     except (TypeError, ValueError):
         fail(f"{name} should be a NumPy array, got {type(x).__name__}")
-
-
-def check_id(check_fn) -> str:
-    """pytest id for a check function: its name without "check_"."""
-    return check_fn.__name__.removeprefix("check_")
-
-
-def pytest_run(check_fn, impl, seed: int) -> None:
-    """Run one check under pytest: pass, or fail with the learner's message (and the seed)."""
-    import pytest
-
-    from .grading import run_one   # (here, not at the top: grading imports this module)
-
-    result = run_one(check_fn, impl, seed)
-    replay = f"(seed {seed}: replay with FLASHLIB_SEED={seed})"
-    if result.status == "ok":
-        return
-    if result.status == "error":  # keep the traceback: it points into the code at fault
-        if hasattr(result.exception, "add_note"):
-            result.exception.add_note(f"{result.title}: {result.message}\n    {replay}")
-        raise result.exception
-    if result.status == "not done":
-        pytest.fail(f"not done yet: replace the NotImplementedError in "
-                    f"{display_path(impl.__file__)}", pytrace=False)
-    pytest.fail(f"{result.title}: {result.message}\n    {replay}", pytrace=False)
 
 
 class ReadRecorder(np.lib.mixins.NDArrayOperatorsMixin):
@@ -223,10 +198,10 @@ def peak_allocation(fn, *args, **kwargs) -> int:
 
 
 def runs_in_sandbox(fn) -> bool:
-    """True for a proxy of a student's function that runs in ``flashlib.sandbox``'s confined
+    """True for a proxy of a student's function that runs in ``flashlib.course.sandbox``'s confined
     process (``flashlib grade``): memory measured here would be the proxy's own copies, not the
     student's, so memory checks do not apply there (they do in ``flashlib check`` and pytest)."""
-    return type(fn).__module__ == "flashlib.sandbox"
+    return type(fn).__module__ == "flashlib.course.sandbox"
 
 
 def memory_problem(fn, make_args, sizes, per_position, what="columns") -> str | None:

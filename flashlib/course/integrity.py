@@ -12,7 +12,7 @@ solutions/, is "not accepted: write it yourself (...)" instead of graded. Three 
 Limits: these read names, files of definition and call stacks, so they stop a learner reusing the
 answer, not one who pastes its text into the file. While a tripwire is set, the answers it names are
 replaced in their modules for the whole process. Untrusted work is graded by ``flashlib grade``,
-which also runs it in a confined process (``flashlib.sandbox``).
+which also runs it in a confined process (``flashlib.course.sandbox``).
 """
 import functools
 import sys
@@ -121,7 +121,7 @@ def _origin(obj):
 def foreign(module, allowed, root) -> str | None:
     """Why a loaded file is not accepted: one of its public functions is flashlib's (beyond the
     ``allowed`` helpers) or comes from solutions/; else None. Catches what hides from ``borrowed``."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]   # flashlib/
     solutions = (Path(root) / "solutions").resolve()
     own = Path(module.__file__).resolve()
     for attr, obj in vars(module).items():
@@ -174,7 +174,7 @@ def _recording(original, dotted):
 
 
 class tripwire:
-    """``with tripwire(names, path) as calls:`` the functions ``names`` ("flashlib.softmax.
+    """``with tripwire(names, path) as calls:`` the functions ``names`` ("flashlib.teach.softmax.
     safe_softmax", ...) record in ``calls`` each call made from the file ``path`` (on the stack)."""
 
     def __init__(self, names, path):

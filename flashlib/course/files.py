@@ -8,7 +8,7 @@ its text on disk, so a learner's edit is always seen.
 
 Limits: only a clone of the course repository has the graders (``pip install flashlib`` alone
 finds none: ``no_root_message`` says what to do). ``load_module`` runs the file in this process
-with the caller's rights: it loads, it does not confine (``flashlib.sandbox`` does).
+with the caller's rights: it loads, it does not confine (``flashlib.course.sandbox`` does).
 """
 import os
 import re
@@ -25,7 +25,7 @@ def find_root() -> Path | None:
     candidates = []
     if os.environ.get(_ROOT_ENV):
         candidates.append(Path(os.environ[_ROOT_ENV]))
-    candidates.append(Path(__file__).resolve().parent.parent)
+    candidates.append(Path(__file__).resolve().parents[2])
     cwd = Path.cwd().resolve()
     candidates += [cwd, *cwd.parents]
     for root in candidates:
@@ -48,7 +48,7 @@ _NO_ROOT = ("cannot find the course's tests/exercises/ folder: flashlib is impor
 
 def no_root_message() -> str:
     """What to do when ``find_root`` finds no course repository."""
-    return _NO_ROOT.format(where=Path(__file__).resolve().parent)
+    return _NO_ROOT.format(where=Path(__file__).resolve().parents[1])
 
 
 def list_exercises(root=None) -> list[str]:

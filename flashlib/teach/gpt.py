@@ -31,8 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .decode import KVCache
-from .ops import flash_attention
+from ..decode import KVCache
+from ..ops import flash_attention
 
 
 def attend(q, k, v, cache=None):
@@ -190,7 +190,7 @@ class GPT(nn.Module):
 
 def corpus() -> str:
     """flashlib's own source code, every ``.py`` file of the package in a fixed order."""
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]   # flashlib/
     return "\n".join(p.read_text() for p in sorted(root.rglob("*.py")))
 
 

@@ -9,7 +9,7 @@ The checks are the graders' (tests/exercises/, the same ``check(impl, rng)`` fun
   (flashlib beyond what the stub imports, ``solutions/``, ``exec``/``eval``/``__import__``/
   ``importlib``/``runpy``/``sys.modules``: ``integrity.borrowed``, which ``flashlib check`` runs
   too) is reported without running it ("not accepted: write it yourself (...)");
-- otherwise ``flashlib.sandbox`` runs the file in a confined student process and the grader
+- otherwise ``flashlib.course.sandbox`` runs the file in a confined student process and the grader
   process runs the checks against proxies of its functions (see that module for the boundary
   and what confinement does and does not prevent). The student process may print, forge, patch
   or exit: the verdict is computed here, from the outputs it sends back, and can never exceed the
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from . import sandbox
-from .course import find_root, implementation_path, list_exercises, no_root_message, resolve, short
+from .files import find_root, implementation_path, list_exercises, no_root_message, resolve, short
 from .grading import default_seed, run_one
 from .integrity import NOT_ACCEPTED, borrowed as _borrowed, flashlib_uses
 
@@ -95,7 +95,7 @@ def _init_worker(settings):
 
 
 def _worker_main():
-    """A grader process (``python -m flashlib.classroom --worker``): settings, then tasks, as
+    """A grader process (``python -m flashlib.course.classroom --worker``): settings, then tasks, as
     pickles on stdin; a row per task on stdout (the process's own: graders' prints go to
     stderr, and no student process shares these pipes)."""
     out = os.fdopen(os.dup(1), "wb")
@@ -123,7 +123,7 @@ def _run_workers(tasks, jobs, settings, env, done):
                     break
                 task = todo.pop()
             if proc is None:
-                proc = subprocess.Popen([sys.executable, "-m", "flashlib.classroom", "--worker"],
+                proc = subprocess.Popen([sys.executable, "-m", "flashlib.course.classroom", "--worker"],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
                 procs.append(proc)
                 pickle.dump(settings, proc.stdin)
@@ -433,7 +433,7 @@ def format_table(rows, students, names, *, seed=None, out=None) -> str:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--worker"]:
-        sys.exit("usage: python -m flashlib.classroom --worker (internal; use `flashlib grade`)")
+        sys.exit("usage: python -m flashlib.course.classroom --worker (internal; use `flashlib grade`)")
     # the package's copy of this module, not __main__: one copy of the grading modules, one sandbox
-    from flashlib.classroom import _worker_main as worker
+    from flashlib.course.classroom import _worker_main as worker
     worker()

@@ -23,11 +23,11 @@ design wants at or below 1.2. ``ratio_vs_sdpa_flash`` compares with dense SDPA f
 import torch
 import torch.nn.functional as F
 
-from . import masks, runtime
-from .bench import _time, attention_flops, make_inputs
-from .ops import block_sparse_attention, flash_attention
-from .reference import attention_naive, attention_ref
-from .testing import max_error, tolerance
+from .. import masks, runtime
+from .harness import _time, attention_flops, make_inputs
+from ..ops import block_sparse_attention, flash_attention
+from ..reference import attention_naive, attention_ref
+from ..testing import max_error, tolerance
 
 SHAPE = dict(B=4, Hq=16, Hkv=16, Nq=16384, Nk=16384, D=64)
 QUICK_SHAPE = dict(B=2, Hq=16, Hkv=16, Nq=8192, Nk=8192, D=64)
@@ -205,8 +205,3 @@ def print_table(records):
         print(f"{r['op']:22}{r['impl']:16}{r['mask']:14}{r['density']:7.3f}{fmt(r['ms'], '9.3f')}"
               f"{fmt(r['tflops'], '9.1f')}{fmt(r['ratio_vs_flex'], '8.2f')}"
               f"{fmt(r.get('vs_density_x_dense'), '12.2f')}  {r.get('note', '')}")
-
-
-if __name__ == "__main__":  # python -m flashlib.bench_sparse is the same as --suite block_sparse
-    from .bench import main
-    main(["--suite", "block_sparse"])

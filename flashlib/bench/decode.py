@@ -23,23 +23,22 @@ Records follow ``flashlib.bench``'s format with op "decode": Nq = new tokens, Nk
 density = sum(L) / (B * Lmax), gbps = K/V bytes read / ms, tflops = 4 B Hq Nq Nk D density / ms;
 plus gbps_graph, ratio_vs_sdpa_cudnn, copy_fraction (and each with _graph), host_us (host time
 per call, ``host_time``), seqlens (ragged), num_splits and config (flashlib).
-``python -m flashlib.bench_decode --sweep`` times the partial kernel's configs against split counts
-(graph times), to tune ``kernels.decode`` on another GPU.
+``flashlib.bench.decode_tuning`` times the partial kernel's configs against split counts (graph
+times), to tune ``kernels.decode`` on another GPU, and splits one call's host time by part.
 """
-import argparse
 import functools
 import json
 import math
-import pathlib
 
 import torch
 import torch.nn.functional as F
 
-from . import bench, runtime
-from .decode import check_decode_inputs, flash_decode
-from .kernels import decode as kernels
-from .reference import attention_ref
-from .testing import max_error, tolerance
+from .. import runtime
+from . import harness as bench
+from ..decode import flash_decode
+from ..kernels import decode as kernels
+from ..reference import attention_ref
+from ..testing import max_error, tolerance
 
 LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
 QUICK_LENGTHS = [4096, 32768]
@@ -370,85 +369,3 @@ def print_table(records, copy_gbps):
         for note in ("note", "note_graph"):
             if r.get(note):
                 print(f"  {r['impl']} {_label(r)} L={r['Nk']}: {r[note]}")
-
-
-def sweep(dtype=torch.float16, lengths=(1024, 4096, 16384, 131072),
-          configs=((64, 4, 3), (32, 4, 3), (64, 8, 3), (64, 4, 2)), splits=(1, 2, 4, 8, 16, 32)):
-    """Graph times of the two kernels for every (config, num_splits) on the suite's two shapes;
-    print the best five per case beside the heuristic's choice."""
-    for label, shape in (("mha", MHA), ("gqa", GQA)):
-        for L in lengths:
-            B, Hq, Hkv, D = shape["B"], shape["Hq"], shape["Hkv"], shape["D"]
-            q, _, _ = bench.make_inputs(B, Hq, Hkv, 1, 1, D, dtype, runtime.DEVICE)
-            _, k, v = bench.make_inputs(B, 1, Hkv, 1, L, D, dtype, runtime.DEVICE)
-            gb = kv_bytes(shape, [L] * B, dtype.itemsize) / 1e9
-            found = []
-            for config in configs:
-                for s in splits:
-                    fn = functools.partial(kernels.flash_decode_forward, num_splits=s, config=config)
-                    found.append((gb / graph_time(lambda q, k, v, _: fn(q, k, v), q, k, v, None),
-                                  config, s))
-            _, _, config, s = kernels.launch_plan(q, k)
-            found.sort(reverse=True)
-            print(f"{label} L={L:6}: heuristic {config}/{s}; best " +
-                  " ".join(f"{c}/{n}: {t:.2f}" for t, c, n in found[:5]) + " TB/s", flush=True)
-            del q, k, v
-            torch.cuda.empty_cache()
-
-
-def host_report(dtype):
-    """Where one decoding step's host time goes, per call (``host_time``; B=1 H=32 and B=8 Hq=32
-    Hkv=8, L=1k, d=128): flash_decode with and without ``kernels.launch.fast_launch``, the
-    two-kernel form, its parts, and SDPA's whole call."""
-    import triton
-
-    from .kernels import launch
-    for shape in (MHA, GQA):
-        B, Hq, Hkv, D = shape["B"], shape["Hq"], shape["Hkv"], shape["D"]
-        q, k, v = bench.make_inputs(B, Hq, Hkv, 1, 1024, D, dtype, runtime.DEVICE)
-        rows = {"flash_decode": lambda: flash_decode(q, k, v)}
-        fast = launch.ENABLED
-        launch.ENABLED = False
-        try:
-            rows["flash_decode, plain kernel[grid] launch"] = host_time(rows["flash_decode"])
-        finally:
-            launch.ENABLED = fast
-        rows["flash_decode"] = host_time(rows["flash_decode"])
-        rows["decode_partial + combine"] = host_time(
-            lambda: kernels.combine(*kernels.decode_partial(q, k, v), out_dtype=q.dtype))
-        rows["checks (check_decode_inputs)"] = host_time(lambda: check_decode_inputs(q, k, v))
-        rows["torch.empty"] = host_time(lambda: torch.empty_like(q))
-        rows["F.scaled_dot_product_attention"] = host_time(
-            lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=Hq != Hkv))
-        print(f"B={B} Hq={Hq} Hkv={Hkv} L=1024 d={D}, splits={kernels.launch_plan(q, k)[3]}, "
-              f"Triton {triton.__version__}, fast launch {'on' if fast else 'off'}: host us per call")
-        for name, us in rows.items():
-            print(f"  {name:40s} {us:7.1f}")
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m flashlib.bench_decode", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sweep", action="store_true", help="tune: configs x split counts")
-    parser.add_argument("--lengths", type=int, nargs="+", default=None,
-                        help="cache lengths of --sweep (default 1k, 4k, 16k, 128k)")
-    parser.add_argument("--quick", action="store_true", help="L = 4k and 32k only")
-    parser.add_argument("--host", action="store_true", help="host time per call, by part")
-    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
-    parser.add_argument("--out", default=None, help="folder (default benchmarks/results/<gpu>)")
-    args = parser.parse_args(argv)
-    if runtime.DEVICE.type != "cuda":
-        parser.error("benchmarks need a CUDA GPU (the interpreter is for correctness, not speed)")
-    out_dir = pathlib.Path(args.out or pathlib.Path("benchmarks/results") / runtime.gpu_name())
-    out_dir.mkdir(parents=True, exist_ok=True)
-    dtype = getattr(torch, args.dtype)
-    if args.sweep:
-        sweep(dtype, **({} if args.lengths is None else {"lengths": args.lengths}))
-    elif args.host:
-        host_report(dtype)
-    else:
-        run_suite(dtype, out_dir, quick=args.quick)
-
-
-if __name__ == "__main__":
-    main()

@@ -21,16 +21,17 @@ Tiles have a fixed shape, like a GPU kernel's: the last block along N is padded 
 masked load) and its missing keys are masked with -inf, so any N and any block size work.
 Limits: readable, not fast (Python loops over blocks); no dropout, no GQA.
 """
-import math
 
 import numpy as np
+
+from ..inputs import default_scale
 
 __all__ = ["standard_attention", "online_attention", "fa1_forward", "fa2_tile_update",
            "fa2_forward", "fa2_dkdv_update", "fa2_backward", "causal_block_range",
            "block_schedule", "tile_mask"]
 
 
-def check_inputs(q, k, v):
+def as_float_arrays(q, k, v):
     """Validate (..., N, D) arrays; return them in one float dtype. Errors name the argument."""
     q, k, v = (np.asarray(t) for t in (q, k, v))
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -46,8 +47,9 @@ def check_inputs(q, k, v):
     return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False)
 
 
-def default_scale(scale, D):
-    return 1.0 / math.sqrt(D) if scale is None else float(scale)
+def resolve_scale(scale, D):
+    """``scale``, or 1/sqrt(D) when it is None (``flashlib.inputs.default_scale``)."""
+    return default_scale(D) if scale is None else float(scale)
 
 
 def tile_mask(q_start, k_start, block_q, block_k, Nq, Nk, causal):
@@ -140,9 +142,9 @@ def finish(m, l, acc):
 
 def standard_attention(q, k, v, *, causal=False, scale=None):
     """S = scale Q K^T and P = softmax(S) materialised, (..., Nq, Nk) memory. Returns (out, lse)."""
-    q, k, v = check_inputs(q, k, v)
+    q, k, v = as_float_arrays(q, k, v)
     Nq, Nk, D = q.shape[-2], k.shape[-2], q.shape[-1]
-    s = masked_scores(q, k, default_scale(scale, D), tile_mask(0, 0, Nq, Nk, Nq, Nk, causal))
+    s = masked_scores(q, k, resolve_scale(scale, D), tile_mask(0, 0, Nq, Nk, Nq, Nk, causal))
     m = s.max(axis=-1)                                            # (..., Nq)
     p = np.exp(s - safe(m)[..., None])                            # (..., Nq, Nk)
     return finish(m, p.sum(axis=-1), p @ v)
@@ -152,9 +154,9 @@ def online_attention(q, k, v, *, scale=None, causal=False):
     """One pass over the keys, one at a time, keeping per query row the running max m, the sum
     l of exp(s - m) and the unnormalised output acc; rescale both by exp(m_old - m_new) whenever
     the max grows. Returns (out, lse)."""
-    q, k, v = check_inputs(q, k, v)
+    q, k, v = as_float_arrays(q, k, v)
     Nq, Nk, D = q.shape[-2], k.shape[-2], q.shape[-1]
-    scale = default_scale(scale, D)
+    scale = resolve_scale(scale, D)
     m = np.full(q.shape[:-1], -np.inf, dtype=q.dtype)             # (..., Nq)
     l = np.zeros(q.shape[:-1], dtype=q.dtype)                     # (..., Nq)
     acc = np.zeros(q.shape, dtype=q.dtype)                        # (..., Nq, D)
@@ -172,9 +174,9 @@ def online_attention(q, k, v, *, scale=None, causal=False):
 
 def fa1_forward(q, k, v, *, block_q=64, block_k=64, causal=False, scale=None):
     """FlashAttention-1, Algorithm 1 (KV blocks outer). Returns (out, lse)."""
-    q, k, v = check_inputs(q, k, v)
+    q, k, v = as_float_arrays(q, k, v)
     Nq, Nk, D = q.shape[-2], k.shape[-2], q.shape[-1]
-    scale = default_scale(scale, D)
+    scale = resolve_scale(scale, D)
     # line 2: O, l, m in "HBM", full size; every inner step reads its rows and writes them back
     O = np.zeros(q.shape, dtype=q.dtype)                          # (..., Nq, D)
     l = np.zeros(q.shape[:-1], dtype=q.dtype)                     # (..., Nq)
@@ -228,11 +230,11 @@ def fa2_forward(q, k, v, *, block_q=64, block_k=64, causal=False, scale=None, ti
 
     tile_update: the inner step, ``fa2_tile_update`` when None (exercise ex04 swaps in its own).
     """
-    q, k, v = check_inputs(q, k, v)
+    q, k, v = as_float_arrays(q, k, v)
     if tile_update is None:
         tile_update = fa2_tile_update
     Nq, Nk, D = q.shape[-2], k.shape[-2], q.shape[-1]
-    scale = default_scale(scale, D)
+    scale = resolve_scale(scale, D)
     out = np.empty(q.shape, dtype=q.dtype)                        # (..., Nq, D)
     lse = np.empty(q.shape[:-1], dtype=q.dtype)                   # (..., Nq)
     for q_start in range(0, Nq, block_q):
@@ -278,7 +280,7 @@ def fa2_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=Fals
     "HBM" and every tile adds its dS K_j to it. dkdv_update: the inner step, ``fa2_dkdv_update``
     when None (exercise ex08 swaps in its own).
     """
-    q, k, v = check_inputs(q, k, v)
+    q, k, v = as_float_arrays(q, k, v)
     if dkdv_update is None:
         dkdv_update = fa2_dkdv_update
     out, lse, dout = (np.asarray(t, dtype=q.dtype) for t in (out, lse, dout))
@@ -286,7 +288,7 @@ def fa2_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=Fals
         raise ValueError(f"out and dout must have q's shape {q.shape} and lse {q.shape[:-1]}; "
                          f"got out {out.shape}, dout {dout.shape}, lse {lse.shape}")
     Nq, Nk, D = q.shape[-2], k.shape[-2], q.shape[-1]
-    scale = default_scale(scale, D)
+    scale = resolve_scale(scale, D)
     dq = np.zeros(q.shape, dtype=q.dtype)                         # (..., Nq, D) in "HBM", / scale
     dk = np.empty(k.shape, dtype=q.dtype)
     dv = np.empty(v.shape, dtype=q.dtype)

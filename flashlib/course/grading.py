@@ -7,7 +7,7 @@ This module runs a grader's checks on one file and reports: ``run_checks``, ``ru
   stubs in ``exercises/`` that learners edit.
 - ``tests/exercises/test_exNN_topic.py`` is the grader of exercise NN: a list ``CHECKS`` of plain
   functions ``check(impl, rng)`` (impl: the learner's module, rng: a seeded NumPy generator) that
-  raise ``CheckFailed`` with words a learner can act on, written with ``flashlib.checks``; the
+  raise ``CheckFailed`` with words a learner can act on, written with ``flashlib.course.checks``; the
   Triton exercises' graders add ``GPU_CHECKS``, run only on a GPU: the learner's kernel compiled
   once at a real size. pytest runs them (``pytest tests/exercises --impl=solutions|exercises|PATH``)
   and so does ``run_checks`` below, with the same code.
@@ -16,15 +16,15 @@ This module runs a grader's checks on one file and reports: ``run_checks``, ``ru
   source, never from an import cache) and runs every check. Errors raised inside a Triton kernel
   are reported as the learner's own error at the learner's line, with a hint where the mistake is
   a common one.
-- A file that reaches for the answer is "not accepted: write it yourself" (``flashlib.integrity``):
+- A file that reaches for the answer is "not accepted: write it yourself" (``flashlib.course.integrity``):
   statically (``borrowed``: flashlib beyond the stub's imports, solutions/, exec/importlib/
   sys.modules), once loaded (``foreign``: a public function that is flashlib's), and while it runs
   (``tripwire``: the grader's FLASHLIB_ANSWERS, flashlib's own answers to the exercise, record
   any call made from the learner's file, however the learner reached them).
-- ``flashlib.self_check`` (``flashlib check ex01``, the lessons' check cells) runs these checks
+- ``flashlib.course.self_check`` (``flashlib check ex01``, the lessons' check cells) runs these checks
   within a time limit, in a thread or a child process, and prints the report;
-  ``flashlib.classroom.grade`` (``flashlib grade DIR``) runs them in its own process against
-  proxies of a student's functions, which run in a confined process (``flashlib.sandbox``).
+  ``flashlib.course.classroom.grade`` (``flashlib grade DIR``) runs them in its own process against
+  proxies of a student's functions, which run in a confined process (``flashlib.course.sandbox``).
 """
 import os
 import re
@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from .checks import CheckFailed
-from .course import (course_root, display_path, implementation_path, load_grader,
+from .files import (course_root, display_path, implementation_path, load_grader,
                      load_module, no_root_message, resolve, short)
 from .integrity import NOT_ACCEPTED, allowed_flashlib, answers, borrowed, foreign, tripped, tripwire
 
@@ -262,6 +262,29 @@ def run_checks(exercise, *, impl="exercises", path=None, seed=None, root=None, g
     elif "error" in statuses:
         report.status = "error"
     return report
+
+
+def check_id(check_fn) -> str:
+    """pytest id for a check function: its name without "check_"."""
+    return check_fn.__name__.removeprefix("check_")
+
+
+def pytest_run(check_fn, impl, seed: int) -> None:
+    """Run one check under pytest: pass, or fail with the learner's message (and the seed)."""
+    import pytest
+
+    result = run_one(check_fn, impl, seed)
+    replay = f"(seed {seed}: replay with FLASHLIB_SEED={seed})"
+    if result.status == "ok":
+        return
+    if result.status == "error":  # keep the traceback: it points into the code at fault
+        if hasattr(result.exception, "add_note"):
+            result.exception.add_note(f"{result.title}: {result.message}\n    {replay}")
+        raise result.exception
+    if result.status == "not done":
+        pytest.fail(f"not done yet: replace the NotImplementedError in "
+                    f"{display_path(impl.__file__)}", pytrace=False)
+    pytest.fail(f"{result.title}: {result.message}\n    {replay}", pytrace=False)
 
 
 def format_report(report: Report) -> str:

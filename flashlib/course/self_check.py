@@ -1,6 +1,6 @@
 """`flashlib check ex07`: a learner grades their own exercise, with hints, within a time limit.
 
-The checks and the report are ``flashlib.grading``'s; this module decides where they run and
+The checks and the report are ``flashlib.course.grading``'s; this module decides where they run and
 stops them when their time is up (``TIME_LIMIT_S``, as `flashlib grade` gives each exercise):
 
 - **Without a GPU** they run in a thread of this process, through Triton's interpreter like every
@@ -35,8 +35,8 @@ import threading
 import time
 from pathlib import Path
 
-from . import runtime
-from .course import course_root, display_path, implementation_path, list_exercises, \
+from .. import runtime
+from .files import course_root, display_path, implementation_path, list_exercises, \
     no_root_message, resolve, short
 from .grading import Report, format_report, run_checks
 
@@ -141,7 +141,7 @@ def _child_env(gpu: bool) -> dict:
     """The child's environment: flashlib importable from where this one was (a course run from
     its folder without `pip install`); the interpreter on and the GPU hidden, unless ``gpu``."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    here = str(Path(__file__).resolve().parent.parent)
+    here = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
     if gpu:
         env.pop("TRITON_INTERPRET", None)
@@ -168,7 +168,7 @@ def run_checks_in_child(exercise, *, impl="exercises", path=None, seed, timeout,
         args = dict(exercise=str(exercise), impl=str(impl), path=None if path is None else str(path),
                     seed=seed, timeout=timeout, gpu=gpu, root=str(root), result=str(result),
                     title=str(title))
-        proc = subprocess.Popen([sys.executable, "-m", "flashlib.self_check", json.dumps(args)],
+        proc = subprocess.Popen([sys.executable, "-m", "flashlib.course.self_check", json.dumps(args)],
                                 env=_child_env(gpu), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -248,7 +248,7 @@ def _grade(exercise, *, impl, path, seed, timeout) -> bool:
 
 
 def _has_gpu_checks(exercise) -> bool:
-    from .course import load_grader
+    from .files import load_grader
 
     return bool(getattr(load_grader(resolve(exercise)), "GPU_CHECKS", ()))
 

@@ -1,0 +1,64 @@
+"""``python -m flashlib.bench [--suite ...]``: run benchmark suites, write JSON and PNG results.
+
+The suites live beside this file: ``harness`` (forward, backward, paper, memory, short),
+``decode`` and ``sparse``; ``flashlib.bench``'s docstring says how each measures.
+"""
+import argparse
+import json
+import pathlib
+
+import torch
+
+from .. import runtime
+from . import harness
+from .harness import add_ratios, environment, implementations, plot, plot_memory, print_table, \
+    run_case, suite_cases
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m flashlib.bench", description=harness.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", nargs="+", default=["forward", "backward", "paper", "memory"],
+                        choices=["forward", "backward", "paper", "memory", "block_sparse", "decode"])
+    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    parser.add_argument("--impl", nargs="+", default=None, help="only these implementations")
+    parser.add_argument("--quick", action="store_true", help="three forward shapes only")
+    parser.add_argument("--out", default=None, help="folder (default benchmarks/results/<gpu>)")
+    args = parser.parse_args(argv)
+    if runtime.DEVICE.type != "cuda":
+        parser.error("benchmarks need a CUDA GPU (the interpreter is for correctness, not speed)")
+    from tqdm.auto import tqdm
+    dtype = getattr(torch, args.dtype)
+    out_dir = pathlib.Path(args.out or pathlib.Path("benchmarks/results") / runtime.gpu_name())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for suite in args.suite:
+        if suite == "block_sparse":
+            from . import sparse as bench_sparse
+            records = bench_sparse.run_suite(dtype, quick=args.quick, impls=args.impl, progress=tqdm)
+            name = f"{suite}_{args.dtype}"
+            (out_dir / f"{name}.json").write_text(json.dumps(dict(env=environment(), records=records), indent=1))
+            bench_sparse.plot(records, out_dir / f"{name}.png", f"{suite} {args.dtype}")
+            bench_sparse.print_table(records)
+            continue
+        if suite == "decode":  # TB/s of K/V cache read: see flashlib.bench.decode
+            from . import decode as bench_decode
+            bench_decode.run_suite(dtype, out_dir, names=args.impl, quick=args.quick)
+            continue
+        cases = suite_cases(suite, args.quick)
+        impls = implementations(args.impl)
+        records = []
+        work = [(n, s, c, ops) for names, s, c, ops in cases for n in names if n in impls]
+        for name, shape, causal, ops in tqdm(work, desc=suite):
+            records += run_case(name, impls[name], shape, causal, dtype, ops)
+        add_ratios(records)
+        name = f"{suite}_{args.dtype}"
+        (out_dir / f"{name}.json").write_text(json.dumps(
+            dict(env=environment(), records=records), indent=1))
+        (plot_memory if suite == "memory" else plot)(records, out_dir / f"{name}.png", f"{suite} {args.dtype}")
+        print_table(records)
+
+
+
+
+if __name__ == "__main__":
+    main()

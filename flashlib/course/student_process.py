@@ -1,0 +1,316 @@
+"""The student process of ``flashlib grade``: confine itself, load one student's file, answer calls.
+
+Run as a plain script by ``flashlib.course.sandbox`` (``python -I -B student_process.py --child
+CONFIG``): in fresh Linux namespaces when it can (``_confine``: tmpfs scratch, everything else
+read-only, the hidden folders covered, every capability dropped), under resource limits
+(``_limits``), it imports the student's file and serves the grader's requests over two pipes
+(``_Child.serve``): call a function of the file, or launch a Triton kernel with the student's
+``@triton.jit`` function plugged in. It answers with outputs, never a grade, and reports every
+library function the file patched (``_Child._patched``). ``flashlib.course.sandbox``'s docstring
+says what is and is not prevented. Imports nothing of flashlib before the student's file asks for
+it, except ``wire.py`` beside it, loaded by path.
+"""
+import ctypes
+import inspect
+import json
+import os
+import re
+import sys
+import traceback
+import types
+
+try:
+    from .wire import decode, encode, read_frame, storage_bytes, write_all
+except ImportError:   # run as a script: load wire.py beside this file, without the package
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "_flashlib_wire", os.path.join(os.path.dirname(os.path.abspath(__file__)), "wire.py"))
+    _wire = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_wire)
+    decode, encode, read_frame, storage_bytes, write_all = (
+        _wire.decode, _wire.encode, _wire.read_frame, _wire.storage_bytes, _wire.write_all)
+
+_FS_EVENTS = {"open", "os.listdir", "os.scandir", "os.remove", "os.rmdir", "os.mkdir", "os.rename",
+              "os.chmod", "os.chown", "os.truncate", "os.utime", "os.link", "os.symlink",
+              "shutil.rmtree"}
+_WATCHED = ("numpy", "numpy.testing", "numpy.linalg", "torch", "torch.testing",
+            "torch.nn.functional", "triton", "triton.runtime.jit", "triton.runtime.interpreter",
+            "math")
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
+_MOUNT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
+                "noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21}
+
+
+def _confine(cfg):
+    """In fresh namespaces (we are root there): tmpfs scratch, all else read-only, hidden
+    folders covered, every capability dropped. Raises OSError if any step fails."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def mount(source, target, fstype, flags, data=None):
+        enc = lambda s: None if s is None else s.encode()  # noqa: E731
+        if libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mount {target}: {os.strerror(err)}")
+
+    scratch, run_dir = cfg["scratch"], cfg["run_dir"]
+    files = {}
+    for folder, _, names in os.walk(scratch):
+        for name in names:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                files[os.path.relpath(path, scratch)] = f.read()
+    mount("tmpfs", run_dir, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
+    os.makedirs(scratch)
+    mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['disk']},mode=0755")
+    for rel, data in files.items():
+        os.makedirs(os.path.dirname(os.path.join(scratch, rel)), exist_ok=True)
+        with open(os.path.join(scratch, rel), "wb") as f:
+            f.write(data)
+    for folder in cfg["hide"]:
+        if os.path.isdir(folder) and folder != run_dir:     # run_dir: covered above
+            mount("tmpfs", folder, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
+    with open("/proc/self/mountinfo") as f:
+        mounts = [line.split() for line in f]
+    for fields in mounts:
+        point = re.sub(r"\\(\d{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+        if point == scratch or point == "/proc" or point.startswith("/proc/"):
+            continue
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+        for option in fields[5].split(","):
+            flags |= _MOUNT_FLAGS.get(option, 0)
+        mount(None, point, None, flags)
+    for path in ("/", cfg["root"], os.path.dirname(run_dir), *cfg["hide"]):
+        if os.path.exists(path) and not os.statvfs(path).f_flag & os.ST_RDONLY:
+            raise OSError(f"{path} is still writable")
+    for cap in range(64):                                   # bounding set: no way back on exec
+        libc.prctl(24, cap, 0, 0, 0)                        # PR_CAPBSET_DROP
+    libc.prctl(47, 4, 0, 0, 0)                              # PR_CAP_AMBIENT_CLEAR_ALL
+    libc.prctl(38, 1, 0, 0, 0)                              # PR_SET_NO_NEW_PRIVS
+    header, data = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
+    if libc.capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
+def _limits(cfg):
+    import resource
+    # RLIMIT_DATA: writable private memory (not the PROT_NONE address space CUDA reserves)
+    for name, value in (("RLIMIT_DATA", cfg["memory"]), ("RLIMIT_FSIZE", cfg["fsize"]),
+                        ("RLIMIT_CORE", 0), ("RLIMIT_CPU", cfg["cpu"])):
+        limit = getattr(resource, name, None)
+        if limit is not None and value is not None:
+            hard = value + 5 if name == "RLIMIT_CPU" else value
+            resource.setrlimit(limit, (value, hard))
+
+
+def _origin(obj):
+    """The file that defines a function (or a @triton.jit function), or None."""
+    while not isinstance(obj, types.FunctionType) and hasattr(obj, "fn"):
+        obj = obj.fn
+    obj = getattr(obj, "func", obj)                          # functools.partial
+    code = getattr(obj, "__code__", None)
+    if code is not None:
+        return code.co_filename
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    return getattr(module, "__file__", None) if isinstance(obj, type) else None
+
+
+def _is_kernel(obj):
+    jit = sys.modules.get("triton.runtime.jit")
+    return jit is not None and isinstance(obj, jit.KernelInterface)
+
+
+def module_from_source(path, text, name):
+    """Execute ``text`` as a new module ``name`` with __file__ ``path`` (linecache primed, so
+    that inspect and Triton can read its source even where the file is hidden)."""
+    import linecache
+    linecache.cache[path] = (len(text), None, text.splitlines(True), path)
+    module = types.ModuleType(name)
+    module.__file__ = path
+    sys.modules[name] = module
+    exec(compile(text, path, "exec"), module.__dict__)
+    return module
+
+
+class _Child:
+    """The student process's side: load the file, then serve calls and launches."""
+
+    def __init__(self, cfg):
+        self.cfg, self.flags, self.module, self.graders = cfg, [], None, {}
+        self.path = os.path.join(cfg["scratch"], cfg["file"])
+        self.watch = []
+
+    def _snapshot(self):
+        pairs = []
+        for name, mod in list(sys.modules.items()):
+            if mod is None or not (name in _WATCHED or name.split(".")[0] == "flashlib"):
+                continue
+            for key, value in list(vars(mod).items()):
+                if callable(value) or isinstance(value, types.ModuleType):
+                    pairs.append((mod, f"{name}.{key}", key, value,
+                                  getattr(value, "__code__", None)))
+                if isinstance(value, type) and value.__module__ == name:
+                    pairs += [(value, f"{name}.{key}.{k}", k, v, None)
+                              for k, v in list(vars(value).items()) if callable(v)]
+        return pairs
+
+    def _patched(self):
+        changed = []
+        for owner, label, key, value, code in self.watch:
+            now = vars(owner).get(key)
+            if now is not value or code is not None and getattr(now, "__code__", None) is not code:
+                changed.append(label)
+        return changed
+
+    def _guard(self):
+        """An audit hook refusing (and reporting) reads of the hidden folders and writes to the
+        protected ones: Python-level only (ctypes or a subprocess get past it; confinement,
+        where there is some, does not depend on it)."""
+        hidden = tuple(os.path.realpath(h) + os.sep for h in self.cfg["hide"])
+        protected = hidden + tuple(os.path.realpath(h) + os.sep for h in self.cfg["protect"])
+        own = os.path.realpath(self.cfg["scratch"]) + os.sep
+        writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+        def hook(event, args):
+            if event not in _FS_EVENTS:
+                return
+            mode, flags = (args[1], args[2]) if event == "open" else \
+                ("r" if event in ("os.listdir", "os.scandir") else "w", 0)
+            write = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
+                (isinstance(flags, int) and flags & writing != 0)
+            for arg in args[:2 if event in ("os.rename", "os.link", "os.symlink") else 1]:
+                if not isinstance(arg, (str, bytes, os.PathLike)):
+                    continue
+                path = os.path.realpath(os.fsdecode(arg)) + os.sep
+                if path.startswith(own) or not path.startswith(protected if write else hidden):
+                    continue
+                self.flags.append(("write" if write else "read", path[:-1]))
+                raise PermissionError(f"{path[:-1]}: out of bounds while graded")
+        sys.addaudithook(hook)
+
+    def load(self, msg):
+        for name in msg["preload"]:
+            __import__(name)
+        self.watch = self._snapshot()
+        self._guard()
+        sys.path.append(self.cfg["scratch"])
+        with open(self.path, encoding="utf-8") as f:
+            text = f.read()
+        stem = os.path.splitext(os.path.basename(self.path))[0]
+        try:
+            self.module = module_from_source(self.path, text, stem)
+        except NotImplementedError:
+            return {"status": "not done"}
+        except Exception as e:
+            return {"status": "error", "error": self._error(e)}
+        names = {}
+        for key, value in vars(self.module).items():
+            if key.startswith("__"):
+                continue
+            if _is_kernel(value):
+                fn = value
+                while not isinstance(fn, types.FunctionType) and hasattr(fn, "fn"):
+                    fn = fn.fn
+                params = [(p.name, int(p.kind)) for p in inspect.signature(fn).parameters.values()]
+                names[key] = ("jit", params, fn.__code__.co_firstlineno)
+            elif callable(value):
+                names[key] = ("function",)
+            elif isinstance(value, (int, float, str, bool, type(None))):
+                names[key] = ("value", value)
+        self.flags += [("patch", label) for label in self._patched()]
+        return {"status": "ok", "names": names}
+
+    def _student(self, pid):
+        obj = getattr(self.module, pid[1])
+        if _origin(obj) != self.path:
+            self.flags.append(("foreign", pid[1], str(_origin(obj))))
+        return obj
+
+    def _error(self, e):
+        lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == self.path]
+        builtin = next(c.__name__ for c in type(e).__mro__ if c.__module__ == "builtins")
+        return {"type": builtin, "message": str(e)[:2000], "line": lines[-1] if lines else None}
+
+    def _kernel(self, ref):
+        if ref[0] == "student":
+            return self._student(ref)
+        _, path, module_name, attr, text = ref
+        if text is not None:
+            if path not in self.graders:
+                self.graders[path] = module_from_source(path, text, "_flashlib_grader")
+            return getattr(self.graders[path], attr)
+        if module_name.split(".")[0] != "flashlib":
+            raise ValueError(f"refusing to launch {module_name}.{attr}")
+        __import__(module_name)
+        return getattr(sys.modules[module_name], attr)
+
+    def serve(self, req, rep):
+        while True:
+            data = read_frame(req, None)
+            if data is None:
+                return
+            msg, decoder = decode(data, restricted=False, extra=self._student)
+            op = msg["op"]
+            if op == "load":
+                reply = self.load(msg)
+            elif op == "finish":
+                reply = {"patched": self._patched()}
+            else:
+                reply = self._run(msg, decoder)
+            reply["flags"], self.flags = self.flags, []
+            known = {s.data_ptr(): i for i, s in decoder.new_storages.items()}
+            try:
+                frame, _ = encode(reply, known=known)
+            except Exception as e:
+                kind = type(reply.pop("result", None)).__name__
+                reply["error"] = {"type": "TypeError", "line": None, "message":
+                                  f"returned a {kind}, which the grader cannot receive ({e})"}
+                frame, _ = encode(reply, known=known)
+            write_all(rep, frame, None)
+
+    def _run(self, msg, decoder):
+        before = {i: a.tobytes() for i, a in decoder.arrays.items()}
+        stored = {i: storage_bytes(s) for i, s in decoder.new_storages.items()}
+        reply = {}
+        try:
+            if msg["op"] == "call":
+                fn = self._student(("student", msg["name"]))
+                reply["result"] = fn(*msg["args"], **msg["kwargs"])
+            else:
+                kernel = self._kernel(msg["kernel"])
+                kernel[msg["grid"]](*msg["args"], **msg["kwargs"])
+                reply["result"] = None
+        except Exception as e:
+            reply = {"error": self._error(e)}
+        reply["arrays"] = {i: a.tobytes() for i, a in decoder.arrays.items()
+                           if a.tobytes() != before[i]}
+        reply["storages"] = {i: b for i, s in decoder.new_storages.items()
+                             if (b := storage_bytes(s)) != stored[i]}
+        return reply
+
+
+def _child_main(argv):
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    cfg = json.loads(argv[2])
+    import importlib.util
+    if importlib.util.find_spec("flashlib") is None:   # a course run from its clone, not installed
+        sys.path.append(os.path.dirname(os.path.dirname(here)))   # (-I ignores PYTHONPATH)
+    if cfg["confine"]:
+        try:
+            _confine(cfg)
+        except OSError as e:
+            print(f"sandbox: {e}", file=sys.stderr)
+            os._exit(97)
+    if argv[1] == "--probe":
+        hidden = [h for h in cfg["hide"] if os.path.isdir(h) and os.listdir(h)]
+        print(f"still visible: {hidden}" if hidden else "confined")
+        return
+    os.chdir(cfg["scratch"])
+    _limits(cfg)
+    _Child(cfg).serve(cfg["req"], cfg["rep"])
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv)

@@ -1,0 +1,76 @@
+"""Checking the public functions' inputs, in one place for every entry point and launcher.
+
+``check_qkv`` validates the SDPA layout (batch, heads, seqlen, headdim) and grouped heads and
+returns the sizes (the oracle uses it too); ``check_inputs`` adds what the kernels need: torch
+tensors of one supported dtype on one device that can run them, a head dim they support, a
+boolean ``causal``, and the resolved ``scale`` (1/sqrt(headdim) by default). Errors are
+``ValueError``/``TypeError`` naming the argument and what was expected, raised before any kernel
+is compiled.
+"""
+import math
+import numbers
+
+import torch
+
+from . import runtime
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEADDIM = 256
+
+
+def default_scale(D: int) -> float:
+    """The softmax scale when none is given: 1/sqrt(headdim) (the FlashAttention paper, 2.2)."""
+    return 1.0 / math.sqrt(D)
+
+
+def check_inputs(q, k, v, *, scale=None, causal=False):
+    """Validate q, k, v for the kernels; return the resolved scale. Errors name the argument."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    B, Hq, Hkv, Nq, Nk, D = check_qkv(q, k, v)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; expected float16, bfloat16 or float32")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}: use one dtype")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    runtime.check_device("q", q)   # k and v are on q's device
+    if q.dtype == torch.bfloat16 and q.device.type == "cuda":
+        major, minor = runtime.capability(q.device)
+        if major < 8:
+            raise TypeError(f"q is bfloat16, which needs an sm_80 (Ampere) or newer GPU; this one "
+                            f"is sm_{major}{minor} (e.g. Colab's T4): use float16")
+    if D > MAX_HEADDIM:
+        raise ValueError(f"headdim {D} is over the supported maximum {MAX_HEADDIM}")
+    if min(B, Hq, D) == 0:
+        raise ValueError(f"q has an empty dimension: shape {tuple(q.shape)}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    if scale is None:
+        return default_scale(D)
+    if not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite real number, got {scale!r}")
+    return float(scale)
+
+
+def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int]:
+    """Validate SDPA-layout q, k, v; return (B, Hq, Hkv, Nq, Nk, D). Errors name the argument."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.ndim != 4:
+            raise ValueError(f"{name} must have 4 dims (batch, heads, seqlen, headdim), "
+                             f"got shape {tuple(t.shape)}")
+    B, Hq, Nq, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} "
+                         f"and v {tuple(v.shape)}")
+    Bk, Hkv, Nk, Dk = k.shape
+    if Bk != B:
+        raise ValueError(f"k has batch {Bk} but q has batch {B}")
+    if Dk != D:
+        raise ValueError(f"k has headdim {Dk} but q has headdim {D}")
+    if Hkv == 0 or Hq % Hkv != 0:
+        raise ValueError(f"heads_q={Hq} is not a multiple of heads_kv={Hkv}: each key/value "
+                         "head must serve a whole group of query heads")
+    return B, Hq, Hkv, Nq, Nk, D

@@ -1,0 +1,8 @@
+"""The lessons' algorithms and figures: what a learner reads, in NumPy and plain PyTorch.
+
+``softmax`` (lessons 01-02: naive, safe, online, merging states), ``tiled`` (lessons 03-04 and
+08: one-pass and tiled FlashAttention in NumPy, forward and backward), ``iosim`` (counting HBM
+traffic of the standard and tiled algorithms, Theorem 2), ``viz`` (the figures), ``gpt`` (lesson
+11's capstone model, whose attention is flashlib's kernels). They import the core library
+(``flashlib.ops``, ``flashlib.decode``); the core imports nothing from here.
+"""
