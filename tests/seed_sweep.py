@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from flashlib import course
-
 from flashlib.course import grading, integrity
+
 ROOT = Path(__file__).resolve().parent.parent
 MUTANTS = sorted((ROOT / "tests" / "mutants").glob("ex[0-9]*_*.py"))
 VARIANTS = sorted((ROOT / "tests" / "variants").glob("ex[0-9]*_*.py"))

@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 import torch
 
-from flashlib.course import classroom, grading, sandbox
-
 from flashlib import course
+from flashlib.course import checks, classroom, grading, sandbox
+
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = ROOT / "tests" / "hostile"
 NUMPY_EXERCISES = ["ex00", "ex01", "ex02", "ex03", "ex04"]
@@ -76,8 +76,14 @@ def _hostile_class(folder):
 
 
 def _in_process(file, name, seed):
+    """(status, passed) of ``file`` graded in this process over the checks ``grade`` runs (memory
+    checks measure this process, so ``grade`` leaves them out: checks.not_under_grade)."""
     report = grading.run_checks(name, path=file, seed=seed, root=ROOT)
-    return report.status, report.passed
+    skipped = [c for c in course.load_grader(name, ROOT).CHECKS
+               if c not in checks.under_grade([c])]
+    titles = {grading.check_title(c) for c in skipped}
+    passed = sum(r.status == "ok" for r in report.results if r.title not in titles)
+    return report.status, passed
 
 
 def test_hostile_class(tmp_path, grader_seed, capsys):
@@ -221,3 +227,38 @@ def test_grade_from_another_folder_with_relative_paths(tmp_path):
         rows = list(csv.DictReader(io.StringIO(f.read())))
     assert [(r["student"], r["status"]) for r in rows] == [("ada", "passed")] * 2
     assert all(r["passed"] == r["total"] != "0" for r in rows)
+
+
+def test_names_links_and_unsolved_copies(tmp_path, grader_seed, capsys):
+    """Issue 36's table rows: a folder named like a spreadsheet formula, a name holding a newline
+    and a fake result, a student folder that links to another's (and one whose exercises/ does),
+    and an unsolved copy of exercises/ (0 points: the memory checks that cannot run under grade
+    are left out, not counted as passed)."""
+    names = [n for n in course.list_exercises(ROOT) if course.short(n) in ("ex01", "ex02", "ex03")]
+    cls = tmp_path / "class"
+    for student, source in (("alice", "solutions"), ("una", "exercises"),
+                            ("=cmd|' -C calc'!A0", "solutions"), ("eve\npassed 82 of 82", "solutions")):
+        (cls / student).mkdir(parents=True)
+        for n in names:
+            shutil.copy(ROOT / source / f"{n}.py", cls / student)
+    (cls / "trudy").symlink_to(cls / "alice", target_is_directory=True)
+    (cls / "mallory").mkdir()
+    (cls / "mallory" / "exercises").symlink_to(cls / "alice", target_is_directory=True)
+    rows = classroom.grade(cls, out=tmp_path / "grades.csv", timeout=TIMEOUT, jobs=2,
+                           exercises=["ex01", "ex02", "ex03"], seed=grader_seed, progress=False)
+    printed = capsys.readouterr().out
+    got = {(r["student"], r["exercise"]): r for r in rows}
+    for n in names:
+        gradable = len(checks.under_grade(course.load_grader(n, ROOT).CHECKS))
+        assert got["alice", n]["status"] == "passed" and got["alice", n]["passed"] == gradable
+        assert got["alice", n]["total"] == gradable
+        assert (got["una", n]["status"], got["una", n]["passed"]) == ("not done", 0)
+        assert got["trudy", n]["status"].startswith("not accepted") and got["trudy", n]["passed"] == 0
+        assert got["mallory", n]["status"] == "missing"
+    assert any(len(course.load_grader(n, ROOT).CHECKS) > len(checks.under_grade(
+        course.load_grader(n, ROOT).CHECKS)) for n in names), "no memory check was left out"
+    saved = (tmp_path / "grades.csv").read_text()
+    assert "\n'=cmd|" in saved and "\n=cmd" not in saved
+    assert "eve\\npassed 82 of 82" in printed
+    assert not any(line.startswith("passed 82 of 82") for line in printed.splitlines())
+

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from flashlib import course
-
 from flashlib.course import grading
+
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "tools" / "make_exercises.py"
 SOLUTIONS = sorted((ROOT / "solutions").glob("ex[0-9]*_*.py"))

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from flashlib import course
 from flashlib.course import classroom, self_check
 
-from flashlib import course
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,8 +10,8 @@ import pytest
 
 import seed_sweep
 from flashlib import course
-
 from flashlib.course import grading, integrity
+
 ROOT = Path(__file__).resolve().parent.parent
 MUTANTS, VARIANTS = seed_sweep.MUTANTS, seed_sweep.VARIANTS
 EXERCISES = course.list_exercises(ROOT)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from flashlib import course
-
 from flashlib.course import grading, self_check
+
 ROOT = Path(__file__).resolve().parent.parent
 MUTANTS = ROOT / "tests" / "mutants"
 

@@ -11,8 +11,8 @@ pass from two, ``memory_problem`` a loop that keeps O(1) state from one that kee
 
 Limits: ``ReadRecorder`` sees only the accesses made through it, and ``peak_allocation`` only what
 tracemalloc traces in this process (Python objects and NumPy's buffers, not torch's); under
-``flashlib grade`` the learner's functions are proxies (``runs_in_sandbox``) and memory checks do
-not apply.
+``flashlib grade`` the learner's functions are proxies in another process, so memory checks are
+marked ``not_under_grade`` and left out there.
 """
 import numpy as np
 
@@ -197,11 +197,18 @@ def peak_allocation(fn, *args, **kwargs) -> int:
             tracemalloc.stop()
 
 
-def runs_in_sandbox(fn) -> bool:
-    """True for a proxy of a student's function that runs in ``flashlib.course.sandbox``'s confined
-    process (``flashlib grade``): memory measured here would be the proxy's own copies, not the
-    student's, so memory checks do not apply there (they do in ``flashlib check`` and pytest)."""
-    return type(fn).__module__ == "flashlib.course.sandbox"
+def not_under_grade(check_fn):
+    """Mark a check that cannot run under ``flashlib grade``: it measures the learner's memory in
+    this process, and there the learner's code runs in another. ``grade`` leaves it out of the
+    exercise's checks and total (``under_grade``), so it counts neither as passed nor as failed;
+    ``flashlib check`` and pytest run it."""
+    check_fn.under_grade = False
+    return check_fn
+
+
+def under_grade(checks) -> list:
+    """The checks ``flashlib grade`` runs and counts (all but ``not_under_grade`` ones)."""
+    return [c for c in checks if getattr(c, "under_grade", True)]
 
 
 def memory_problem(fn, make_args, sizes, per_position, what="columns") -> str | None:

@@ -24,7 +24,6 @@ Statuses: "passed", "failed", "not done", "missing", "error: ...", "timeout (...
 "crashed (...)", "not accepted: ...". Every student gets the same seed (the same inputs).
 """
 import ast
-import csv
 import hashlib
 import os
 import pickle
@@ -38,7 +37,9 @@ import time
 from pathlib import Path
 
 from . import sandbox
-from .files import find_root, implementation_path, list_exercises, no_root_message, resolve, short
+from .checks import under_grade
+from .class_report import format_table, summary, write_csv
+from .files import find_root, implementation_path, list_exercises, no_root_message, resolve
 from .grading import default_seed, run_one
 from .integrity import NOT_ACCEPTED, borrowed as _borrowed, flashlib_uses
 
@@ -191,8 +192,17 @@ def _status(results):
     if "not done" in statuses:
         return "not done"
     if "error" in statuses:
-        return "error: " + next(r.message for r in results if r.status == "error").splitlines()[0]
+        return "error: " + _cut(next(r.message for r in results if r.status == "error"))
     return "failed"
+
+
+MAX_MESSAGE = 300   # characters of a student's error text that reach the CSV and the table
+
+
+def _cut(text: str) -> str:
+    """The first line of a student's error text, at most MAX_MESSAGE characters."""
+    line = (text.splitlines() or [""])[0]
+    return line if len(line) <= MAX_MESSAGE else line[:MAX_MESSAGE - 3] + "..."
 
 
 def _crash(gone, box):
@@ -246,12 +256,13 @@ def _grade(student, name, files, filename, deadline):
         elif reply["status"] == "error":
             e = reply["error"]
             line = f" (line {e['line']})" if e.get("line") else ""
-            message = f"{e['type']}: {e['message']}".splitlines()[0] if e["message"] else e["type"]
+            message = _cut(f"{e['type']}: {e['message']}") if e["message"] else e["type"]
             status = f"error: your file fails on import: {message}{line}"
         else:
-            results = [run_one(check, student_.impl, _W["seed"]) for check in grader.CHECKS]
+            gradable = under_grade(grader.CHECKS)
+            results = [run_one(check, student_.impl, _W["seed"]) for check in gradable]
             student_.finish()
-            passed, status = min(sum(r.status == "ok" for r in results), len(grader.CHECKS)), \
+            passed, status = min(sum(r.status == "ok" for r in results), len(gradable)), \
                 _status(results)
     except sandbox.SandboxTimeout:
         passed, status = 0, f"timeout (over {_W['timeout']:g} s)"
@@ -296,8 +307,16 @@ def _restore(folder, before):
 
 
 def _student_files(folder):
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*.py"))
-            if p.is_file() and not p.is_symlink() and p.stat().st_size <= MAX_FILE}
+    """{relative path: bytes} of the .py files in ``folder``: regular files only, found without
+    following a link (a linked file or folder, e.g. to another student's, is not graded)."""
+    files = {}
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        for name in sorted(filenames):
+            p = Path(dirpath, name)
+            if p.suffix == ".py" and not p.is_symlink() and p.is_file() and \
+                    p.stat().st_size <= MAX_FILE:
+                files[str(p.relative_to(folder))] = p.read_bytes()
+    return dict(sorted(files.items()))
 
 
 def _hidden(root, submissions, run_dir):
@@ -335,24 +354,28 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
     graders = {n: (str(root / "tests" / "exercises" / f"test_{n}.py"),
                    (root / "tests" / "exercises" / f"test_{n}.py").read_text(encoding="utf-8"))
                for n in names}
-    totals = {n: len(sandbox.module_from_source(*graders[n], f"_flashlib_grader_{n}").CHECKS)
-              for n in names}
+    totals = {n: len(under_grade(
+        sandbox.module_from_source(*graders[n], f"_flashlib_grader_{n}").CHECKS)) for n in names}
     stub = lambda n: root / "exercises" / f"{n}.py"  # noqa: E731
     stubs = {n: stub(n).read_text(encoding="utf-8") for n in names if stub(n).is_file()}
     students = sorted(p for p in submissions.iterdir()
                       if p.is_dir() and not p.name.startswith((".", "_")))
+    linked = {p.name for p in students if p.is_symlink()}   # graded as missing, said so
     seed = default_seed() if seed is None else int(seed)
     jobs = jobs or os.cpu_count() or 1
     before = _read_tree(submissions)
 
     rows, tasks = {}, []
     for student in students:
-        folder = student / "exercises" if (student / "exercises").is_dir() else student
-        files = _student_files(folder)
+        inner = student / "exercises"
+        folder = inner if inner.is_dir() and not inner.is_symlink() else student
+        files = {} if student.name in linked else _student_files(folder)
         for name in names:
             file = implementation_path(name, path=folder)
             rows[student.name, name] = {"student": student.name, "exercise": name, "passed": 0,
-                                        "total": totals[name], "status": "missing", "seconds": 0.0}
+                                        "total": totals[name], "seconds": 0.0,
+                                        "status": "not accepted: the student's folder is a link"
+                                        if student.name in linked else "missing"}
             if str(file.relative_to(folder)) in files:
                 tasks.append((student.name, name, files, str(file.relative_to(folder))))
     run_dir = Path(tempfile.mkdtemp(prefix="flashlib-grade-")).resolve()
@@ -380,55 +403,11 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
     table = [rows[s.name, n] for s in students for n in names]
 
     if out is not None:
-        with open(out, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=["student", "exercise", "passed", "total",
-                                                   "status"], extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(table)
+        write_csv(table, out)
     print(format_table(table, [s.name for s in students], names, seed=seed, out=out))
-    print(_summary(table, time.monotonic() - began, jobs, timeout, mode, why, len(students)))
+    print(summary(table, time.monotonic() - began, jobs, timeout, mode, why, len(students)))
     print(integrity)
     return table
-
-
-def _summary(rows, seconds, jobs, timeout, mode, why, n_students):
-    graded = [r for r in rows if r["status"] != "missing"]
-    slow = max(graded, key=lambda r: r["seconds"], default=None)
-    slowest = f"; slowest: {slow['student']} {short(slow['exercise'])} ({slow['seconds']:.1f} s)" \
-        if slow else ""
-    confined = "read-only private namespaces, no network, no capabilities" \
-        if mode == "namespaces" else f"none ({why}): files ran with your rights"
-    return (f"graded {n_students} students, {len(graded)} files, in {seconds:.0f} s with {jobs} "
-            f"workers ({seconds / max(n_students, 1):.1f} s per student){slowest}; limit "
-            f"{timeout:g} s per file\nconfinement: {confined}")
-
-
-def _short_status(status: str) -> str:
-    return status.split(":")[0].split(" (")[0]
-
-
-def format_table(rows, students, names, *, seed=None, out=None) -> str:
-    """Students down, exercises across: "3/5" per cell, or a one-word status."""
-    cells = {(r["student"], r["exercise"]): r for r in rows}
-    header = ["student", *(short(n) for n in names), "total"]
-    body = []
-    for s in students:
-        line, got, total = [s], 0, 0
-        for n in names:
-            r = cells[s, n]
-            got, total = got + r["passed"], total + r["total"]
-            word = _short_status(r["status"])
-            line.append(f"{r['passed']}/{r['total']}" if word in ("passed", "failed") else word)
-        line.append(f"{got}/{total}")
-        body.append(line)
-    widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]
-    text = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in [header, *body]]
-    foot = []
-    if seed is not None:
-        foot.append(f"seed {seed}")
-    if out is not None:
-        foot.append(f"details (status per exercise) in {out}")
-    return "\n".join(text + ([", ".join(foot)] if foot else []))
 
 
 if __name__ == "__main__":

@@ -168,11 +168,10 @@ def check_one_pass(impl, rng):
         _expect(impl, x, block_size, "the max is in the last block: rescale d when it comes")
 
 
+@checks.not_under_grade
 def check_memory(impl, rng):
     """memory stays O(block_size) as the rows grow (no buffer of the blocks already read)"""
     fn = checks.function(impl, "online_normalizer")
-    if checks.runs_in_sandbox(fn):   # flashlib grade: the student's memory is in another process
-        return
     rows, block_size = 4, int(rng.choice([7, 10, 13]))
     x = 3 * rng.standard_normal((rows, 5000))
     why = checks.memory_problem(lambda t: fn(t, block_size), lambda n: (x[:, :n].copy(),),

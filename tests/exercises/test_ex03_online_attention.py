@@ -240,11 +240,10 @@ def check_one_pass(impl, rng):
                 check_lse=True)
 
 
+@checks.not_under_grade
 def check_memory(impl, rng):
     """memory stays O(Nq D) as the keys grow (no buffer of the scores or keys already read)"""
     fn = checks.function(impl, "online_attention")
-    if checks.runs_in_sandbox(fn):   # flashlib grade: the student's memory is in another process
-        return
     Nq, D = 16, 8
     q, k, v = (rng.standard_normal(s) for s in ((Nq, D), (1500, D), (1500, D)))
     why = checks.memory_problem(lambda *t: fn(*t, scale=0.3),
