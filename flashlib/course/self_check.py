@@ -36,9 +36,9 @@ import time
 from pathlib import Path
 
 from .. import runtime
-from .files import course_root, display_path, implementation_path, list_exercises, \
-    no_root_message, resolve, short
-from .grading import Report, format_report, run_checks
+from .files import (course_root, display_path, implementation_path, list_exercises, load_grader,
+                    no_root_message, resolve, short)
+from .grading import Report, default_seed, format_report, run_checks
 
 TIME_LIMIT_S = 60.0   # per exercise and stage, as `flashlib grade` (classroom.grade's default)
 _CHILD_START_S = 30.0  # a child's own start (import torch, CUDA) on top of its time limit
@@ -248,8 +248,6 @@ def _grade(exercise, *, impl, path, seed, timeout) -> bool:
 
 
 def _has_gpu_checks(exercise) -> bool:
-    from .files import load_grader
-
     return bool(getattr(load_grader(resolve(exercise)), "GPU_CHECKS", ()))
 
 
@@ -262,8 +260,6 @@ def check(exercise, *, impl="exercises", path=None, seed=None, timeout=None) -> 
     raises: an unsolved stub, a syntax error, an exception or a loop that never ends in your
     code is reported, not raised.
     """
-    from .grading import default_seed
-
     seed = default_seed() if seed is None else int(seed)
     timeout = TIME_LIMIT_S if timeout is None else float(timeout)
     try:
@@ -276,8 +272,6 @@ def check(exercise, *, impl="exercises", path=None, seed=None, timeout=None) -> 
 def check_all(*, impl="exercises", path=None, seed=None, timeout=None) -> bool:
     """``check`` every exercise (each with its own time limit); True if all pass. Prints each
     exercise's time."""
-    from .grading import default_seed
-
     names = list_exercises()
     if not names:
         print(no_root_message())
