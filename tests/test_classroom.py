@@ -52,6 +52,8 @@ EXPECTED = {
     ("solution_reader", "ex02"): (r"not accepted: write it yourself \(reads solutions", 0),
     ("broken", "ex01"): (r"error: your file does not parse: SyntaxError: .* \(line 3\)$", 0),
     ("absent", "ex00"): (r"passed$", None),
+    ("bomber", "ex01"): (r"crashed \(a reply the grader cannot read .*items once expanded", 0),
+    ("expander", "ex01"): (r"crashed \(a reply the grader cannot read .*too large once rebuilt", 0),
 }
 
 
@@ -189,6 +191,25 @@ def test_arrays_and_tensor_views_cross_the_wire():
     assert torch.equal(got_view, view) and torch.equal(got_other, other)
     assert got_view.untyped_storage().data_ptr() == got_other.untyped_storage().data_ptr()
     assert got_view.stride() == view.stride() and len(decoder.new_storages) == 1
+
+
+def test_replies_too_large_once_rebuilt_are_refused():
+    """Few bytes on the wire, gigabytes in the grader: nested shared lists, and tensor views that
+    show more elements than their storage holds. A small broadcast view still crosses."""
+    bomb = [0]
+    for _ in range(12):
+        bomb = [bomb] * 10
+    for reply, why in ((bomb, "items once expanded"),
+                       (torch.zeros(1).expand(10_000, 10_000), "too large once rebuilt"),
+                       (torch.zeros(40_000).as_strided((20_000, 20_000), (1, 1)),
+                        "too large once rebuilt")):             # overlapping rows: 4e8 elements
+        frame, _ = sandbox.encode(reply)
+        assert len(frame) < 200_000
+        with pytest.raises(pickle.UnpicklingError, match=why):
+            sandbox.decode(frame[4:], restricted=True)
+    small = torch.arange(3.0).expand(4, 3)
+    got, _ = sandbox.decode(sandbox.encode(small)[0][4:], restricted=True)
+    assert torch.equal(got, small)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="grade runs kernels through the "

@@ -36,7 +36,8 @@ def _shown(name: str) -> str:
 def summary(rows, seconds, jobs, timeout, mode, why, n_students):
     graded = [r for r in rows if r["status"] != "missing"]
     slow = max(graded, key=lambda r: r["seconds"], default=None)
-    slowest = f"; slowest: {slow['student']} {short(slow['exercise'])} ({slow['seconds']:.1f} s)" \
+    slowest = (f"; slowest: {_shown(slow['student'])} {short(slow['exercise'])} "
+               f"({slow['seconds']:.1f} s)") \
         if slow else ""
     confined = "read-only private namespaces, no network, no capabilities" \
         if mode == "namespaces" else f"none ({why}): files ran with your rights"

@@ -138,8 +138,11 @@ class _Decoder(pickle.Unpickler):
                 if i not in self.new_storages:
                     self.new_storages[i] = _storage_from(self.buffers[i], device)
                 storage = self.new_storages[i]
+            size, stride = tuple(int(n) for n in size), tuple(int(n) for n in stride)
+            if self.restricted:
+                _check_view(size, stride, storage.nbytes() // dtype.itemsize)
             return torch.empty(0, dtype=dtype, device=storage.device).set_(
-                storage, int(offset), tuple(int(n) for n in size), tuple(int(n) for n in stride))
+                storage, int(offset), size, stride)
         if kind == "student" and self.extra is not None:
             return self.extra(pid)
         raise pickle.UnpicklingError(f"unknown persistent id {kind!r}")
@@ -163,7 +166,49 @@ def decode(data, *, restricted, storages=(), extra=None):
         raise pickle.UnpicklingError("malformed frame")
     decoder = _Decoder(io.BytesIO(body), buffers, restricted=restricted, storages=storages,
                        extra=extra)
-    return decoder.load(), decoder
+    message = decoder.load()
+    if restricted:
+        _check_size(message)
+    return message, decoder
+
+
+MAX_ITEMS = 1 << 20         # container entries a reply may hold, counting each reference
+MAX_DEPTH = 64              # how deeply its containers may nest
+MAX_VIEW = 1 << 24          # elements a tensor view may show beyond its storage's own
+
+
+def _check_view(size, stride, storage_elements):
+    """Refuse a tensor view that shows more elements than its storage holds (a broadcast, zero-
+    stride or overlapping view: ``torch.zeros(1).expand(10**4, 10**4)`` is 4 bytes on the wire
+    and 400 MB once the grader computes with it), beyond MAX_VIEW elements."""
+    numel = 1
+    for n in size:
+        numel *= n
+    if any(n < 0 for n in size) or any(st < 0 for st in stride) or \
+            numel > max(storage_elements, MAX_VIEW):
+        raise pickle.UnpicklingError(f"a tensor view of shape {size} and strides {stride} over "
+                                     f"{storage_elements} elements: too large once rebuilt")
+
+
+def _check_size(message) -> None:
+    """Refuse a reply whose containers are too many or too deep once expanded: pickle shares
+    repeated objects, so ``[[[0] * 10] * 10] * ...`` is a few hundred bytes on the wire and
+    gigabytes as the grader walks it. Each reference counts; the walk stops at the budget."""
+    count, stack = 0, [(message, 0)]
+    while stack:
+        obj, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise pickle.UnpicklingError(f"a reply nested more than {MAX_DEPTH} deep")
+        if isinstance(obj, dict):
+            items = [*obj.keys(), *obj.values()]
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            items = obj
+        else:
+            continue
+        count += len(items)
+        if count > MAX_ITEMS:
+            raise pickle.UnpicklingError(f"a reply of more than {MAX_ITEMS} items once expanded")
+        stack.extend((item, depth + 1) for item in items)
 
 
 # ---------------------------------------------------------------------------------------------
