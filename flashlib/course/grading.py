@@ -29,6 +29,7 @@ This module runs a grader's checks on one file and reports: ``run_checks``, ``ru
 import os
 import re
 import secrets
+import textwrap
 import traceback
 import warnings
 from dataclasses import dataclass, field
@@ -83,8 +84,10 @@ def default_seed() -> int:
 
 
 def check_title(check_fn) -> str:
+    """What a check tests: the first paragraph of its docstring on one line (a title that wraps
+    in the source is not cut mid-sentence), or its name."""
     doc = (check_fn.__doc__ or check_fn.__name__).strip()
-    return doc.splitlines()[0].rstrip(".")
+    return " ".join(doc.split("\n\n")[0].split()).rstrip(".")
 
 
 def _chain(exc) -> list:
@@ -302,7 +305,8 @@ def format_report(report: Report) -> str:
     for r in report.results:
         tag = {"ok": "ok  ", "failed": "FAIL", "error": "ERR ",
                "not done": "todo"}.get(r.status, "----")
-        lines.append(f"  {tag}  {r.title}")
+        lines.append(textwrap.fill(r.title, width=100, initial_indent=f"  {tag}  ",
+                                   subsequent_indent=" " * 8))
         for line in r.message.splitlines() if r.status != "ok" else []:
             line = line.strip()
             if line.startswith("hint:"):  # say a hint once, not under every failing check
