@@ -23,6 +23,12 @@ def default_scale(D: int) -> float:
     return 1.0 / math.sqrt(D)
 
 
+def resolve_scale(scale, D: int) -> float:
+    """``scale`` as a float, or ``default_scale(D)`` when it is None (not validated: the public
+    functions validate it in ``check_inputs``)."""
+    return default_scale(D) if scale is None else float(scale)
+
+
 def check_inputs(q, k, v, *, scale=None, causal=False):
     """Validate q, k, v for the kernels; return the resolved scale. Errors name the argument."""
     for name, t in (("q", q), ("k", k), ("v", v)):

@@ -22,7 +22,7 @@ import math
 import numpy as np
 import torch
 
-from .inputs import check_qkv, default_scale
+from .inputs import check_qkv, resolve_scale
 
 _CHUNK_ELEMENTS = 1 << 26  # score-matrix elements per chunk of query rows (512 MiB in float64)
 
@@ -50,7 +50,7 @@ def attention_ref(q, k, v, *, causal=False, scale=None, mask=None):
         if mask is not None:
             mask = torch.from_numpy(np.ascontiguousarray(mask))
     B, Hq, Hkv, Nq, Nk, D = check_qkv(q, k, v)
-    scale = default_scale(D) if scale is None else float(scale)
+    scale = resolve_scale(scale, D)
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
     group = Hq // Hkv
     k = k.repeat_interleave(group, dim=1)  # (B, Hq, Nk, D)
@@ -90,7 +90,7 @@ def attention_naive(q, k, v, *, causal=False, scale=None, mask=None):
     as ``attention_ref``; returns out only.
     """
     B, Hq, Hkv, Nq, Nk, D = check_qkv(q, k, v)
-    scale = default_scale(D) if scale is None else float(scale)
+    scale = resolve_scale(scale, D)
     k = k.repeat_interleave(Hq // Hkv, dim=1)
     v = v.repeat_interleave(Hq // Hkv, dim=1)
     s = torch.matmul(q, k.transpose(-1, -2)) * scale                  # (B, Hq, Nq, Nk)

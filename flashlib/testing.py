@@ -132,13 +132,13 @@ def attention_magnitudes(q, k, v, dout=None, *, causal=False, scale=None, mask=N
 
     Costs a few (B, H, rows, Nk) float64 matrices per chunk of query rows, like ``attention_ref``.
     """
-    from .inputs import check_qkv, default_scale
+    from .inputs import check_qkv, resolve_scale
     from .reference import _CHUNK_ELEMENTS, causal_mask
 
     as64 = lambda t: None if t is None else torch.as_tensor(t).detach().to(torch.float64)  # noqa: E731
     q, k, v, dout = as64(q), as64(k), as64(v), as64(dout)
     B, Hq, Hkv, Nq, Nk, D = check_qkv(q, k, v)
-    scale = default_scale(D) if scale is None else float(scale)
+    scale = resolve_scale(scale, D)
     group = Hq // Hkv
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, Hq, Nk, D)
     if mask is not None:

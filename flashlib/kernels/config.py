@@ -17,7 +17,7 @@ import torch
 import triton
 
 from .. import runtime
-from ..inputs import default_scale
+from ..inputs import resolve_scale
 
 INTERPRETER_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64}
 KEY = ["n_bucket", "BLOCK_D", "CAUSAL", "DOT_PRECISION"]
@@ -124,5 +124,5 @@ def prologue(q, *tensors, scale=None, allow_tf32=False):
     tensors = [t if t.stride(-1) == 1 else t.contiguous() for t in (q, *tensors)]
     if runtime.INTERPRET and dtype == torch.bfloat16:
         tensors = [t.float() for t in tensors]
-    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    scale = resolve_scale(scale, q.shape[-1])
     return tensors, scale, "tf32" if allow_tf32 else "ieee", dtype

@@ -24,7 +24,7 @@ Limits: readable, not fast (Python loops over blocks); no dropout, no GQA.
 
 import numpy as np
 
-from ..inputs import default_scale
+from ..inputs import resolve_scale
 
 __all__ = ["standard_attention", "online_attention", "fa1_forward", "fa2_tile_update",
            "fa2_forward", "fa2_dkdv_update", "fa2_backward", "causal_block_range",
@@ -45,11 +45,6 @@ def as_float_arrays(q, k, v):
         raise ValueError(f"k {k.shape} must match q {q.shape} in leading dims and headdim")
     dtype = np.result_type(q, k, v)
     return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False)
-
-
-def resolve_scale(scale, D):
-    """``scale``, or 1/sqrt(D) when it is None (``flashlib.inputs.default_scale``)."""
-    return default_scale(D) if scale is None else float(scale)
 
 
 def tile_mask(q_start, k_start, block_q, block_k, Nq, Nk, causal):
