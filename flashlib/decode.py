@@ -20,8 +20,9 @@ from typing import Optional
 import torch
 
 from . import runtime
+from .inputs import SUPPORTED_DTYPES, check_inputs, check_score_mods
+from .kernels import score_mod
 from .kernels.decode import flash_decode_forward
-from .inputs import SUPPORTED_DTYPES, check_inputs
 
 
 def check_decode_inputs(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=None):
@@ -54,7 +55,7 @@ def check_decode_inputs(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=N
 
 
 def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=None,
-                 return_lse=False):
+                 softcap=None, alibi_slopes=None, return_lse=False):
     """Attention of a few new query tokens over a KV cache, with Flash-Decoding's split-KV kernels.
 
     q: (batch, heads_q, n_new, headdim), n_new small (1 for plain decoding, a few for
@@ -65,18 +66,23 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, sc
     bottom-right causally: new token i sees cache position j iff j <= i + L - n_new.
     num_splits: chunks each sequence's keys are split into (None: picked from the GPU's SM count,
     the batch, heads and max_len); any value gives the same result up to rounding.
-    scale: multiplies q k^T; defaults to 1/sqrt(headdim). float16, bfloat16, float32 (exact dots);
+    scale: multiplies q k^T; defaults to 1/sqrt(headdim). softcap, alibi_slopes: score modifiers
+    as in ``flash_attention``; ALiBi's distance is from the new token's position, i + L - n_new,
+    to the key's. float16, bfloat16, float32 (exact dots);
     head dims up to 256; CUDA tensors, or CPU tensors through Triton's interpreter.
     Returns out (like q) or (out, lse) with lse (batch, heads_q, n_new) float32, natural log. A
     row with nothing to attend to (L = 0, or n_new > L) gets out 0 and lse -inf. No gradient.
     """
     scale = check_decode_inputs(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
                                 num_splits=num_splits, scale=scale)
+    softcap = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes)
     if torch.compiler.is_compiling():
-        out, lse = _flash_decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, scale)
+        out, lse = _flash_decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, scale, softcap,
+                                    alibi_slopes)
     else:
         out, lse = flash_decode_forward(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
-                                        scale=scale, return_lse=return_lse)
+                                        scale=scale, return_lse=return_lse,
+                                        score_mod=score_mod.make(q, softcap, alibi_slopes))
     return (out, lse) if return_lse else out
 
 
@@ -86,13 +92,15 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, sc
 @torch.library.custom_op("flashlib::flash_decode", mutates_args=())
 def _flash_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      cache_seqlens: Optional[torch.Tensor], num_splits: Optional[int],
-                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                     scale: float, softcap: Optional[float], alibi_slopes: Optional[torch.Tensor]
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     return flash_decode_forward(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
-                                scale=scale, return_lse=True, cached_scratch=False)
+                                scale=scale, return_lse=True, cached_scratch=False,
+                                score_mod=score_mod.make(q, softcap, alibi_slopes))
 
 
 @_flash_decode_op.register_fake
-def _(q, k_cache, v_cache, cache_seqlens, num_splits, scale):
+def _(q, k_cache, v_cache, cache_seqlens, num_splits, scale, softcap, alibi_slopes):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 

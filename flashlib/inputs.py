@@ -80,3 +80,31 @@ def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int]:
         raise ValueError(f"heads_q={Hq} is not a multiple of heads_kv={Hkv}: each key/value "
                          "head must serve a whole group of query heads")
     return B, Hq, Hkv, Nq, Nk, D
+
+
+def check_score_mods(q, *, softcap=None, alibi_slopes=None):
+    """Validate the score modifiers for q (B, Hq, ...): ``softcap`` a positive finite float or
+    None; ``alibi_slopes`` a float32 tensor (Hq,) or (B, Hq) on q's device with finite values, or
+    None. Returns softcap as a float (or None)."""
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) \
+                or not math.isfinite(softcap) or softcap <= 0:
+            raise ValueError(f"softcap must be a positive finite number or None, got {softcap!r}")
+        softcap = float(softcap)
+    if alibi_slopes is not None:
+        B, Hq = q.shape[0], q.shape[1]
+        if not isinstance(alibi_slopes, torch.Tensor):
+            raise TypeError(f"alibi_slopes must be a torch.Tensor or None, got "
+                            f"{type(alibi_slopes).__name__}")
+        if alibi_slopes.dtype != torch.float32:
+            raise TypeError(f"alibi_slopes has dtype {alibi_slopes.dtype}; expected torch.float32")
+        if tuple(alibi_slopes.shape) not in ((Hq,), (B, Hq)):
+            raise ValueError(f"alibi_slopes must have shape ({Hq},) or ({B}, {Hq}), one slope per "
+                             f"query head, got {tuple(alibi_slopes.shape)}")
+        if alibi_slopes.device != q.device:
+            raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {q.device}")
+        # values are read only on the host (a device sync per call otherwise) and eagerly
+        if alibi_slopes.device.type == "cpu" and not torch.compiler.is_compiling() \
+                and not bool(torch.isfinite(alibi_slopes).all()):
+            raise ValueError("alibi_slopes holds a value that is not finite")
+    return softcap

@@ -8,10 +8,12 @@ before any kernel is compiled. Under torch.compile, ``flash_attention`` and
 ``block_sparse_attention`` reach the same launchers through custom ops (two each) instead of the
 autograd.Functions (see ``_fa2_forward_op``, ``_bs_forward_op``).
 """
+from typing import Optional
 
 import torch
 
-from .inputs import check_inputs
+from .inputs import check_inputs, check_score_mods
+from .kernels import score_mod
 from .kernels.fa2_fwd import fa2_forward
 from .masks import KernelView
 
@@ -20,11 +22,11 @@ class FlashAttention(torch.autograd.Function):
     """FA2 forward and backward as one autograd node; saves q, k, v, out, lse (O(N) memory)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale):
-        out, lse = fa2_forward(q, k, v, causal=causal, scale=scale)
+    def forward(ctx, q, k, v, causal, scale, mod):   # mod: a kernels.score_mod.ScoreMod
+        out, lse = fa2_forward(q, k, v, causal=causal, scale=scale, score_mod=mod)
         ctx.set_materialize_grads(False)   # lse's gradient: None, not a zeros tensor per call
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.scale = causal, scale
+        ctx.causal, ctx.scale, ctx.mod = causal, scale, mod
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -33,9 +35,10 @@ class FlashAttention(torch.autograd.Function):
         from .kernels.fa2_bwd import fa2_backward
         q, k, v, out, lse = ctx.saved_tensors
         if dout is None:   # out took no part in the loss
-            return None, None, None, None, None
-        dq, dk, dv = fa2_backward(q, k, v, out, lse, dout, causal=ctx.causal, scale=ctx.scale)
-        return dq, dk, dv, None, None
+            return None, None, None, None, None, None
+        dq, dk, dv = fa2_backward(q, k, v, out, lse, dout, causal=ctx.causal, scale=ctx.scale,
+                                  score_mod=ctx.mod)
+        return dq, dk, dv, None, None, None
 
 
 # Under torch.compile, Dynamo cannot trace into the launchers (fast_launch's memo, a @triton.jit
@@ -44,44 +47,51 @@ class FlashAttention(torch.autograd.Function):
 # the compiler, which fuses the code around them and, with mode="reduce-overhead", captures them in
 # CUDA graphs. Outside compilation the autograd.Function above costs less host time per call.
 @torch.library.custom_op("flashlib::fa2_forward", mutates_args=())
-def _fa2_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return fa2_forward(q, k, v, causal=causal, scale=scale)
+def _fa2_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                    softcap: Optional[float], alibi_slopes: Optional[torch.Tensor]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    return fa2_forward(q, k, v, causal=causal, scale=scale,
+                       score_mod=score_mod.make(q, softcap, alibi_slopes))
 
 
 @_fa2_forward_op.register_fake
-def _(q, k, v, causal, scale):
+def _(q, k, v, causal, scale, softcap, alibi_slopes):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("flashlib::fa2_backward", mutates_args=())
 def _fa2_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                     lse: torch.Tensor, dout: torch.Tensor, causal: bool,
-                     scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     lse: torch.Tensor, dout: torch.Tensor, causal: bool, scale: float,
+                     softcap: Optional[float], alibi_slopes: Optional[torch.Tensor]
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from .kernels.fa2_bwd import fa2_backward
-    return fa2_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
+    return fa2_backward(q, k, v, out, lse, dout, causal=causal, scale=scale,
+                        score_mod=score_mod.make(q, softcap, alibi_slopes))
 
 
 @_fa2_backward_op.register_fake
-def _(q, k, v, out, lse, dout, causal, scale):
+def _(q, k, v, out, lse, dout, causal, scale, softcap, alibi_slopes):
     # as fa2_backward: empty_like of each input, made contiguous only if its last dim is strided
     return tuple(torch.empty_like(t if t.stride(-1) == 1 else t.contiguous()) for t in (q, k, v))
 
 
 def _save_for_op_backward(ctx, inputs, output):
-    q, k, v, ctx.causal, ctx.scale = inputs
+    q, k, v, ctx.causal, ctx.scale, ctx.softcap, ctx.alibi_slopes = inputs
     ctx.save_for_backward(q, k, v, *output)
 
 
 def _op_backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
-    return (*_fa2_backward_op(q, k, v, out, lse, dout, ctx.causal, ctx.scale), None, None)
+    grads = _fa2_backward_op(q, k, v, out, lse, dout, ctx.causal, ctx.scale, ctx.softcap,
+                             ctx.alibi_slopes)
+    return (*grads, None, None, None, None)
 
 
 _fa2_forward_op.register_autograd(_op_backward, setup_context=_save_for_op_backward)
 
 
-def flash_attention(q, k, v, *, causal=False, scale=None, return_lse=False):
+def flash_attention(q, k, v, *, causal=False, scale=None, softcap=None, alibi_slopes=None,
+                    return_lse=False):
     """Exact attention with FlashAttention-2 kernels, differentiable through torch.autograd.
 
     q: (batch, heads_q, seqlen_q, headdim); k, v: (batch, heads_kv, seqlen_k, headdim) with
@@ -97,15 +107,20 @@ def flash_attention(q, k, v, *, causal=False, scale=None, return_lse=False):
              x x x x                  x x . .
 
     scale: multiplies q k^T; defaults to 1/sqrt(headdim).
+    softcap: a positive float (Gemma 2's logit softcap): scaled scores s become
+    ``softcap * tanh(s / softcap)``. alibi_slopes: float32 (heads_q,) or (batch, heads_q): the
+    bias ``-slope * |i + seqlen_k - seqlen_q - j|`` is added after the softcap, before the causal
+    mask and the softmax (ALiBi). Both are differentiable in q, k, v; None: not applied.
     return_lse: also return lse (batch, heads_q, seqlen_q), float32, natural log.
     Returns out (like q) or (out, lse). A query row with no key to attend to gets out = 0 and
     lse = -inf.
     """
     scale = check_inputs(q, k, v, scale=scale, causal=causal)
+    softcap = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes)
     if torch.compiler.is_compiling():
-        out, lse = _fa2_forward_op(q, k, v, causal, scale)
+        out, lse = _fa2_forward_op(q, k, v, causal, scale, softcap, alibi_slopes)
     else:
-        out, lse = FlashAttention.apply(q, k, v, causal, scale)
+        out, lse = FlashAttention.apply(q, k, v, causal, scale, score_mod.make(q, softcap, alibi_slopes))
     return (out, lse) if return_lse else out
 
 
@@ -113,12 +128,12 @@ class BlockSparseAttention(torch.autograd.Function):
     """Block-sparse forward and backward as one autograd node; saves q, k, v, out, lse."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, scale):   # mask: a masks.KernelView
+    def forward(ctx, q, k, v, mask, scale, mod):   # mask: a masks.KernelView; mod: a ScoreMod
         from .kernels.block_sparse import block_sparse_forward
-        out, lse = block_sparse_forward(q, k, v, mask, scale=scale)
+        out, lse = block_sparse_forward(q, k, v, mask, scale=scale, score_mod=mod)
         ctx.set_materialize_grads(False)   # lse's gradient: None, not a zeros tensor per call
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mask, ctx.scale = mask, scale
+        ctx.mask, ctx.scale, ctx.mod = mask, scale, mod
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -127,13 +142,14 @@ class BlockSparseAttention(torch.autograd.Function):
         from .kernels.block_sparse import block_sparse_backward
         q, k, v, out, lse = ctx.saved_tensors
         if dout is None:   # out took no part in the loss
-            return None, None, None, None, None
-        dq, dk, dv = block_sparse_backward(q, k, v, out, lse, dout, ctx.mask, scale=ctx.scale)
-        return dq, dk, dv, None, None
+            return None, None, None, None, None, None
+        dq, dk, dv = block_sparse_backward(q, k, v, out, lse, dout, ctx.mask, scale=ctx.scale,
+                                           score_mod=ctx.mod)
+        return dq, dk, dv, None, None, None
 
 
 def block_sparse_attention(q, k, v, block_mask, *, block_size=128, causal=False, scale=None,
-                           return_lse=False):
+                           softcap=None, alibi_slopes=None, return_lse=False):
     """Exact attention restricted to a block mask; blocks the mask leaves out are never loaded.
 
     q: (batch, heads_q, seqlen_q, headdim); k, v: (batch, heads_kv, seqlen_k, headdim), as
@@ -144,17 +160,21 @@ def block_sparse_attention(q, k, v, block_mask, *, block_size=128, causal=False,
     ``flashlib.masks``: causal, sliding window, document, ...), whose element-wise rule is applied
     exactly inside the partial blocks (its own block size is used).
     causal: also apply the bottom-right causal rule (query i sees key j iff j <= i + seqlen_k -
-    seqlen_q, as in ``flash_attention``). scale: defaults to 1/sqrt(headdim).
-    Returns out (like q) or (out, lse); a query with no key to attend to gets out = 0, lse = -inf.
+    seqlen_q, as in ``flash_attention``). scale: defaults to 1/sqrt(headdim). softcap,
+    alibi_slopes: score modifiers, as in ``flash_attention`` (ALiBi's distance is i + seqlen_k -
+    seqlen_q - j whatever the mask). Returns out (like q) or (out, lse); a query with no key to
+    attend to gets out = 0, lse = -inf.
     With an all-true mask this is ``flash_attention``.
     """
     scale = check_inputs(q, k, v, scale=scale, causal=causal)
+    softcap = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes)
     mask = _resolve_mask(q, k, block_mask, block_size, causal)
     view = mask.kernel_view()
     if torch.compiler.is_compiling():
-        out, lse = _bs_forward_op(q, k, v, view.tables(), view.layout(), scale)
+        out, lse = _bs_forward_op(q, k, v, view.tables(), view.layout(), scale, softcap, alibi_slopes)
     else:
-        out, lse = BlockSparseAttention.apply(q, k, v, view, scale)
+        out, lse = BlockSparseAttention.apply(q, k, v, view, scale,
+                                              score_mod.make(q, softcap, alibi_slopes))
     return (out, lse) if return_lse else out
 
 
@@ -189,38 +209,44 @@ def _resolve_mask(q, k, block_mask, block_size, causal):
 
 @torch.library.custom_op("flashlib::block_sparse_forward", mutates_args=())
 def _bs_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: list[torch.Tensor],
-                   layout: list[int], scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                   layout: list[int], scale: float, softcap: Optional[float],
+                   alibi_slopes: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     from .kernels.block_sparse import block_sparse_forward
-    return block_sparse_forward(q, k, v, KernelView.from_args(tables, layout), scale=scale)
+    return block_sparse_forward(q, k, v, KernelView.from_args(tables, layout), scale=scale,
+                                score_mod=score_mod.make(q, softcap, alibi_slopes))
 
 
 @_bs_forward_op.register_fake
-def _(q, k, v, tables, layout, scale):
+def _(q, k, v, tables, layout, scale, softcap, alibi_slopes):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("flashlib::block_sparse_backward", mutates_args=())
 def _bs_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                     lse: torch.Tensor, dout: torch.Tensor, tables: list[torch.Tensor],
-                    layout: list[int], scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    layout: list[int], scale: float, softcap: Optional[float],
+                    alibi_slopes: Optional[torch.Tensor]
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from .kernels.block_sparse import block_sparse_backward
-    return block_sparse_backward(q, k, v, out, lse, dout, KernelView.from_args(tables, layout), scale=scale)
+    return block_sparse_backward(q, k, v, out, lse, dout, KernelView.from_args(tables, layout),
+                                 scale=scale, score_mod=score_mod.make(q, softcap, alibi_slopes))
 
 
 @_bs_backward_op.register_fake
-def _(q, k, v, out, lse, dout, tables, layout, scale):
+def _(q, k, v, out, lse, dout, tables, layout, scale, softcap, alibi_slopes):
     return tuple(torch.empty_like(t if t.stride(-1) == 1 else t.contiguous()) for t in (q, k, v))
 
 
 def _save_for_bs_backward(ctx, inputs, output):
-    q, k, v, tables, ctx.layout, ctx.scale = inputs
+    q, k, v, tables, ctx.layout, ctx.scale, ctx.softcap, ctx.alibi_slopes = inputs
     ctx.save_for_backward(q, k, v, *output, *tables)
 
 
 def _bs_op_backward(ctx, dout, dlse):
     q, k, v, out, lse, *tables = ctx.saved_tensors
-    grads = _bs_backward_op(q, k, v, out, lse, dout, tables, ctx.layout, ctx.scale)
-    return (*grads, [None] * len(tables), None, None)       # the tables' entry is a list
+    grads = _bs_backward_op(q, k, v, out, lse, dout, tables, ctx.layout, ctx.scale, ctx.softcap,
+                            ctx.alibi_slopes)
+    return (*grads, [None] * len(tables), None, None, None, None)   # the tables' entry is a list
 
 
 _bs_forward_op.register_autograd(_bs_op_backward, setup_context=_save_for_bs_backward)

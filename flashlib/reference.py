@@ -15,6 +15,8 @@ Conventions shared by the whole library:
           x x x .                    x . . .
           x x x x                    x x . .
 
+- score modifiers (``modify_scores``) act on the scaled scores before the mask: the logit softcap
+  ``softcap * tanh(s / softcap)`` (Gemma 2), then ALiBi's bias ``-slope_h * |i + Nk - Nq - j|``;
 - a row with nothing to attend to returns zeros and lse = -inf, never NaN.
 """
 import math
@@ -34,13 +36,31 @@ def causal_mask(seqlen_q: int, seqlen_k: int, device=None) -> torch.Tensor:
     return j <= i + (seqlen_k - seqlen_q)
 
 
-def attention_ref(q, k, v, *, causal=False, scale=None, mask=None):
+def modify_scores(s, q_pos, *, softcap=None, alibi_slopes=None):
+    """The score modifiers on scaled scores s (B, Hq, rows, Nk): the softcap, then ALiBi's bias.
+
+    q_pos: (rows,) the rows' positions on the key axis (query i of Nq is at i + Nk - Nq, as in
+    the kernels' hook, ``flashlib.kernels.score_mod``). softcap: a positive float or None.
+    alibi_slopes: (Hq,) or (B, Hq), or None; key j gets the bias ``-slope * |q_pos - j|``.
+    """
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:
+        slopes = torch.as_tensor(alibi_slopes, dtype=s.dtype, device=s.device)
+        slopes = slopes.reshape(-1 if slopes.ndim == 2 else 1, slopes.shape[-1], 1, 1)  # (B|1, Hq, 1, 1)
+        j = torch.arange(s.shape[-1], device=s.device)
+        s = s - slopes * (q_pos.to(s.device)[:, None] - j[None, :]).abs()             # (.., rows, Nk)
+    return s
+
+
+def attention_ref(q, k, v, *, causal=False, scale=None, mask=None, softcap=None, alibi_slopes=None):
     """Exact attention in float64. Returns ``(out, lse)``.
 
     q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D) with Hq % Hkv == 0. torch tensors or NumPy arrays
     (the result is of the same kind, float64, on q's device).
     causal: bottom-right aligned (see the module docstring). scale: defaults to 1/sqrt(D).
     mask: optional bool, broadcastable to (B, Hq, Nq, Nk); True where a query may attend a key.
+    softcap, alibi_slopes: score modifiers, see ``modify_scores``.
     Returns out (B, Hq, Nq, D) and lse (B, Hq, Nq) = logsumexp of the scaled, masked scores
     (natural log); a row with no key to attend to has out = 0 and lse = -inf.
     """
@@ -67,6 +87,8 @@ def attention_ref(q, k, v, *, causal=False, scale=None, mask=None):
     for start in range(0, Nq, rows):
         stop = min(Nq, start + rows)
         s = torch.matmul(q[:, :, start:stop], k.transpose(-1, -2)) * scale  # (B, Hq, n, Nk)
+        s = modify_scores(s, torch.arange(start, stop) + (Nk - Nq), softcap=softcap,
+                          alibi_slopes=alibi_slopes)
         allowed = torch.ones_like(s, dtype=torch.bool)
         if causal:
             allowed = allowed & causal_mask(Nq, Nk, q.device)[start:stop]
@@ -83,17 +105,18 @@ def attention_ref(q, k, v, *, causal=False, scale=None, mask=None):
     return out, lse
 
 
-def attention_naive(q, k, v, *, causal=False, scale=None, mask=None):
+def attention_naive(q, k, v, *, causal=False, scale=None, mask=None, softcap=None, alibi_slopes=None):
     """Textbook attention in the inputs' own dtype (the baseline for tolerances and benchmarks).
 
-    Materialises the (B, Hq, Nq, Nk) score matrix: O(N^2) memory. Same conventions (and ``mask``)
-    as ``attention_ref``; returns out only.
+    Materialises the (B, Hq, Nq, Nk) score matrix: O(N^2) memory. Same conventions (``mask``,
+    ``softcap``, ``alibi_slopes``) as ``attention_ref``; returns out only.
     """
     B, Hq, Hkv, Nq, Nk, D = check_qkv(q, k, v)
     scale = resolve_scale(scale, D)
     k = k.repeat_interleave(Hq // Hkv, dim=1)
     v = v.repeat_interleave(Hq // Hkv, dim=1)
     s = torch.matmul(q, k.transpose(-1, -2)) * scale                  # (B, Hq, Nq, Nk)
+    s = modify_scores(s, torch.arange(Nq) + (Nk - Nq), softcap=softcap, alibi_slopes=alibi_slopes)
     if causal:
         s = s.masked_fill(~causal_mask(Nq, Nk, q.device), -math.inf)
     if mask is not None:

@@ -113,17 +113,19 @@ def assert_close(actual, expected, *, baseline, dtype=None, name="output", magni
     return err
 
 
-def attention_magnitudes(q, k, v, dout=None, *, causal=False, scale=None, mask=None) -> dict:
+def attention_magnitudes(q, k, v, dout=None, *, causal=False, scale=None, mask=None, softcap=None,
+                         alibi_slopes=None) -> dict:
     """The scale of the terms summed into attention's results, for ``tolerance(magnitude=...)``.
 
     Returns {"out", "lse"} (and {"dq", "dk", "dv"} with ``dout``) as floats, each the max over
     the tensor of a first-order bound of that result's rounding error in units of the
     accumulation precision, from the float64 inputs (torch tensors or NumPy arrays; grouped heads,
-    ``causal``, ``scale`` and ``mask`` as in ``attention_ref``):
+    ``causal``, ``scale``, ``mask``, ``softcap`` and ``alibi_slopes`` as in ``attention_ref``):
 
     - a score s = scale q.k is rounded by about |scale| |q|.|k| =: A (B, H, Nq, Nk), so each P_ij
       carries a relative error of about w_ij = 1 + A_ij (1 for exp) plus its row's shared part
-      sum_j P_ij w_ij (through the max and the normaliser);
+      sum_j P_ij w_ij (through the max and the normaliser); a softcap does not add to it (its
+      slope is at most 1), ALiBi's bias adds its own size |b_ij| to A_ij;
     - out_i = sum_j P_ij v_j: P |v| (the sum itself) plus sum_j P_ij w_ij |v_j - out_i| (P's error;
       0 with one key, where P = 1 whatever the rounding), bounded by Cauchy-Schwarz;
     - dS = P (dP - D), dP = dO.v and D = dO.out: P (|dO|.|v| + |dO|.|out| + out's error) for the
@@ -133,7 +135,7 @@ def attention_magnitudes(q, k, v, dout=None, *, causal=False, scale=None, mask=N
     Costs a few (B, H, rows, Nk) float64 matrices per chunk of query rows, like ``attention_ref``.
     """
     from .inputs import check_qkv, resolve_scale
-    from .reference import _CHUNK_ELEMENTS, causal_mask
+    from .reference import _CHUNK_ELEMENTS, causal_mask, modify_scores
 
     as64 = lambda t: None if t is None else torch.as_tensor(t).detach().to(torch.float64)  # noqa: E731
     q, k, v, dout = as64(q), as64(k), as64(v), as64(dout)
@@ -153,6 +155,10 @@ def attention_magnitudes(q, k, v, dout=None, *, causal=False, scale=None, mask=N
         qc = q[:, :, start:stop]                                                   # (B, Hq, n, D)
         s = (qc @ k.transpose(-1, -2)) * scale                                     # (B, Hq, n, Nk)
         a = (qc.abs() @ k.abs().transpose(-1, -2)) * abs(scale)                    # (B, Hq, n, Nk)
+        q_pos = torch.arange(start, stop) + (Nk - Nq)
+        s = modify_scores(s, q_pos, softcap=softcap, alibi_slopes=alibi_slopes)
+        if alibi_slopes is not None:                                               # + |bias|
+            a = a + modify_scores(torch.zeros_like(a), q_pos, alibi_slopes=alibi_slopes).abs()
         allowed = torch.ones_like(s, dtype=torch.bool)
         if causal:
             allowed = allowed & causal_mask(Nq, Nk, q.device)[start:stop]
@@ -188,14 +194,15 @@ def attention_magnitudes(q, k, v, dout=None, *, causal=False, scale=None, mask=N
     return mags
 
 
-def assert_attention_close(out, lse, q, k, v, *, causal=False, scale=None, reference=None, name="out"):
+def assert_attention_close(out, lse, q, k, v, *, causal=False, scale=None, reference=None, name="out",
+                           **score_mods):
     """Check a kernel's ``(out, lse)`` against the float64 oracle; return out's max error.
 
     out must have q's shape and dtype and lse shape (B, Hq, Nq); out within the rule above (the
     baseline: ``attention_naive`` in q's dtype; the floor: ``attention_magnitudes``); lse -inf on
     exactly the rows with no key to attend to and within float32 rounding elsewhere. reference:
     ``attention_ref``'s ``(out, lse)`` when the caller already has it (e.g. with autograd, for
-    the gradients).
+    the gradients). score_mods: ``softcap``, ``alibi_slopes`` as in ``attention_ref``.
     """
     from .reference import attention_naive, attention_ref
 
@@ -204,9 +211,10 @@ def assert_attention_close(out, lse, q, k, v, *, causal=False, scale=None, refer
         raise AssertionError(f"{name}: out {tuple(out.shape)} {out.dtype} and lse {tuple(lse.shape)}; "
                              f"expected {tuple(q.shape)} {q.dtype} and {(B, Hq, Nq)}")
     with torch.no_grad():
-        ref, ref_lse = attention_ref(q, k, v, causal=causal, scale=scale) if reference is None else reference
-        base = attention_naive(q, k, v, causal=causal, scale=scale)
-        mags = attention_magnitudes(q, k, v, causal=causal, scale=scale)
+        ref, ref_lse = attention_ref(q, k, v, causal=causal, scale=scale, **score_mods) \
+            if reference is None else reference
+        base = attention_naive(q, k, v, causal=causal, scale=scale, **score_mods)
+        mags = attention_magnitudes(q, k, v, causal=causal, scale=scale, **score_mods)
     err = assert_close(out, ref, baseline=base, dtype=q.dtype, name=name, magnitude=mags["out"])
     if not torch.equal(torch.isinf(lse).cpu(), torch.isinf(ref_lse).cpu()):
         raise AssertionError(f"lse of {name}: -inf (no key to attend to) in the wrong rows")

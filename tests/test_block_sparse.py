@@ -25,21 +25,23 @@ def rand(*shape, dtype=torch.float32, generator=None):
 
 
 def check_block_sparse(q, k, v, block_mask, dense, *, causal=False, block_size=128, backward=True,
-                       scale=None):
+                       scale=None, **score_mods):
     """Forward (out, lse) and gradients of block_sparse_attention against attention_ref under
-    ``dense`` (bool, broadcast to (B, Hq, Nq, Nk)); baseline: naive masked attention in q's dtype."""
+    ``dense`` (bool, broadcast to (B, Hq, Nq, Nk)); baseline: naive masked attention in q's dtype.
+    score_mods: ``softcap``, ``alibi_slopes``."""
     dtype = q.dtype
     leaves = [t.clone().requires_grad_(backward) for t in (q, k, v)]
     out, lse = block_sparse_attention(*leaves, block_mask, block_size=block_size, causal=causal,
-                                      scale=scale, return_lse=True)
+                                      scale=scale, return_lse=True, **score_mods)
     ref_leaves = [t.double().requires_grad_(backward) for t in (q, k, v)]
-    ref, ref_lse = attention_ref(*ref_leaves, mask=dense, scale=scale)
+    ref, ref_lse = attention_ref(*ref_leaves, mask=dense, scale=scale, **score_mods)
     base_leaves = [t.clone().requires_grad_(backward) for t in (q, k, v)]
-    base = attention_naive(*base_leaves, mask=dense, scale=scale)
+    base = attention_naive(*base_leaves, mask=dense, scale=scale, **score_mods)
     assert out.shape == q.shape and out.dtype == dtype and lse.dtype == torch.float32
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     dout = torch.randn(out.shape, dtype=dtype, device=DEV, generator=torch.Generator(DEV).manual_seed(1))
-    mags = attention_magnitudes(q, k, v, dout if backward else None, mask=dense, scale=scale)  # the floor
+    mags = attention_magnitudes(q, k, v, dout if backward else None, mask=dense, scale=scale,
+                                **score_mods)                                       # the floor
     assert_close(out, ref, baseline=base, dtype=dtype, name="out", magnitude=mags["out"])
     assert torch.equal(torch.isinf(lse).cpu(), torch.isinf(ref_lse).cpu()), "lse -inf in the wrong rows"
     assert_close(lse, ref_lse, baseline=ref_lse.float(), dtype=torch.float32, name="lse", magnitude=mags["lse"])
@@ -349,10 +351,11 @@ def test_block_sparse_custom_ops_pass_torch_opcheck():
     view = mask.kernel_view()
     tables, layout = view.tables(), view.layout()
     assert masks.KernelView.from_args(tables, layout) == view     # the op sees what eager sees
-    out, lse = ops._bs_forward_op(q, k, v, tables, layout, 0.3)
-    torch.library.opcheck(ops._bs_forward_op, (q.requires_grad_(), k, v, tables, layout, 0.3))
+    slopes = torch.rand(4, device=DEV)
+    out, lse = ops._bs_forward_op(q, k, v, tables, layout, 0.3, None, None)
+    torch.library.opcheck(ops._bs_forward_op, (q.requires_grad_(), k, v, tables, layout, 0.3, 5.0, slopes))
     torch.library.opcheck(ops._bs_backward_op, (q.detach(), k, v, out, lse, torch.randn_like(out),
-                                                tables, layout, 0.3))
+                                                tables, layout, 0.3, None, slopes))
 
 
 def test_bad_input_names_the_argument():

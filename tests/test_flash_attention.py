@@ -20,25 +20,29 @@ def rand(*shape, dtype, seed=None):
     return torch.randn(*shape, dtype=dtype, device=DEV)
 
 
-def run_and_check(B, Hq, Hkv, Nq, Nk, D, causal, dtype, *, backward=True, scale=None):
-    q, k, v = rand(B, Hq, Nq, D, dtype=dtype), rand(B, Hkv, Nk, D, dtype=dtype), rand(B, Hkv, Nk, D, dtype=dtype)
+def run_and_check(B, Hq, Hkv, Nq, Nk, D, causal, dtype, *, backward=True, scale=None, inputs=None,
+                  **score_mods):
+    """flash_attention's out, lse and (backward) gradients against the oracle. inputs: (q, k, v)
+    instead of random ones; score_mods: ``softcap``, ``alibi_slopes``."""
+    q, k, v = inputs or (rand(B, Hq, Nq, D, dtype=dtype), rand(B, Hkv, Nk, D, dtype=dtype),
+                         rand(B, Hkv, Nk, D, dtype=dtype))
     dout = rand(B, Hq, Nq, D, dtype=dtype)
     leaves = [t.clone().requires_grad_(backward) for t in (q, k, v)]
-    out, lse = flash_attention(*leaves, causal=causal, scale=scale, return_lse=True)
+    out, lse = flash_attention(*leaves, causal=causal, scale=scale, return_lse=True, **score_mods)
     ref_leaves = [t.double().requires_grad_(backward) for t in (q, k, v)]
-    ref, ref_lse = attention_ref(*ref_leaves, causal=causal, scale=scale)
+    ref, ref_lse = attention_ref(*ref_leaves, causal=causal, scale=scale, **score_mods)
     base_leaves = [t.clone().requires_grad_(backward) for t in (q, k, v)]
-    base = attention_naive(*base_leaves, causal=causal, scale=scale)
+    base = attention_naive(*base_leaves, causal=causal, scale=scale, **score_mods)
     assert lse.dtype == torch.float32
     assert_attention_close(out.detach(), lse, q, k, v, causal=causal, scale=scale,
-                           reference=(ref.detach(), ref_lse.detach()))
+                           reference=(ref.detach(), ref_lse.detach()), **score_mods)
     if backward:
         grads = torch.autograd.grad(out, leaves, dout)
         ref_grads = torch.autograd.grad(ref, ref_leaves, dout.double())
         base_grads = torch.autograd.grad(base, base_leaves, dout)
-        if dtype == torch.float32:  # second baseline: the same recomputation, tiled, in NumPy
+        if dtype == torch.float32 and not score_mods:  # a second baseline: tiled, in NumPy
             base_grads = list(zip(base_grads, tiled_backward(q, k, v, out, lse, dout, causal, scale)))
-        mags = attention_magnitudes(q, k, v, dout, causal=causal, scale=scale)  # the rule's floor
+        mags = attention_magnitudes(q, k, v, dout, causal=causal, scale=scale, **score_mods)
         for name, g, r, b in zip(("dq", "dk", "dv"), grads, ref_grads, base_grads):
             assert g.shape == r.shape and g.dtype == dtype
             assert_close(g, r, baseline=b, dtype=dtype, name=name, magnitude=mags[name])
@@ -252,6 +256,10 @@ def test_custom_ops_pass_torch_opcheck():
     from flashlib import ops
     q = rand(1, 7, 4, 16, dtype=torch.float32).transpose(1, 2)
     k, v = (rand(1, 2, 9, 16, dtype=torch.float32) for _ in range(2))
-    out, lse = ops._fa2_forward_op(q, k, v, True, 0.25)
-    torch.library.opcheck(ops._fa2_forward_op, (q.requires_grad_(), k, v, True, 0.25))
-    torch.library.opcheck(ops._fa2_backward_op, (q.detach(), k, v, out, lse, torch.randn_like(out), True, 0.25))
+    slopes = torch.rand(4, device=DEV)
+    out, lse = ops._fa2_forward_op(q, k, v, True, 0.25, None, None)
+    torch.library.opcheck(ops._fa2_forward_op, (q.requires_grad_(), k, v, True, 0.25, 5.0, slopes))
+    torch.library.opcheck(ops._fa2_backward_op, (q.detach(), k, v, out, lse, torch.randn_like(out), True, 0.25,
+                                                 None, None))
+    torch.library.opcheck(ops._fa2_backward_op, (q.detach(), k, v, out, lse, torch.randn_like(out), True, 0.25,
+                                                 5.0, slopes))

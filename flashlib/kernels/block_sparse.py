@@ -33,6 +33,7 @@ from .fa2_bwd import (DKDV_CONFIGS, DQ_CONFIGS, _load_lse2, dkdv_tile, dq_tile, 
                       store_rows)
 from .fa2_fwd import CONFIGS, attend_tile, load_rows, write_output
 from .launch import fast_launch
+from .score_mod import kernel_args as score_mod_args
 from .tile import LOG2E, tile_update
 
 KEY = ["n_bucket", "visits", "BAND", "ADJACENT", "BLOCK_D", "SPARSE_BLOCK", "DOT_PRECISION"]
@@ -94,14 +95,14 @@ def _partial_mask(Bitmaps, bitmap_entry, rows, cols, Nq, Nk, band_lo, band_hi, B
 
 
 @triton.jit
-def _bs_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmaps,
+def _bs_fwd_kernel(Q, K, V, Out, Lse, ModArgs, KvCount, KvFull, KvIndex, KvBitmap, Bitmaps,
                    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                    stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
                    slice_b, slice_h, Hq, Nq, Nk, D, n_qblocks, n_kblocks, qk_scale, n_bucket, visits, GROUP,
                    band_lo, band_hi, BAND: tl.constexpr, ADJACENT: tl.constexpr, EVEN_N: tl.constexpr,
                    SPARSE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, EVEN_M: tl.constexpr, EVEN_D: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr):
     n_m = tl.cdiv(Nq, BLOCK_M)
     pid_m = tl.program_id(0) % n_m
     off_bh = tl.program_id(0) // n_m
@@ -111,6 +112,7 @@ def _bs_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmap
     offs_m = start_m + tl.arange(0, BLOCK_M)                                # (BM,)
     offs_n = tl.arange(0, BLOCK_N)                                          # (BN,)
     offs_d = tl.arange(0, BLOCK_D)                                          # (BD,)
+    q_pos = offs_m + (Nk - Nq)                                              # (BM,) on the key axis
     q = load_rows(Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh,
                   offs_m, offs_d, stride_qm, Nq, D, EVEN_M and EVEN_D)      # (BM, BD)
     k_base = K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
@@ -125,8 +127,9 @@ def _bs_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmap
     start_n = _first_start(index, SPARSE_BLOCK)
     for t in range(0, n_full * TILES):                     # full blocks: no mask, no bounds
         acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
-                                    start_n + offs_n, Nk, qk_scale, offs_d, D, 0, False, False,
-                                    EVEN_D, DOT_PRECISION, tile_update)
+                                    start_n + offs_n, Nk, qk_scale, offs_d, D, 0, q_pos, off_bh,
+                                    ModArgs, False, False, EVEN_D, DOT_PRECISION, tile_update,
+                                    SCORE_MOD)
         start_n = _next_start(index, t, n_full * TILES, start_n, TILES, SPARSE_BLOCK, BLOCK_N, ADJACENT)
     if n_full < n_all:   # a branch: even an empty loop sets up its pipeline (kernels/decode.py)
         start_n = _first_start(index + n_full, SPARSE_BLOCK)
@@ -135,8 +138,9 @@ def _bs_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmap
                                     (start_n + offs_n)[None, :], Nq, Nk, band_lo, band_hi, BAND,
                                     EVEN_N, SPARSE_BLOCK)                   # (BM, BN)
             acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
-                                        start_n + offs_n, Nk, qk_scale, offs_d, D, visible, True,
-                                        not EVEN_N, EVEN_D, DOT_PRECISION, tile_update)
+                                        start_n + offs_n, Nk, qk_scale, offs_d, D, visible, q_pos,
+                                        off_bh, ModArgs, True, not EVEN_N, EVEN_D, DOT_PRECISION,
+                                        tile_update, SCORE_MOD)
             start_n = _next_start(index + n_full, t, (n_all - n_full) * TILES, start_n, TILES,
                                   SPARSE_BLOCK, BLOCK_N, False)
     write_output(Out, Lse, acc, m_i, l_i, off_b, off_h, off_bh, stride_ob, stride_oh, stride_om,
@@ -144,7 +148,7 @@ def _bs_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmap
 
 
 @triton.jit
-def _bs_dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, KvBitmap, Bitmaps,
+def _bs_dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, ModArgs, KvCount, KvFull, KvIndex, KvBitmap, Bitmaps,
                   stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                   stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                   stride_ob, stride_oh, stride_om, stride_dqb, stride_dqh, stride_dqm, slice_b, slice_h,
@@ -152,7 +156,8 @@ def _bs_dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, 
                   band_lo, band_hi, BAND: tl.constexpr, ADJACENT: tl.constexpr, EVEN_N: tl.constexpr,
                   SPARSE_BLOCK: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                  BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  SCORE_MOD: tl.constexpr):
     n_m = tl.cdiv(Nq, BLOCK_M)
     pid_m = tl.program_id(0) % n_m
     off_bh = tl.program_id(0) // n_m
@@ -162,6 +167,7 @@ def _bs_dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    q_pos = offs_m + (Nk - Nq)                                                              # (BM,)
     q = load_rows(Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh,
                   offs_m, offs_d, stride_qm, Nq, D, False)                                  # (BM, BD)
     do = load_rows(dOut + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh,
@@ -179,7 +185,8 @@ def _bs_dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, 
     start_n = _first_start(index, SPARSE_BLOCK)
     for t in range(0, n_full * TILES):
         dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_n + offs_n, Nk,
-                     qk_scale, offs_d, D, 0, False, False, EVEN_D, DOT_PRECISION)
+                     qk_scale, offs_d, D, 0, q_pos, off_bh, ModArgs, False, False, EVEN_D,
+                     DOT_PRECISION, SCORE_MOD)
         start_n = _next_start(index, t, n_full * TILES, start_n, TILES, SPARSE_BLOCK, BLOCK_N, ADJACENT)
     if n_full < n_all:
         start_n = _first_start(index + n_full, SPARSE_BLOCK)
@@ -188,7 +195,8 @@ def _bs_dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, 
                                     (start_n + offs_n)[None, :], Nq, Nk, band_lo, band_hi, BAND,
                                     EVEN_N, SPARSE_BLOCK)                                   # (BM, BN)
             dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_n + offs_n,
-                         Nk, qk_scale, offs_d, D, visible, True, not EVEN_N, EVEN_D, DOT_PRECISION)
+                         Nk, qk_scale, offs_d, D, visible, q_pos, off_bh, ModArgs, True, not EVEN_N,
+                         EVEN_D, DOT_PRECISION, SCORE_MOD)
             start_n = _next_start(index + n_full, t, (n_all - n_full) * TILES, start_n, TILES,
                                   SPARSE_BLOCK, BLOCK_N, False)
     store_rows(dQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh, dq * scale,
@@ -196,7 +204,7 @@ def _bs_dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, KvCount, KvFull, KvIndex, 
 
 
 @triton.jit
-def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QBitmap, Bitmaps,
+def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, ModArgs, QCount, QFull, QIndex, QBitmap, Bitmaps,
                     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                     stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
@@ -205,7 +213,7 @@ def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QB
                     EVEN_N: tl.constexpr, EVEN_M: tl.constexpr,
                     SPARSE_BLOCK: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr):
     n_n = tl.cdiv(Nk, BLOCK_N)
     off_bkv = tl.program_id(0) // n_n
     off_b, off_hkv = off_bkv // Hkv, off_bkv % Hkv
@@ -230,20 +238,23 @@ def _bs_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QFull, QIndex, QB
                                                    start_n // SPARSE_BLOCK, slice_b, slice_h, n_kblocks, n_qblocks)
         start_m = _first_start(index, SPARSE_BLOCK)
         for t in range(0, n_full * TILES):
+            offs_m = start_m + tl.arange(0, BLOCK_M)                                        # (BM,)
             dk, dv = dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                               start_m + tl.arange(0, BLOCK_M), Nq, qk_scale, offs_d, D, 0, False,
-                               not EVEN_M, EVEN_D, DOT_PRECISION)
+                               offs_m, Nq, qk_scale, offs_d, D, 0, offs_m + (Nk - Nq), offs_n, off_bh,
+                               ModArgs, False, not EVEN_M, EVEN_D, DOT_PRECISION, SCORE_MOD)
             start_m = _next_start(index, t, n_full * TILES, start_m, TILES, SPARSE_BLOCK, BLOCK_M, ADJACENT)
         if n_full < n_all:
             start_m = _first_start(index + n_full, SPARSE_BLOCK)
             for t in range(0, (n_all - n_full) * TILES):
                 # keys are this tile's rows: the mask transposed, (BN, BM)
-                visible = _partial_mask(Bitmaps, bitmap + n_full + t // TILES,
-                                        (start_m + tl.arange(0, BLOCK_M))[None, :], offs_n[:, None],
-                                        Nq, Nk, band_lo, band_hi, BAND, EVEN_N, SPARSE_BLOCK)
+                offs_m = start_m + tl.arange(0, BLOCK_M)                                    # (BM,)
+                visible = _partial_mask(Bitmaps, bitmap + n_full + t // TILES, offs_m[None, :],
+                                        offs_n[:, None], Nq, Nk, band_lo, band_hi, BAND, EVEN_N,
+                                        SPARSE_BLOCK)
                 dk, dv = dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm,
-                                   stride_dom, start_m + tl.arange(0, BLOCK_M), Nq, qk_scale, offs_d,
-                                   D, visible, True, not EVEN_M, EVEN_D, DOT_PRECISION)
+                                   stride_dom, offs_m, Nq, qk_scale, offs_d, D, visible,
+                                   offs_m + (Nk - Nq), offs_n, off_bh, ModArgs, True, not EVEN_M,
+                                   EVEN_D, DOT_PRECISION, SCORE_MOD)
                 start_m = _next_start(index + n_full, t, (n_all - n_full) * TILES, start_m, TILES,
                                       SPARSE_BLOCK, BLOCK_M, False)
     store_rows(dK + off_b.to(tl.int64) * stride_dkb + off_hkv.to(tl.int64) * stride_dkh, dk * scale,
@@ -269,11 +280,12 @@ def _band(mask):
     return (*mask.band, True) if mask.band is not None else (0, 0, False)
 
 
-def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False):
+def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False, score_mod=None):
     """Launch the block-sparse forward. Returns ``(out, lse)`` like ``fa2_forward``.
 
     q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D); mask: a ``flashlib.masks.BlockMask`` for (Nq, Nk) on
-    q's device whose (Bm, Hm) broadcast over (B, Hq). Inputs are validated by ``flashlib.ops``.
+    q's device whose (Bm, Hm) broadcast over (B, Hq); score_mod: a ``kernels.score_mod.ScoreMod``
+    or None. Inputs are validated by ``flashlib.ops``.
     """
     runtime.check_kernel(_bs_fwd_kernel)
     B, Hq, Nq, D = q.shape
@@ -285,9 +297,10 @@ def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False):
     bs = mask.block_size
     kernel, config = _choose_fwd(block_d, q.element_size(), B * Hq * Nq * Nk, bs)
     slice_b, slice_h = _slices(mask)
+    mod_args, mod_fn = score_mod_args(score_mod, lse)
     fast_launch(
         kernel, lambda meta: (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
-        q, k, v, out, lse, mask.kv_count, mask.kv_full, mask.kv_index, mask.kv_bitmap, mask.bitmaps,
+        q, k, v, out, lse, mod_args, mask.kv_count, mask.kv_full, mask.kv_index, mask.kv_bitmap, mask.bitmaps,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         slice_b, slice_h, Hq, Nq, Nk, D, mask.shape[2], mask.shape[3], scale * LOG2E,
@@ -295,12 +308,14 @@ def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False):
         mask.kv_visits, Hq // Hkv, *_band(mask), ADJACENT=mask.kv_full_adjacent, EVEN_N=Nk % bs == 0,
         SPARSE_BLOCK=bs, BLOCK_D=block_d,
         EVEN_M=Nq % bs == 0, EVEN_D=D == block_d,
-        DOT_PRECISION=precision, **config)
+        DOT_PRECISION=precision, SCORE_MOD=mod_fn, **config)
     return out.to(out_dtype), lse
 
 
-def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf32=False):
-    """Gradients of block-sparse attention from the saved (q, k, v, out, lse): ``(dq, dk, dv)``."""
+def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf32=False,
+                          score_mod=None):
+    """Gradients of block-sparse attention from the saved (q, k, v, out, lse): ``(dq, dk, dv)``;
+    score_mod: the forward's."""
     runtime.check_kernel(_bs_dkdv_kernel)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -316,24 +331,25 @@ def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf
     common = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
               v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2))
     scores = B * Hq * Nq * Nk
+    mod_args, mod_fn = score_mod_args(score_mod, lse)
     dq_kernel, dq_config = _choose_dq(block_d, q.element_size(), scores, bs)
     dkdv_kernel, dkdv_config = _choose_dkdv(block_d, q.element_size(), scores, bs)
     fast_launch(
         dq_kernel, lambda meta: (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
-        q, k, v, out, dout, lse, delta, dq, mask.kv_count, mask.kv_full, mask.kv_index,
+        q, k, v, out, dout, lse, delta, dq, mod_args, mask.kv_count, mask.kv_full, mask.kv_index,
         mask.kv_bitmap, mask.bitmaps, *common, out.stride(0), out.stride(1), out.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2), slice_b, slice_h, Hq, Nq, Nk, D, mask.shape[2],
         mask.shape[3], scale, scale * LOG2E,
         n_bucket, mask.kv_visits, Hq // Hkv, *_band(mask), ADJACENT=mask.kv_full_adjacent,
         EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs,
-        BLOCK_D=block_d, EVEN_D=D == block_d, DOT_PRECISION=precision, **dq_config)
+        BLOCK_D=block_d, EVEN_D=D == block_d, DOT_PRECISION=precision, SCORE_MOD=mod_fn, **dq_config)
     fast_launch(
         dkdv_kernel, lambda meta: (cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,),
-        q, k, v, dout, lse, delta, dk, dv, mask.q_count, mask.q_full, mask.q_index, mask.q_bitmap,
+        q, k, v, dout, lse, delta, dk, dv, mod_args, mask.q_count, mask.q_full, mask.q_index, mask.q_bitmap,
         mask.bitmaps, *common, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
         dv.stride(2), slice_b, slice_h, Hq, Hkv, Nq, Nk, D, mask.shape[3], mask.shape[2], scale, scale * LOG2E,
         n_bucket, mask.q_visits, Hq // Hkv, *_band(mask), ADJACENT=mask.q_full_adjacent,
         EVEN_N=Nk % bs == 0, EVEN_M=Nq % bs == 0, SPARSE_BLOCK=bs,
-        BLOCK_D=block_d, EVEN_D=D == block_d, DOT_PRECISION=precision,
+        BLOCK_D=block_d, EVEN_D=D == block_d, DOT_PRECISION=precision, SCORE_MOD=mod_fn,
         **dkdv_config)
     return dq.to(grad_dtype), dk.to(grad_dtype), dv.to(grad_dtype)

@@ -43,6 +43,7 @@ from .. import runtime
 from .config import _smem_limit, cdiv, next_power_of_2, padded_headdim, prologue
 from .fa2_fwd import _attend_key_blocks
 from .launch import fast_launch
+from .score_mod import kernel_args as score_mod_args
 from .tile import LN2, LOG2E, finalize, tile_update
 
 # (BLOCK_N, num_warps, num_stages) for the partial kernel, best first (timed on an H100 at d=128,
@@ -68,7 +69,7 @@ NOMINAL_SMS = 132        # SM count assumed through the interpreter (an H100's),
 
 
 @triton.jit
-def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals,
+def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals, ModArgs,
                            stride_qb, stride_qh, stride_qm,
                            stride_kb, stride_kh, stride_kn,
                            stride_vb, stride_vh, stride_vn,
@@ -76,7 +77,8 @@ def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals,
                            HAS_SEQLENS: tl.constexpr, CAUSAL: tl.constexpr, MERGE: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, EVEN_D: tl.constexpr,
-                           DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr):
+                           DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr,
+                           SCORE_MOD: tl.constexpr):
     # 1-D grid (CUDA caps grid axes 1 and 2 at 65535): (batch x kv head, row block, split),
     # split fastest. MERGE: the last split of each row block to finish also merges them all into
     # Out and Lse (one launch instead of two); otherwise Out, Lse and Arrivals are unused.
@@ -91,6 +93,8 @@ def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals,
     offs_r = row_block * BLOCK_M + tl.arange(0, BLOCK_M)     # (BM,) row r = g * Nq + i
     offs_g = offs_r // Nq                                    # (BM,) query head within the group
     offs_i = offs_r % Nq                                     # (BM,) new token
+    # each row's (batch, query head), for the score modifier; padding rows take the group's last
+    bh = (off_b * Hkv + off_hkv) * GROUP + tl.minimum(offs_g, GROUP - 1)   # (BM,)
     offs_n = tl.arange(0, BLOCK_N)                           # (BN,)
     offs_d = tl.arange(0, BLOCK_D)                           # (BD,)
 
@@ -117,15 +121,15 @@ def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals,
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, m_i, l_i = _attend_key_blocks(
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, lo, n_full, L,
-        L - Nq, qk_scale, offs_i, offs_n, offs_d, D,
-        False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE)
+        L - Nq, qk_scale, offs_i, offs_n, offs_d, D, bh[:, None], ModArgs,
+        False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD)
     # a branch, not only an empty loop: the loop's software-pipeline set-up alone cost 4-7% of
     # the GPU time under 4k keys on an H200 (benchmarks/NOTES.md)
     if n_full < hi:
         acc, m_i, l_i = _attend_key_blocks(
             acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, n_full, hi, L,
-            L - Nq, qk_scale, offs_i, offs_n, offs_d, D,
-            True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE)
+            L - Nq, qk_scale, offs_i, offs_n, offs_d, D, bh[:, None], ModArgs,
+            True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD)
     out, lse = finalize(acc, m_i, l_i)                        # empty split: 0 and -inf
 
     # partials are (B, Hq, Nq, S, D) and (B, Hq, Nq, S): a group's rows are contiguous
@@ -288,7 +292,7 @@ def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, num_splits, confi
 
 
 def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, merge_into=None,
-            cached_scratch=True):
+            cached_scratch=True, score_mod=None):
     """Run the split-KV kernel; return (o_part, lse_part). merge_into=(out, lse): also merge the
     splits into them (the last split of each row block does it) and keep the partials in the
     stream's workspace (None is returned for them); lse None: it goes to the workspace too.
@@ -318,18 +322,20 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
             lse = scratch["lse"] if lse is None else lse
             o_part, lse_part, arrivals = (scratch[role] if role in needs else None
                                           for role in ("o_part", "lse_part", "arrivals"))
+    mod_args, mod_fn = score_mod_args(score_mod, q)
     if grid[0] > 0:
         fast_launch(
             _decode_partial_kernel, grid,
             q, k_cache, v_cache, q if cache_seqlens is None else cache_seqlens,
-            *(q if t is None else t for t in (o_part, lse_part, out, lse, arrivals)),
+            *(q if t is None else t for t in (o_part, lse_part, out, lse, arrivals)), mod_args,
             *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
             Hkv, Nq, Lmax, D, scale * LOG2E, num_splits, row_blocks, Hq // Hkv,
             HAS_SEQLENS=cache_seqlens is not None, CAUSAL=Nq > 1, MERGE=merge_into is not None,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
             BLOCK_S=merge_tile(num_splits, block_m, block_d) if arrivals is not None else 1,
             EVEN_D=(D == block_d),
-            DOT_PRECISION="ieee", TILE_UPDATE=tile_update, num_warps=warps, num_stages=stages)
+            DOT_PRECISION="ieee", TILE_UPDATE=tile_update, SCORE_MOD=mod_fn,
+            num_warps=warps, num_stages=stages)
     return (None, None) if merge_into is not None else (o_part, lse_part)
 
 
@@ -391,16 +397,18 @@ def graph_counters(device, numel):
 
 
 def decode_partial(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=None, scale=None,
-                   config=None):
+                   config=None, score_mod=None):
     """Launch the split-KV kernel. Returns ``(o_part, lse_part)``, one result per split.
 
     q: (B, Hq, Nq, D); k_cache, v_cache: (B, Hkv, Lmax, D); cache_seqlens: (B,) ints, valid keys
     per sequence (None: all Lmax). o_part: (B, Hq, Nq, S, D) float32, each split's output
     normalised over its own keys; lse_part: (B, Hq, Nq, S) float32, natural log, -inf for a split
     with no key to attend to (its o_part is 0). config: (BLOCK_N, num_warps, num_stages) to use
-    instead of ``block_n_for``'s (for tuning). Inputs are validated by ``flashlib.decode``.
+    instead of ``block_n_for``'s (for tuning); score_mod: a ``kernels.score_mod.ScoreMod`` or None.
+    Inputs are validated by ``flashlib.decode``.
     """
-    return _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config)
+    return _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config,
+                   score_mod=score_mod)
 
 
 def combine(o_part, lse_part, *, out_dtype=None, block_r=16):
@@ -427,7 +435,7 @@ def combine(o_part, lse_part, *, out_dtype=None, block_r=16):
 
 
 def flash_decode_forward(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=None, scale=None,
-                         config=None, return_lse=True, cached_scratch=True):
+                         config=None, return_lse=True, cached_scratch=True, score_mod=None):
     """Flash-Decoding in one launch: the split-KV kernel, whose last split per row block merges
     (``decode_partial`` then ``combine``, fused). Returns ``(out, lse)``, out like q; lse is None
     unless ``return_lse`` (then it goes to the stream's scratch instead of a new tensor).
@@ -439,5 +447,5 @@ def flash_decode_forward(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=
     out = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device) if return_lse else None
     _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, merge_into=(out, lse),
-            cached_scratch=cached_scratch)
+            cached_scratch=cached_scratch, score_mod=score_mod)
     return out, lse

@@ -23,6 +23,7 @@ import triton.language as tl
 from .. import runtime
 from .config import cdiv, padded_headdim, prologue, size_bucket, tuned
 from .launch import fast_launch
+from .score_mod import kernel_args as score_mod_args
 from .tile import LOG2E, key_range
 
 
@@ -75,9 +76,13 @@ def store_rows(base, tile, rows, stride, N, offs_d, D):
 
 @triton.jit
 def dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, offs_m, Nq,
-              qk_scale, offs_d, D, visible, MASKED: tl.constexpr, BOUNDED: tl.constexpr,
-              EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              qk_scale, offs_d, D, visible, q_pos, k_pos, bh, mod_args, MASKED: tl.constexpr,
+              BOUNDED: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              SCORE_MOD: tl.constexpr):
     """Add one query tile's (rows ``offs_m``) share to dK, dV (BN, BD) of a resident K, V block.
+
+    SCORE_MOD as in the forward, on the transposed tile: q_pos (BM,) and k_pos (BN,) positions on
+    the key axis; its derivative scales dS^T.
 
     MASKED: P^T is zeroed outside ``visible`` (BN, BM). BOUNDED: the tile may reach past Nq; those
     rows load as zeros with lse = +inf, so their P is 0. EVEN_D: D == BD, no column bounds.
@@ -91,41 +96,43 @@ def dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, st
     else:
         delta = tl.load(delta_base + offs_m)
     st = tl.dot(k, qt, input_precision=DOT_PRECISION) * qk_scale                  # (BN, BM)
+    st, dmod = SCORE_MOD(st, q_pos[None, :], k_pos[:, None], bh, mod_args)        # (BN, BM)
     pt = tl.math.exp2(st - lse2[None, :])                                         # (BN, BM)
     if MASKED:
         pt = tl.where(visible, pt, 0.0)
     dv = tl.dot(pt.to(dot_.dtype), tl.trans(dot_), dv, input_precision=DOT_PRECISION)  # (BN, BD)
     dpt = tl.dot(v, dot_, input_precision=DOT_PRECISION)                          # (BN, BM)
-    dst = pt * (dpt - delta[None, :])                                             # (BN, BM)
+    dst = pt * (dpt - delta[None, :]) * dmod                                      # (BN, BM)
     dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=DOT_PRECISION)  # (BN, BD)
     return dk, dv
 
 
 @triton.jit
 def _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                       lo, hi, Nq, causal_offset, qk_scale, offs_n, offs_d, D,
+                       lo, hi, Nq, causal_offset, qk_scale, offs_n, offs_d, D, bh, mod_args,
                        MASKED: tl.constexpr, BOUNDED: tl.constexpr, EVEN_D: tl.constexpr,
-                       BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                       BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr):
     """Accumulate dK, dV of one key block over query blocks [lo, hi); BOUNDED if hi may pass Nq."""
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)                                  # (BM,)
-        visible = offs_n[:, None] <= offs_m[None, :] + causal_offset              # (BN, BM) causal
+        q_pos = offs_m + causal_offset                                            # (BM,)
+        visible = offs_n[:, None] <= q_pos[None, :]                               # (BN, BM) causal
         dk, dv = dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                           offs_m, Nq, qk_scale, offs_d, D, visible, MASKED, BOUNDED, EVEN_D,
-                           DOT_PRECISION)
+                           offs_m, Nq, qk_scale, offs_d, D, visible, q_pos, offs_n, bh, mod_args,
+                           MASKED, BOUNDED, EVEN_D, DOT_PRECISION, SCORE_MOD)
     return dk, dv
 
 
 @triton.jit
-def _dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV,
+def _dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, ModArgs,
                  stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                  stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                  stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                  Hq, Hkv, Nq, Nk, D, scale, qk_scale, n_bucket,
                  GROUP, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr):
+                 DOT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr):
     n_n = tl.cdiv(Nk, BLOCK_N)
     off_bkv = tl.program_id(0) // n_n          # flat grid: B x H may exceed CUDA's 65535 on axis 1
     off_b, off_hkv = off_bkv // Hkv, off_bkv % Hkv
@@ -161,18 +168,18 @@ def _dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV,
         if lo < mid:   # the diagonal band: none without a causal mask
             dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                         stride_qm, stride_dom, lo, mid, Nq, causal_offset,
-                                        qk_scale, offs_n, offs_d, D, True, True, EVEN_D, BLOCK_M,
-                                        DOT_PRECISION)
+                                        qk_scale, offs_n, offs_d, D, off_bh, ModArgs, True, True,
+                                        EVEN_D, BLOCK_M, DOT_PRECISION, SCORE_MOD)
         tail = tl.maximum(mid, n_even)
         dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                     stride_qm, stride_dom, mid, tail, Nq, causal_offset,
-                                    qk_scale, offs_n, offs_d, D, False, False, EVEN_D, BLOCK_M,
-                                    DOT_PRECISION)
+                                    qk_scale, offs_n, offs_d, D, off_bh, ModArgs, False, False,
+                                    EVEN_D, BLOCK_M, DOT_PRECISION, SCORE_MOD)
         if tail < Nq:  # a branch: even an empty loop sets up its software pipeline
             dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                         stride_qm, stride_dom, tail, Nq, Nq, causal_offset,
-                                        qk_scale, offs_n, offs_d, D, False, True, EVEN_D, BLOCK_M,
-                                        DOT_PRECISION)
+                                        qk_scale, offs_n, offs_d, D, off_bh, ModArgs, False, True,
+                                        EVEN_D, BLOCK_M, DOT_PRECISION, SCORE_MOD)
     dk = dk * scale
     store_rows(dK + off_b.to(tl.int64) * stride_dkb + off_hkv.to(tl.int64) * stride_dkh, dk, offs_n,
                stride_dkn, Nk, offs_d, D)
@@ -182,9 +189,11 @@ def _dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV,
 
 @triton.jit
 def dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, cols, Nk, qk_scale,
-            offs_d, D, visible, MASKED: tl.constexpr, BOUNDED: tl.constexpr, EVEN_D: tl.constexpr,
-            DOT_PRECISION: tl.constexpr):
+            offs_d, D, visible, q_pos, bh, mod_args, MASKED: tl.constexpr, BOUNDED: tl.constexpr,
+            EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr):
     """Add one key tile's (columns ``cols``) share to dQ (BM, BD) of a resident query block.
+
+    SCORE_MOD as in the forward (q_pos (BM,) on the key axis); its derivative scales dS.
 
     MASKED: P is zeroed outside ``visible`` (BM, BN). BOUNDED: the tile may reach past Nk.
     EVEN_D: D == BD. Shared with block-sparse.
@@ -192,41 +201,44 @@ def dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, cols, 
     kt = _load_transposed(k_base, cols, stride_kn, Nk, offs_d, D, BOUNDED, EVEN_D)     # (BD, BN)
     vt = _load_transposed(v_base, cols, stride_vn, Nk, offs_d, D, BOUNDED, EVEN_D)     # (BD, BN)
     s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale                    # (BM, BN)
+    s, dmod = SCORE_MOD(s, q_pos[:, None], cols[None, :], bh, mod_args)              # (BM, BN)
     p = tl.math.exp2(s - lse2[:, None])                                             # (BM, BN)
     if MASKED:
         p = tl.where(visible, p, 0.0)
     dp = tl.dot(do, vt, input_precision=DOT_PRECISION)                              # (BM, BN)
-    ds = p * (dp - delta[:, None])                                                  # (BM, BN)
+    ds = p * (dp - delta[:, None]) * dmod                                           # (BM, BN)
     return tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=DOT_PRECISION)  # (BM, BD)
 
 
 @triton.jit
 def _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, lo, hi, Nk,
-                   causal_offset, qk_scale, offs_m, offs_d, D,
+                   causal_offset, qk_scale, offs_m, offs_d, D, bh, mod_args,
                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
-                   BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr):
     """Accumulate dQ of one query block over key blocks [lo, hi)."""
+    q_pos = offs_m + causal_offset                                                      # (BM,)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + tl.arange(0, BLOCK_N)                                          # (BN,)
         visible = cols[None, :] < Nk                                                    # (1, BN)
         if CAUSAL:
-            visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)     # (BM, BN)
+            visible = visible & (cols[None, :] <= q_pos[:, None])                      # (BM, BN)
         # the masked run holds the ragged tail, so only it needs bounds
         dq = dq_tile(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, cols, Nk, qk_scale,
-                     offs_d, D, visible, MASKED, MASKED, EVEN_D, DOT_PRECISION)
+                     offs_d, D, visible, q_pos, bh, mod_args, MASKED, MASKED, EVEN_D, DOT_PRECISION,
+                     SCORE_MOD)
     return dq
 
 
 @triton.jit
-def _dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ,
+def _dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, ModArgs,
                stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                stride_ob, stride_oh, stride_om, stride_dqb, stride_dqh, stride_dqm,
                Hq, Nq, Nk, D, scale, qk_scale, n_bucket,
                GROUP, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-               DOT_PRECISION: tl.constexpr):
+               DOT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr):
     n_m = tl.cdiv(Nq, BLOCK_M)
     pid_m = tl.program_id(0) % n_m
     off_bh = tl.program_id(0) // n_m           # flat grid: B x H may exceed CUDA's 65535 on axis 1
@@ -253,12 +265,12 @@ def _dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ,
     causal_offset = Nk - Nq
     n_full, hi = key_range(start_m, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, 0, n_full,
-                        Nk, causal_offset, qk_scale, offs_m, offs_d, D,
-                        False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION)
+                        Nk, causal_offset, qk_scale, offs_m, offs_d, D, off_bh, ModArgs,
+                        False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, SCORE_MOD)
     if n_full < hi:   # a branch: even an empty loop sets up its software pipeline
         dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, n_full,
-                            hi, Nk, causal_offset, qk_scale, offs_m, offs_d, D,
-                            True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION)
+                            hi, Nk, causal_offset, qk_scale, offs_m, offs_d, D, off_bh, ModArgs,
+                            True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, SCORE_MOD)
     dq = dq * scale
     store_rows(dQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh, dq, offs_m,
                stride_dqm, Nq, offs_d, D)
@@ -274,11 +286,13 @@ _choose_dkdv = tuned(_dkdv_kernel, DKDV_CONFIGS, lambda bm, bn: (2 * bn, 2 * bm)
 _choose_dq = tuned(_dq_kernel, DQ_CONFIGS, lambda bm, bn: (2 * bm, 2 * bn))
 
 
-def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf32=False):
+def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf32=False,
+                 score_mod=None):
     """Gradients of attention from the saved (q, k, v, out, lse). Returns ``(dq, dk, dv)``.
 
     Shapes as ``fa2_forward``: q, out, dout (B, Hq, Nq, D); k, v (B, Hkv, Nk, D);
     lse (B, Hq, Nq) float32 natural log. dk, dv are summed over each group of query heads.
+    score_mod: the forward's ``kernels.score_mod.ScoreMod`` (None: none).
     """
     runtime.check_kernel(_dkdv_kernel)
     B, Hq, Nq, D = q.shape
@@ -298,19 +312,20 @@ def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf3
     scores = B * Hq * Nq * Nk
     dq_kernel, dq_config = _choose_dq(block_d, q.element_size(), scores)
     dkdv_kernel, dkdv_config = _choose_dkdv(block_d, q.element_size(), scores)
+    mod_args, mod_fn = score_mod_args(score_mod, lse)
     fast_launch(
         dq_kernel, lambda meta: (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
-        q, k, v, out, dout, lse, delta, dq, *common, out.stride(0), out.stride(1), out.stride(2),
+        q, k, v, out, dout, lse, delta, dq, mod_args, *common, out.stride(0), out.stride(1), out.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2), Hq, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
         GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, EVEN_D=D == block_d,
-        DOT_PRECISION=precision,
+        DOT_PRECISION=precision, SCORE_MOD=mod_fn,
         **dq_config)
     fast_launch(
         dkdv_kernel, lambda meta: (cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,),
-        q, k, v, dout, lse, delta, dk, dv, *common,
+        q, k, v, dout, lse, delta, dk, dv, mod_args, *common,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         Hq, Hkv, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
         GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, EVEN_D=D == block_d,
-        DOT_PRECISION=precision,
+        DOT_PRECISION=precision, SCORE_MOD=mod_fn,
         **dkdv_config)
     return dq.to(grad_dtype), dk.to(grad_dtype), dv.to(grad_dtype)

@@ -22,16 +22,20 @@ import triton.language as tl
 from .. import runtime
 from .config import cdiv, padded_headdim, prologue, size_bucket, tuned
 from .launch import fast_launch
+from .score_mod import kernel_args as score_mod_args
 from .tile import LOG2E, finalize, key_range
 from .tile import tile_update as tile_update_fn
 
 
 @triton.jit
 def attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk, qk_scale,
-                offs_d, D, visible, MASKED: tl.constexpr, BOUNDED: tl.constexpr,
-                EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr):
+                offs_d, D, visible, q_pos, bh, mod_args, MASKED: tl.constexpr, BOUNDED: tl.constexpr,
+                EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr,
+                SCORE_MOD: tl.constexpr):
     """Fold the key/value tile at columns ``cols`` (BN,) into the state: load, score, update.
 
+    The scores go through SCORE_MOD (``kernels.score_mod``: q_pos (BM,) the rows' positions on the
+    key axis, bh the (batch, query head) row of ``mod_args``, a scalar or (BM, 1)), then the mask.
     MASKED: scores outside ``visible`` (BM, BN) become -inf. BOUNDED: loads stop at Nk (a tile
     that may reach past the last key). A full tile inside Nk skips both. Shared with block-sparse,
     whose partial tiles are masked but, when Nk fills the last block, not bounded.
@@ -48,6 +52,7 @@ def attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk
         kt = tl.load(kt_ptrs, mask=offs_d[:, None] < D, other=0.0)
         v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
     s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale      # (BM, BN), base 2
+    s, _ = SCORE_MOD(s, q_pos[:, None], cols[None, :], bh, mod_args)
     if MASKED:
         s = tl.where(visible, s, float("-inf"))
     return TILE_UPDATE(acc, m_i, l_i, s, v, DOT_PRECISION)
@@ -55,19 +60,21 @@ def attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk
 
 @triton.jit
 def _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
-                       lo, hi, Nk, causal_offset, qk_scale, offs_m, offs_n, offs_d, D,
+                       lo, hi, Nk, causal_offset, qk_scale, offs_m, offs_n, offs_d, D, bh, mod_args,
                        MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
-                       BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr):
+                       BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr,
+                       SCORE_MOD: tl.constexpr):
     """Stream key/value blocks [lo, hi) through the tile update; MASKED for ragged/diagonal ones."""
+    q_pos = offs_m + causal_offset                                        # (BM,) on the key axis
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n                                           # (BN,)
         visible = cols[None, :] < Nk                                      # (1, BN)
         if CAUSAL:
-            visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)  # (BM, BN)
+            visible = visible & (cols[None, :] <= q_pos[:, None])             # (BM, BN)
         acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk,
-                                    qk_scale, offs_d, D, visible, MASKED, MASKED, EVEN_D,
-                                    DOT_PRECISION, TILE_UPDATE)
+                                    qk_scale, offs_d, D, visible, q_pos, bh, mod_args, MASKED, MASKED,
+                                    EVEN_D, DOT_PRECISION, TILE_UPDATE, SCORE_MOD)
     return acc, m_i, l_i
 
 
@@ -99,7 +106,7 @@ def write_output(Out, Lse, acc, m_i, l_i, off_b, off_h, off_bh, stride_ob, strid
 
 
 @triton.jit
-def _fa2_fwd_kernel(Q, K, V, Out, Lse,
+def _fa2_fwd_kernel(Q, K, V, Out, Lse, ModArgs,
                     stride_qb, stride_qh, stride_qm,
                     stride_kb, stride_kh, stride_kn,
                     stride_vb, stride_vh, stride_vn,
@@ -108,7 +115,7 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse,
                     GROUP, CAUSAL: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     EVEN_M: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    TILE_UPDATE: tl.constexpr):
+                    TILE_UPDATE: tl.constexpr, SCORE_MOD: tl.constexpr):
     # one flat grid axis (CUDA caps axes 1 and 2 at 65535 programs; B x H can exceed that),
     # query blocks of one (batch, head) adjacent so they share its K/V in L2
     n_m = tl.cdiv(Nq, BLOCK_M)
@@ -138,13 +145,13 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse,
     n_full, hi = key_range(start_m, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL)
     acc, m_i, l_i = _attend_key_blocks(
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, 0, n_full, Nk,
-        causal_offset, qk_scale, offs_m, offs_n, offs_d, D,
-        False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE)
+        causal_offset, qk_scale, offs_m, offs_n, offs_d, D, off_bh, ModArgs,
+        False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD)
     if n_full < hi:   # a branch: even an empty loop sets up its software pipeline
         acc, m_i, l_i = _attend_key_blocks(
             acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, n_full, hi, Nk,
-            causal_offset, qk_scale, offs_m, offs_n, offs_d, D,
-            True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE)
+            causal_offset, qk_scale, offs_m, offs_n, offs_d, D, off_bh, ModArgs,
+            True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD)
 
     write_output(Out, Lse, acc, m_i, l_i, off_b, off_h, off_bh, stride_ob, stride_oh, stride_om,
                  offs_m, offs_d, Nq, D, EVEN_M, EVEN_D)
@@ -158,7 +165,8 @@ CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4),
 _choose = tuned(_fa2_fwd_kernel, CONFIGS, lambda bm, bn: (bm, 2 * bn))
 
 
-def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_update=None):
+def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_update=None,
+                score_mod=None):
     """Launch the FA2 forward kernel. Returns ``(out, lse)``.
 
     q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D). out: like q; lse: (B, Hq, Nq) float32, natural
@@ -167,6 +175,7 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
     allow_tf32: float32 dots on TF32 tensor cores (faster, ~1e-3 relative error) instead of ieee.
     tile_update: a ``@triton.jit`` function with the signature of ``kernels.tile.tile_update``
     to use in the inner loop instead (lesson 07's exercise plugs a learner's version in here).
+    score_mod: a ``kernels.score_mod.ScoreMod`` (softcap, ALiBi); None: the scores as they are.
     """
     runtime.check_kernel(_fa2_fwd_kernel)
     B, Hq, Nq, D = q.shape
@@ -181,8 +190,9 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
     def grid(meta):
         return (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)
 
+    mod_args, mod_fn = score_mod_args(score_mod, lse)
     fast_launch(
-        kernel, grid, q, k, v, out, lse,
+        kernel, grid, q, k, v, out, lse, mod_args,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
@@ -191,5 +201,6 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
         GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d,
         EVEN_M=even_m, EVEN_D=(D == block_d),
         DOT_PRECISION=precision,
-        TILE_UPDATE=tile_update_fn if tile_update is None else tile_update, **config)
+        TILE_UPDATE=tile_update_fn if tile_update is None else tile_update, SCORE_MOD=mod_fn,
+        **config)
     return out.to(out_dtype), lse

@@ -1,0 +1,105 @@
+"""The score-modifier hook: one ``@triton.jit`` function every kernel applies to its scaled scores.
+
+FlexAttention's idea (He et al., "FlexAttention", 2024: a ``score_mod(score, b, h, q_idx, kv_idx)``
+compiled into the kernel) in the shape of this library's kernels. Every attention kernel (the FA2
+forward, both backward tiles, block-sparse and decode) computes a tile of scaled scores and then
+calls ``SCORE_MOD``, a constexpr, before it masks them and takes the softmax:
+
+    s, ds_dscore = SCORE_MOD(s, q_pos, k_pos, bh, args)
+
+- ``s``: a tile of scores, already multiplied by ``scale * log2(e)`` (the kernels work in base 2;
+  see ``tile.py``), (rows, cols) float32 in any orientation (the dK/dV tile is transposed);
+- ``q_pos``, ``k_pos``: int32 positions that broadcast against ``s``, the query's on the key axis
+  (query i of Nq is at ``i + Nk - Nq``: bottom-right aligned, so ``k_pos <= q_pos`` is the
+  causal rule) and the key's;
+- ``bh``: ``batch * heads_q + query head``, a scalar or a tensor that broadcasts against ``s``
+  (decode puts several heads in one tile);
+- ``args``: a float32 pointer to ``ARGS_PER_HEAD`` parameters per (batch, query head), row ``bh``,
+  in base-2 units (what ``make`` stores);
+- returns the modified scores and their derivative with respect to ``s``, which the backward
+  multiplies into dS (the forward never uses it, and the compiler drops it). The identity returns
+  1.0: multiplying by a constant 1 folds away, so the default costs nothing.
+
+Modifiers here: Gemma 2's logit softcap ``c * tanh(s / c)`` and ALiBi's bias
+``-slope * |q_pos - k_pos|`` (Press et al., 2022), added after the softcap. Adding one is three
+steps (README, "adding a score modifier"): a jit function below, a column of ``args`` in ``make``,
+and the oracle's formula in ``flashlib.reference.modify_scores``.
+"""
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .tile import LOG2E
+
+ARGS_PER_HEAD = 2        # per (batch, query head): softcap * log2(e), alibi slope * log2(e)
+
+
+@triton.jit
+def identity(s, q_pos, k_pos, bh, args):
+    """No modifier: the scores as they are."""
+    return s, 1.0
+
+
+@triton.jit
+def _tanh(y):
+    """tanh from one exp2, exact at 0 and saturating to +-1 without overflow."""
+    e = tl.math.exp2(-2.8853900817779268 * tl.abs(y))         # exp(-2|y|); 2 * log2(e)
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(y < 0, -t, t)
+
+
+@triton.jit
+def tanh_softcap(s, q_pos, k_pos, bh, args):
+    """Gemma 2's logit softcap, c * tanh(s / c); d/ds = 1 - tanh^2. c (base 2) in column 0."""
+    cap = tl.load(args + bh * 2)
+    t = _tanh(s / cap)
+    return cap * t, 1.0 - t * t
+
+
+@triton.jit
+def alibi_bias(s, q_pos, k_pos, bh, args):
+    """ALiBi: s - slope * |q_pos - k_pos|; d/ds = 1. The slope (base 2) in column 1."""
+    slope = tl.load(args + bh * 2 + 1)
+    return s - slope * tl.abs(q_pos - k_pos).to(tl.float32), 1.0
+
+
+@triton.jit
+def tanh_softcap_alibi_bias(s, q_pos, k_pos, bh, args):
+    """The softcap, then ALiBi's bias (Gemma-style capping of the raw logits, then the bias)."""
+    capped, dcap = tanh_softcap(s, q_pos, k_pos, bh, args)
+    biased, _ = alibi_bias(capped, q_pos, k_pos, bh, args)
+    return biased, dcap
+
+
+class ScoreMod(NamedTuple):
+    """What a launcher passes to its kernel: the jit function and its per-head parameters."""
+    fn: object                      # one of the @triton.jit functions above
+    args: Optional[torch.Tensor]    # (batch * heads_q, ARGS_PER_HEAD) float32, or None
+
+
+IDENTITY = ScoreMod(identity, None)
+
+
+def make(q, softcap=None, alibi_slopes=None) -> ScoreMod:
+    """The ``ScoreMod`` of the public functions' ``softcap`` and ``alibi_slopes`` for q (B, Hq, ...)
+    (validated before, by ``flashlib.inputs.check_score_mods``): ``IDENTITY`` when both are None."""
+    if softcap is None and alibi_slopes is None:
+        return IDENTITY
+    B, Hq = q.shape[0], q.shape[1]
+    args = torch.zeros(B, Hq, ARGS_PER_HEAD, dtype=torch.float32, device=q.device)
+    if softcap is not None:
+        args[..., 0] = softcap * LOG2E
+    if alibi_slopes is not None:
+        args[..., 1] = alibi_slopes.to(device=q.device, dtype=torch.float32) * LOG2E  # (Hq,) or (B, Hq)
+    fn = tanh_softcap_alibi_bias if softcap is not None and alibi_slopes is not None else \
+        tanh_softcap if softcap is not None else alibi_bias
+    return ScoreMod(fn, args.reshape(B * Hq, ARGS_PER_HEAD))
+
+
+def kernel_args(mod: Optional[ScoreMod], placeholder: torch.Tensor):
+    """``(args pointer, SCORE_MOD)`` for a launch: the identity's args are never read, so any
+    tensor (``placeholder``) stands in for them."""
+    mod = IDENTITY if mod is None else mod
+    return (placeholder if mod.args is None else mod.args), mod.fn

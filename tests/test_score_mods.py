@@ -1,0 +1,167 @@
+"""The score-modifier hook (flashlib/kernels/score_mod.py): softcap and ALiBi in every kernel.
+
+Each public function (dense forward and backward, block-sparse, decode) is checked against the
+float64 oracle with the same modifiers (``attention_ref(softcap=, alibi_slopes=)``), on irregular
+shapes with grouped heads, causal and not, with flashlib.testing's rule. Also: the exact cases
+(all-zero scores, zero slopes), large logits, the identity staying the default, bad values.
+GPU tests (marked ``gpu``) at real sizes.
+"""
+import math
+
+import pytest
+import torch
+
+from flashlib import masks, runtime
+from flashlib.decode import flash_decode
+from flashlib.kernels import score_mod
+from flashlib.ops import block_sparse_attention, flash_attention
+from flashlib.testing import assert_attention_close
+from test_block_sparse import check_block_sparse, qkv
+from test_flash_attention import run_and_check
+
+DEV = runtime.DEVICE
+gpu = pytest.mark.skipif(DEV.type != "cuda", reason="needs a CUDA GPU")
+
+
+def slopes(*shape):
+    """ALiBi's geometric slopes (Press et al.: 2^(-8 h / H)) for the last dim, varied over the rest."""
+    H = shape[-1]
+    base = torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)])
+    return (base * torch.linspace(0.5, 1.5, math.prod(shape[:-1]))[:, None]).reshape(shape).to(DEV)
+
+
+MODS = {
+    "softcap": lambda B, H: dict(softcap=2.5),
+    "alibi_per_head": lambda B, H: dict(alibi_slopes=slopes(H)),
+    "alibi_per_batch_head": lambda B, H: dict(alibi_slopes=slopes(B, H)),
+    "softcap_alibi": lambda B, H: dict(softcap=4.0, alibi_slopes=slopes(B, H)),
+}
+
+
+@pytest.mark.parametrize("mod", MODS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_dense_forward_and_backward(mod, causal):
+    # 37 queries over 53 keys (ragged tiles, bottom-right causal), 6 heads over 2, head dim 24
+    run_and_check(2, 6, 2, 37, 53, 24, causal, torch.float32, **MODS[mod](2, 6))
+
+
+def test_dense_more_queries_than_keys_float16():
+    run_and_check(1, 4, 4, 70, 20, 16, True, torch.float16, softcap=3.0, alibi_slopes=slopes(4))
+
+
+def test_large_logits_are_capped():
+    # scores of several hundred: the softcap bounds them; no overflow, no NaN, gradients right
+    q, k, v = qkv(1, 2, 1, 33, 45, 32)
+    run_and_check(1, 2, 1, 33, 45, 32, True, torch.float32, inputs=(q * 40, k * 40, v), softcap=30.0)
+
+
+def test_exact_cases():
+    # all scores 0: capped, still 0, so every row is the mean of v, exactly up to the sum's rounding
+    q, k, v = qkv(1, 2, 1, 9, 13, 16)
+    out = flash_attention(torch.zeros_like(q), k, v, softcap=1.0)
+    torch.testing.assert_close(out, v.mean(2, keepdim=True).expand_as(out), rtol=0, atol=1e-6)
+    # zero slopes add nothing: the same result as no modifier
+    plain = flash_attention(q, k, v, causal=True)
+    zero = flash_attention(q, k, v, causal=True, alibi_slopes=torch.zeros(2, device=DEV))
+    torch.testing.assert_close(zero, plain, rtol=0, atol=1e-6)
+
+
+def test_identity_is_the_default():
+    q, k, v = qkv(1, 2, 1, 8, 8, 16)
+    assert score_mod.make(q) is score_mod.IDENTITY
+    assert score_mod.make(q, None, None).fn is score_mod.identity
+
+
+@pytest.mark.parametrize("mod", ["softcap", "softcap_alibi"])
+def test_block_sparse(mod):
+    q, k, v = qkv(2, 4, 2, 75, 90, 16)
+    mask = masks.sliding_window(75, 90, 24, block_size=16, device=DEV)
+    check_block_sparse(q, k, v, mask, mask.to_dense(), **MODS[mod](2, 4))
+
+
+def test_block_sparse_with_a_bitmap_mask():
+    q, k, v = qkv(1, 2, 2, 50, 50, 16, seed=3)
+    mask = masks.random_blocks(50, 50, 0.6, block_size=16, seed=1, device=DEV)
+    check_block_sparse(q, k, v, mask, mask.to_dense(), alibi_slopes=slopes(2))
+
+
+@pytest.mark.parametrize("Nq", [1, 3])
+def test_decode_ragged_batch(Nq):
+    # 6 query heads over 2: several heads in one tile, each with its own slope
+    B, Hq, Hkv, Lmax, D = 3, 6, 2, 70, 16
+    q = torch.randn(B, Hq, Nq, D, device=DEV)
+    k, v = (torch.randn(B, Hkv, Lmax, D, device=DEV) for _ in range(2))
+    lens = torch.tensor([70, 33, 2], device=DEV)
+    mods = dict(softcap=3.0, alibi_slopes=slopes(B, Hq))
+    out, lse = flash_decode(q, k, v, cache_seqlens=lens, num_splits=3, return_lse=True, **mods)
+    for b, L in enumerate(lens.tolist()):
+        sl = slice(b, b + 1)
+        assert_attention_close(out[sl], lse[sl], q[sl], k[sl, :, :L], v[sl, :, :L], causal=True,
+                               softcap=3.0, alibi_slopes=mods["alibi_slopes"][sl],
+                               name=f"sequence {b} (L={L})")
+
+
+BAD = [
+    (dict(softcap=0.0), ValueError, "softcap must be a positive"),
+    (dict(softcap=-1.0), ValueError, "softcap must be a positive"),
+    (dict(softcap=float("nan")), ValueError, "softcap must be a positive"),
+    (dict(softcap=True), ValueError, "softcap must be a positive"),
+    (dict(alibi_slopes=[0.5, 0.25]), TypeError, "alibi_slopes must be a torch.Tensor"),
+    (dict(alibi_slopes=torch.ones(2, dtype=torch.float64)), TypeError, "alibi_slopes has dtype"),
+    (dict(alibi_slopes=torch.ones(3)), ValueError, r"alibi_slopes must have shape \(2,\) or \(1, 2\)"),
+    (dict(alibi_slopes=torch.ones(2, 2)), ValueError, "alibi_slopes must have shape"),
+] + ([(dict(alibi_slopes=torch.tensor([1.0, math.inf])), ValueError, "not finite")]
+     if DEV.type == "cpu" else [])   # values are checked on the host only
+
+
+@pytest.mark.parametrize("bad, error, match", BAD)
+@pytest.mark.parametrize("attend", ["dense", "block_sparse", "decode"])
+def test_bad_values_name_the_argument(attend, bad, error, match):
+    q, k, v = qkv(1, 2, 1, 4, 8, 16)
+    bad = {name: value.to(DEV) if isinstance(value, torch.Tensor) else value for name, value in bad.items()}
+    call = {"dense": lambda: flash_attention(q, k, v, **bad),
+            "block_sparse": lambda: block_sparse_attention(q, k, v, torch.ones(1, 1, dtype=torch.bool,
+                                                                               device=DEV), block_size=16, **bad),
+            "decode": lambda: flash_decode(q, k, v, **bad)}[attend]
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_torch_compile_passes_the_modifiers():
+    q, k, v = (t.requires_grad_() for t in qkv(1, 4, 2, 20, 30, 16))
+    mods = dict(softcap=5.0, alibi_slopes=slopes(4))
+
+    def attend(q, k, v):
+        return flash_attention(q, k, v, causal=True, **mods)
+    results = []
+    for fn in (torch.compile(attend, fullgraph=True, backend="aot_eager"), attend):
+        out = fn(q, k, v)
+        results.append((out, *torch.autograd.grad(out.square().sum(), (q, k, v))))
+    for name, compiled, eager in zip(("out", "dq", "dk", "dv"), *results):
+        assert torch.equal(compiled, eager), name
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_real_sizes(dtype, D):
+    run_and_check(2, 8, 2, 1500, 2100, D, True, dtype, softcap=30.0, alibi_slopes=slopes(2, 8))
+    run_and_check(1, 4, 4, 2048, 2048, D, False, dtype, softcap=50.0)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_block_sparse_and_decode():
+    q, k, v = qkv(1, 8, 8, 4096, 4096, 128, dtype=torch.float16)
+    mask = masks.sliding_window(4096, 4096, 1000, device=DEV)
+    check_block_sparse(q, k, v, mask, mask.to_dense(), softcap=30.0, alibi_slopes=slopes(8))
+    qd = torch.randn(4, 32, 1, 128, dtype=torch.float16, device=DEV)
+    kd, vd = (torch.randn(4, 8, 16384, 128, dtype=torch.float16, device=DEV) for _ in range(2))
+    lens = torch.tensor([16384, 9000, 1, 4097], device=DEV)
+    out, lse = flash_decode(qd, kd, vd, cache_seqlens=lens, return_lse=True, softcap=30.0,
+                            alibi_slopes=slopes(32))
+    for b, L in enumerate(lens.tolist()):
+        sl = slice(b, b + 1)
+        assert_attention_close(out[sl], lse[sl], qd[sl], kd[sl, :, :L], vd[sl, :, :L], causal=True,
+                               softcap=30.0, alibi_slopes=slopes(32), name=f"sequence {b}")
