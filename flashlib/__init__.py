@@ -3,7 +3,8 @@
 The library an engineer imports lives at the top of the package: ``ops`` (the public functions
 and their autograd), ``kernels/`` (Triton kernels, the shared tile step, launchers), ``masks``,
 ``decode`` (KV caches), ``inputs`` (input checks), ``reference`` (the float64 oracle),
-``runtime`` (device detection; the interpreter on a CPU) and ``testing`` (the one tolerance rule).
+``runtime`` (device detection; the interpreter on a CPU), ``testing`` (the one tolerance rule)
+and ``distributed`` (ring attention across the ranks of a torch.distributed process group).
 Three subpackages sit above it and import it, never the other way round: ``teach`` (the lessons'
 algorithms and figures), ``course`` (checking and grading exercises, the `flashlib` command) and
 ``bench`` (benchmark suites, ``python -m flashlib.bench``).
@@ -12,11 +13,11 @@ Import order matters: ``runtime`` turns Triton's interpreter on (on machines wit
 before any kernel module defines a ``@triton.jit`` function.
 """
 from . import runtime  # noqa: F401  (first: sets TRITON_INTERPRET before kernels are defined)
-from . import masks, reference  # noqa: F401
+from . import distributed, masks, reference  # noqa: F401
 from .decode import KVCache, flash_decode
 from .ops import block_sparse_attention, flash_attention
 from .reference import attention_ref
 
-__all__ = ["KVCache", "attention_ref", "block_sparse_attention", "flash_attention",
+__all__ = ["KVCache", "attention_ref", "block_sparse_attention", "distributed", "flash_attention",
            "flash_decode", "masks", "reference", "runtime"]
 __version__ = "0.1.0"
