@@ -35,13 +35,20 @@ def test_there_are_lessons():
     assert len(LESSONS) >= 5, f"expected the lessons in {ROOT / 'lessons'}, found {LESSONS}"
 
 
+# lessons of DESIGN.md's list still being written while a later one landed: their numbers may be
+# missing (12 hopper, issue 31; 13 production, issue 34); take a number out once its lesson is in
+BEING_WRITTEN = {12, 13}
+
+
 def test_lesson_names_are_numbered_in_order():
     numbers = []
     for path in LESSONS:
         match = re.fullmatch(r"(\d\d)_[a-z0-9_]+\.ipynb", path.name)
         assert match, f"{path.name}: lesson files are named NN_topic.ipynb"
         numbers.append(int(match.group(1)))
-    assert numbers == list(range(len(numbers))), f"lesson numbers {numbers} are not 00, 01, ... in order"
+    missing = set(range(max(numbers) + 1)) - set(numbers)
+    assert len(set(numbers)) == len(numbers) and missing <= BEING_WRITTEN, \
+        f"lesson numbers {numbers} are not 00, 01, ... in order (missing {sorted(missing)})"
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)

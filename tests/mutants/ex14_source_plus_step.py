@@ -1,0 +1,77 @@
+"""Mutant of ex14: takes the block held at step t to be rank (rank + step)'s, the ring turned the
+wrong way (the same as the right one for 2 ranks)."""
+import math
+
+import torch
+
+EXPECTED_HINT = '(rank - step) mod world'
+
+
+def merge(out, lse, out_blk, lse_blk):
+    """Fold one block's attention result into the running result of the same query rows.
+
+    out: (..., n, D) float32, the running output, normalised over the keys seen so far (0 in rows
+    that have seen none); lse: (..., n) float32, natural-log log-sum-exp of their scores (-inf in
+    rows that have seen none). out_blk, lse_blk: the same for one block of other keys; out_blk may
+    be in a lower precision (float16, bfloat16: the block attention's output in q's dtype), lse_blk
+    is float32 and may be -inf (a row that sees no key of the block).
+    Returns (out, lse), float32, over the union of the keys: the merge above, computed so that lse
+    values in the thousands, or far below zero, stay finite and exact, and a row empty on both
+    sides gives out 0 and lse -inf, never NaN. Accumulate in float32 (never in out_blk's dtype).
+    """
+    m = torch.maximum(lse, lse_blk)                          # (..., n) the larger lse
+    m = torch.where(torch.isneginf(m), 0.0, m)               # both empty: any finite reference
+    w, w_blk = torch.exp(lse - m), torch.exp(lse_blk - m)    # (..., n) in [0, 1], 0 where empty
+    total = w + w_blk                                        # >= 1 unless both are empty
+    empty = total == 0.0
+    safe = torch.where(empty, 1.0, total)
+    new_out = (w[..., None] * out + w_blk[..., None] * out_blk.float()) / safe[..., None]
+    new_lse = torch.where(empty, -math.inf, m + torch.log(safe))
+    return new_out, new_lse
+
+
+def ring_step(q, k_blk, v_blk, out, lse, *, step, rank, world, causal, zigzag, attend):
+    """One step of ring attention on one rank: attend to the K/V block held, merge into (out, lse).
+
+    q: (B, Hq, n, D), this rank's queries (its shard, in the layout ``zigzag`` says); k_blk, v_blk:
+    (B, Hkv, n, D), the K/V block held at this ``step`` (0 <= step < world), which came from rank
+    (rank - step) mod world and is laid out as that rank's shard; out (B, Hq, n, D) and lse
+    (B, Hq, n), float32: the running result (at step 0: zeros and -inf).
+    attend(q, k, v, causal=False) -> (out, lse): attention of the rows of q over the rows of k, v
+    (flashlib.flash_attention with return_lse=True, the scale set): out in q's dtype, lse float32;
+    ``causal=True`` is causal within the call, bottom-right (row i of nq sees key j of nk iff
+    j <= i + nk - nq). Pass it slices of q, k_blk, v_blk along the positions (dim -2) to compute
+    part of a block.
+    Returns the new (out, lse), float32 (B, Hq, n, D) and (B, Hq, n). Skip every part of the block
+    that no query of that part may see (see the module docstring); q, k_blk and v_blk must not
+    change (they are being sent on to the next rank meanwhile).
+    """
+    src = (rank + step) % world                    # the ring turned the wrong way
+    if not causal:                                 # every query sees every key
+        return merge(out, lse, *attend(q, k_blk, v_blk, causal=False))
+    if src == rank:                                # the diagonal: local order is global order
+        return merge(out, lse, *attend(q, k_blk, v_blk, causal=True))
+    if not zigzag:                                 # a whole block before, or after, the queries
+        if src > rank:
+            return out, lse
+        return merge(out, lse, *attend(q, k_blk, v_blk, causal=False))
+    c = q.shape[-2] // 2                           # chunk length: rows [0, c) and [c, 2c)
+    if src < rank:                                 # key chunk src is before both query chunks,
+        k_first, v_first = k_blk[..., :c, :], v_blk[..., :c, :]    # 2W-1-src after both
+        return merge(out, lse, *attend(q, k_first, v_first, causal=False))
+    # src > rank: both key chunks lie after query chunk `rank` and before chunk 2W-1-rank
+    out_2, lse_2 = merge(out[..., c:, :], lse[..., c:],
+                         *attend(q[..., c:, :], k_blk, v_blk, causal=False))
+    return torch.cat([out[..., :c, :], out_2], dim=-2), torch.cat([lse[..., :c], lse_2], dim=-1)
+
+
+def zigzag_shard(x, rank, world):
+    """The positions rank ``rank`` of ``world`` holds in the zigzag layout.
+
+    x: (B, H, N, D) with N a multiple of 2 * world. Returns (B, H, N / world, D): chunk ``rank``
+    followed by chunk 2 * world - 1 - rank of the 2 * world chunks of N / (2 * world) positions.
+    """
+    c = x.shape[-2] // (2 * world)                 # chunk length
+    first, last = rank, 2 * world - 1 - rank
+    return torch.cat([x[..., first * c:(first + 1) * c, :], x[..., last * c:(last + 1) * c, :]],
+                     dim=-2)
