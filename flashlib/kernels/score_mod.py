@@ -33,7 +33,7 @@ import triton.language as tl
 
 from .tile import LOG2E
 
-ARGS_PER_HEAD = 2        # per (batch, query head): softcap * log2(e), alibi slope * log2(e)
+ARGS_PER_HEAD = tl.constexpr(3)  # per (batch, query head), base 2: softcap, alibi slope, 1 / softcap
 
 
 @triton.jit
@@ -44,24 +44,26 @@ def identity(s, q_pos, k_pos, bh, args):
 
 @triton.jit
 def _tanh(y):
-    """tanh from one exp2, exact at 0 and saturating to +-1 without overflow."""
+    """tanh from one exp2 and one division (2-ulp, not IEEE-rounded: a reciprocal on the GPU's
+    special-function unit, which the softmax's exp2 already keeps busy), exact at 0 and
+    saturating to +-1 without overflow."""
     e = tl.math.exp2(-2.8853900817779268 * tl.abs(y))         # exp(-2|y|); 2 * log2(e)
-    t = (1.0 - e) / (1.0 + e)
+    t = tl.fdiv(1.0 - e, 1.0 + e, ieee_rounding=False)
     return tl.where(y < 0, -t, t)
 
 
 @triton.jit
 def tanh_softcap(s, q_pos, k_pos, bh, args):
-    """Gemma 2's logit softcap, c * tanh(s / c); d/ds = 1 - tanh^2. c (base 2) in column 0."""
-    cap = tl.load(args + bh * 2)
-    t = _tanh(s / cap)
-    return cap * t, 1.0 - t * t
+    """Gemma 2's logit softcap, c * tanh(s / c); d/ds = 1 - tanh^2. Column 0: c, column 2: 1 / c
+    (a multiply per score instead of a division)."""
+    t = _tanh(s * tl.load(args + bh * ARGS_PER_HEAD + 2))
+    return tl.load(args + bh * ARGS_PER_HEAD) * t, 1.0 - t * t
 
 
 @triton.jit
 def alibi_bias(s, q_pos, k_pos, bh, args):
-    """ALiBi: s - slope * |q_pos - k_pos|; d/ds = 1. The slope (base 2) in column 1."""
-    slope = tl.load(args + bh * 2 + 1)
+    """ALiBi: s - slope * |q_pos - k_pos|; d/ds = 1. The slope in column 1."""
+    slope = tl.load(args + bh * ARGS_PER_HEAD + 1)
     return s - slope * tl.abs(q_pos - k_pos).to(tl.float32), 1.0
 
 
@@ -88,14 +90,14 @@ def make(q, softcap=None, alibi_slopes=None) -> ScoreMod:
     if softcap is None and alibi_slopes is None:
         return IDENTITY
     B, Hq = q.shape[0], q.shape[1]
-    args = torch.zeros(B, Hq, ARGS_PER_HEAD, dtype=torch.float32, device=q.device)
+    args = torch.zeros(B, Hq, ARGS_PER_HEAD.value, dtype=torch.float32, device=q.device)
     if softcap is not None:
-        args[..., 0] = softcap * LOG2E
+        args[..., 0], args[..., 2] = softcap * LOG2E, 1.0 / (softcap * LOG2E)
     if alibi_slopes is not None:
         args[..., 1] = alibi_slopes.to(device=q.device, dtype=torch.float32) * LOG2E  # (Hq,) or (B, Hq)
     fn = tanh_softcap_alibi_bias if softcap is not None and alibi_slopes is not None else \
         tanh_softcap if softcap is not None else alibi_bias
-    return ScoreMod(fn, args.reshape(B * Hq, ARGS_PER_HEAD))
+    return ScoreMod(fn, args.reshape(B * Hq, ARGS_PER_HEAD.value))
 
 
 def kernel_args(mod: Optional[ScoreMod], placeholder: torch.Tensor):
