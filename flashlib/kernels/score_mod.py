@@ -33,7 +33,7 @@ import triton.language as tl
 
 from .tile import LOG2E
 
-ARGS_PER_HEAD = tl.constexpr(3)  # per (batch, query head), base 2: softcap, alibi slope, 1 / softcap
+ARGS_PER_HEAD = tl.constexpr(2)  # per (batch, query head), base 2: softcap, alibi slope
 
 
 @triton.jit
@@ -44,20 +44,18 @@ def identity(s, q_pos, k_pos, bh, args):
 
 @triton.jit
 def _tanh(y):
-    """tanh from one exp2 and one division (2-ulp, not IEEE-rounded: a reciprocal on the GPU's
-    special-function unit, which the softmax's exp2 already keeps busy), exact at 0 and
-    saturating to +-1 without overflow."""
+    """tanh from one exp2, exact at 0 and saturating to +-1 without overflow."""
     e = tl.math.exp2(-2.8853900817779268 * tl.abs(y))         # exp(-2|y|); 2 * log2(e)
-    t = tl.fdiv(1.0 - e, 1.0 + e, ieee_rounding=False)
+    t = (1.0 - e) / (1.0 + e)
     return tl.where(y < 0, -t, t)
 
 
 @triton.jit
 def tanh_softcap(s, q_pos, k_pos, bh, args):
-    """Gemma 2's logit softcap, c * tanh(s / c); d/ds = 1 - tanh^2. Column 0: c, column 2: 1 / c
-    (a multiply per score instead of a division)."""
-    t = _tanh(s * tl.load(args + bh * ARGS_PER_HEAD + 2))
-    return tl.load(args + bh * ARGS_PER_HEAD) * t, 1.0 - t * t
+    """Gemma 2's logit softcap, c * tanh(s / c); d/ds = 1 - tanh^2. c in column 0."""
+    cap = tl.load(args + bh * ARGS_PER_HEAD)
+    t = _tanh(s / cap)
+    return cap * t, 1.0 - t * t
 
 
 @triton.jit
@@ -92,7 +90,7 @@ def make(q, softcap=None, alibi_slopes=None) -> ScoreMod:
     B, Hq = q.shape[0], q.shape[1]
     args = torch.zeros(B, Hq, ARGS_PER_HEAD.value, dtype=torch.float32, device=q.device)
     if softcap is not None:
-        args[..., 0], args[..., 2] = softcap * LOG2E, 1.0 / (softcap * LOG2E)
+        args[..., 0] = softcap * LOG2E
     if alibi_slopes is not None:
         args[..., 1] = alibi_slopes.to(device=q.device, dtype=torch.float32) * LOG2E  # (Hq,) or (B, Hq)
     fn = tanh_softcap_alibi_bias if softcap is not None and alibi_slopes is not None else \
