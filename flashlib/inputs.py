@@ -82,17 +82,17 @@ def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int]:
     return B, Hq, Hkv, Nq, Nk, D
 
 
-def check_score_mods(q, *, softcap=None, alibi_slopes=None):
+def check_score_mods(q, *, softcap=None, alibi_slopes=None, batch=None):
     """Validate the score modifiers for q (B, Hq, ...): ``softcap`` a positive finite float or
     None; ``alibi_slopes`` a float32 tensor (Hq,) or (B, Hq) on q's device with finite values, or
-    None. Returns softcap as a float (or None)."""
+    None (``batch``: B when q is packed, (total, Hq, D)). Returns softcap as a float (or None)."""
     if softcap is not None:
         if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) \
                 or not math.isfinite(softcap) or softcap <= 0:
             raise ValueError(f"softcap must be a positive finite number or None, got {softcap!r}")
         softcap = float(softcap)
     if alibi_slopes is not None:
-        B, Hq = q.shape[0], q.shape[1]
+        B, Hq = q.shape[0] if batch is None else batch, q.shape[1]
         if not isinstance(alibi_slopes, torch.Tensor):
             raise TypeError(f"alibi_slopes must be a torch.Tensor or None, got "
                             f"{type(alibi_slopes).__name__}")
@@ -108,3 +108,47 @@ def check_score_mods(q, *, softcap=None, alibi_slopes=None):
                 and not bool(torch.isfinite(alibi_slopes).all()):
             raise ValueError("alibi_slopes holds a value that is not finite")
     return softcap
+
+
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, scale=None,
+                 causal=False):
+    """Validate packed (varlen) inputs: q (total_q, Hq, D), k, v (total_k, Hkv, D), int32 offsets
+    (batch + 1,) from 0, non-decreasing, ending at the tensors' lengths, and max_seqlen_* at least
+    the longest sequence. Returns the resolved scale. The offsets are read on the host (a device
+    sync on a GPU): wrong ones would read another sequence's rows, so they are always checked."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.ndim != 3:
+            raise ValueError(f"{name} must have 3 dims (total_tokens, heads, headdim): sequences "
+                             f"packed one after another; got shape {tuple(t.shape)}")
+    # the SDPA-layout checks (dtypes, devices, heads, headdim) on (1, heads, tokens, headdim) views
+    scale = check_inputs(*(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)), scale=scale,
+                         causal=causal)
+    lengths = {}
+    for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[0]),
+                            ("cu_seqlens_k", cu_seqlens_k, k.shape[0])):
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
+        if cu.dtype != torch.int32 or cu.ndim != 1 or cu.numel() < 2:
+            raise TypeError(f"{name} must be an int32 tensor of shape (batch + 1,), got "
+                            f"{cu.dtype} of shape {tuple(cu.shape)}")
+        if cu.device != q.device:
+            raise ValueError(f"{name} is on {cu.device} but q is on {q.device}")
+        offsets = cu.tolist()
+        steps = [b - a for a, b in zip(offsets, offsets[1:])]
+        if offsets[0] != 0 or min(steps) < 0 or offsets[-1] != total:
+            raise ValueError(f"{name} must start at 0, never decrease and end at {total} (the "
+                             f"tokens of {name[-1]}), got {offsets[:8]}{' ...' if len(offsets) > 8 else ''}")
+        lengths[name] = steps
+    if len(lengths["cu_seqlens_q"]) != len(lengths["cu_seqlens_k"]):
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k describe {len(lengths['cu_seqlens_q'])} "
+                         f"and {len(lengths['cu_seqlens_k'])} sequences; they must agree")
+    for name, value, side in (("max_seqlen_q", max_seqlen_q, "cu_seqlens_q"),
+                              ("max_seqlen_k", max_seqlen_k, "cu_seqlens_k")):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+        if value < max(lengths[side]):
+            raise ValueError(f"{name}={value} is less than the longest sequence in {side}, "
+                             f"{max(lengths[side])}")
+    return scale

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from .inputs import check_inputs, check_score_mods
+from .inputs import check_inputs, check_score_mods, check_varlen
 from .kernels import score_mod
 from .kernels.fa2_fwd import fa2_forward
 from .masks import KernelView
@@ -22,11 +22,14 @@ class FlashAttention(torch.autograd.Function):
     """FA2 forward and backward as one autograd node; saves q, k, v, out, lse (O(N) memory)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, mod):   # mod: a kernels.score_mod.ScoreMod
-        out, lse = fa2_forward(q, k, v, causal=causal, scale=scale, score_mod=mod)
+    def forward(ctx, q, k, v, causal, scale, mod, packed=None):
+        # mod: a kernels.score_mod.ScoreMod; packed: None, or varlen's ((cu_q, cu_k), (max_q, max_k))
+        cu_seqlens, max_seqlen = packed or (None, None)
+        out, lse = fa2_forward(q, k, v, causal=causal, scale=scale, score_mod=mod,
+                               cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
         ctx.set_materialize_grads(False)   # lse's gradient: None, not a zeros tensor per call
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.scale, ctx.mod = causal, scale, mod
+        ctx.causal, ctx.scale, ctx.mod, ctx.packed = causal, scale, mod, packed
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -35,10 +38,11 @@ class FlashAttention(torch.autograd.Function):
         from .kernels.fa2_bwd import fa2_backward
         q, k, v, out, lse = ctx.saved_tensors
         if dout is None:   # out took no part in the loss
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
+        cu_seqlens, max_seqlen = ctx.packed or (None, None)
         dq, dk, dv = fa2_backward(q, k, v, out, lse, dout, causal=ctx.causal, scale=ctx.scale,
-                                  score_mod=ctx.mod)
-        return dq, dk, dv, None, None, None
+                                  score_mod=ctx.mod, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+        return dq, dk, dv, None, None, None, None
 
 
 # Under torch.compile, Dynamo cannot trace into the launchers (fast_launch's memo, a @triton.jit
@@ -121,6 +125,41 @@ def flash_attention(q, k, v, *, causal=False, scale=None, softcap=None, alibi_sl
         out, lse = _fa2_forward_op(q, k, v, causal, scale, softcap, alibi_slopes)
     else:
         out, lse = FlashAttention.apply(q, k, v, causal, scale, score_mod.make(q, softcap, alibi_slopes))
+    return (out, lse) if return_lse else out
+
+
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                           causal=False, scale=None, softcap=None, alibi_slopes=None,
+                           return_lse=False):
+    """``flash_attention`` over a batch of sequences of different lengths, packed without padding.
+
+    q: (total_q, heads_q, headdim), k, v: (total_k, heads_kv, headdim): the sequences one after
+    another (flash-attn's layout); sequence b is rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q
+    and [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of k and v. cu_seqlens_*: int32 (batch + 1,) from 0,
+    non-decreasing, ending at total_q / total_k; max_seqlen_*: ints at least the longest sequence
+    (the kernels' grid). Sequences never see each other; ``causal`` is bottom-right within each
+    one (query i of n_q sees key j of n_k iff j <= i + n_k - n_q). For two sequences of 3 and 2
+    tokens, causal (x = attends)::
+
+        x . . | . .
+        x x . | . .
+        x x x | . .
+        ------+----
+        . . . | x .
+        . . . | x x
+
+    scale, softcap: as ``flash_attention``; alibi_slopes: (heads_q,) or (batch, heads_q), the bias
+    from positions within each sequence. Returns out (total_q, heads_q, headdim) or (out, lse) with
+    lse (heads_q, total_q) float32, natural log; an empty sequence has no rows. Differentiable in
+    q, k, v. The offsets are checked on the host (a device sync per call on a GPU).
+    """
+    scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         scale=scale, causal=causal)
+    batch = cu_seqlens_q.numel() - 1
+    softcap = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes, batch=batch)
+    packed = ((cu_seqlens_q, cu_seqlens_k), (int(max_seqlen_q), int(max_seqlen_k)))
+    out, lse = FlashAttention.apply(q, k, v, causal, scale,
+                                    score_mod.make(q, softcap, alibi_slopes, batch=batch), packed)
     return (out, lse) if return_lse else out
 
 

@@ -193,12 +193,14 @@ def suite_cases(suite, quick):
     raise ValueError(f"unknown suite {suite!r}")
 
 
-def plot(records, path, title):
-    """Bars of TFLOP/s per shape and implementation, one panel per op."""
+def plot(records, path, title, *, value="tflops", ylabel="TFLOP/s", label=None, impl_label=None):
+    """Bars of ``value`` (TFLOP/s by default) per shape and implementation, one panel per op.
+    label(record): the shape's name under its bars; impl_label(record): the legend's."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    label = lambda r: f"d{r['D']} N{r['Nq']}{' causal' if r['causal'] else ''}"  # noqa: E731
+    label = label or (lambda r: f"d{r['D']} N{r['Nq']}{' causal' if r['causal'] else ''}")
+    impl_label = impl_label or (lambda r: r["impl"])
     ops = sorted({r["op"] for r in records})
     fig, axes = plt.subplots(1, len(ops), figsize=(7 * len(ops), 4.5), squeeze=False)
     for ax, op in zip(axes[0], ops):
@@ -207,11 +209,12 @@ def plot(records, path, title):
         impls = list(dict.fromkeys(r["impl"] for r in rs))
         width = 0.8 / len(impls)
         for i, impl in enumerate(impls):
-            tflops = {label(r): r["tflops"] or 0 for r in rs if r["impl"] == impl}
-            ax.bar([x + i * width for x in range(len(labels))], [tflops.get(lab, 0) for lab in labels],
-                   width, label=impl)
+            mine = [r for r in rs if r["impl"] == impl]
+            values = {label(r): r[value] or 0 for r in mine}
+            ax.bar([x + i * width for x in range(len(labels))], [values.get(lab, 0) for lab in labels],
+                   width, label=impl_label(mine[0]))
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(labels))], labels, rotation=20)
-        ax.set_ylabel("TFLOP/s")
+        ax.set_ylabel(ylabel)
         ax.set_title(f"{title}: {op}")
         ax.legend(fontsize=8)
     fig.tight_layout()

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from .. import runtime
+from . import harness
 from ..distributed import Ring, RingAttention, ring_attention, shard
 from ..kernels.versions import attention_flops
 from ..ops import flash_attention
@@ -194,28 +195,10 @@ def describe(r):
 
 def plot(records, path, title):
     """Tokens per second of one GPU and the ring, per shape; one panel per op."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    ops = sorted({r["op"] for r in records})
-    fig, axes = plt.subplots(1, len(ops), figsize=(7 * len(ops), 4.5), squeeze=False)
-    label = lambda r: f"N{r['Nq'] // 1024}k{' causal' if r['causal'] else ''}"  # noqa: E731
-    for ax, op in zip(axes[0], ops):
-        rs = [r for r in records if r["op"] == op]
-        labels = list(dict.fromkeys(label(r) for r in rs))
-        impls = list(dict.fromkeys(r["impl"] for r in rs))
-        width = 0.8 / len(impls)
-        for i, impl in enumerate(impls):
-            tps = {label(r): r["tokens_per_s"] for r in rs if r["impl"] == impl}
-            ax.bar([x + i * width for x in range(len(labels))], [tps.get(lab, 0) for lab in labels],
-                   width, label=impl if impl == "flashlib" else f"{impl} x{rs[0].get('world', '')}")
-        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(labels))], labels, rotation=20)
-        ax.set_ylabel("tokens / s")
-        ax.set_title(f"{title}: {op}")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    harness.plot(records, path, title, value="tokens_per_s", ylabel="tokens / s",
+                 label=lambda r: f"N{r['Nq'] // 1024}k{' causal' if r['causal'] else ''}",
+                 impl_label=lambda r: r["impl"] if r["impl"] == "flashlib" else
+                 f"{r['impl']} x{r.get('world', '')}")
 
 
 def main_worker(args):

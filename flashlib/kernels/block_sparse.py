@@ -143,8 +143,9 @@ def _bs_fwd_kernel(Q, K, V, Out, Lse, ModArgs, KvCount, KvFull, KvIndex, KvBitma
                                         tile_update, SCORE_MOD)
             start_n = _next_start(index + n_full, t, (n_all - n_full) * TILES, start_n, TILES,
                                   SPARSE_BLOCK, BLOCK_N, False)
-    write_output(Out, Lse, acc, m_i, l_i, off_b, off_h, off_bh, stride_ob, stride_oh, stride_om,
-                 offs_m, offs_d, Nq, D, EVEN_M, EVEN_D)
+    write_output(Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh,
+                 Lse + off_bh.to(tl.int64) * Nq, acc, m_i, l_i, stride_om, offs_m, offs_d, Nq, D,
+                 EVEN_M, EVEN_D)
 
 
 @triton.jit
@@ -173,8 +174,8 @@ def _bs_dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, ModArgs, KvCount, KvFull, 
     do = load_rows(dOut + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh,
                    offs_m, offs_d, stride_dom, Nq, D, False)                                # (BM, BD)
     lse2 = _load_lse2(Lse + off_bh.to(tl.int64) * Nq, offs_m, Nq)
-    delta = row_delta(Out, Delta, do, off_b, off_h, off_bh, stride_ob, stride_oh, stride_om, offs_m,
-                      offs_d, Nq, D)                                                        # (BM,)
+    delta = row_delta(Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh,
+                      Delta + off_bh.to(tl.int64) * Nq, do, stride_om, offs_m, offs_d, Nq, D)  # (BM,)
     k_base = K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
     v_base = V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)

@@ -12,6 +12,7 @@ Shared memory: a kernel keeps ``resident`` rows of headdim (e.g. its Q block) an
 reports); configs over the GPU's per-block limit are dropped before compiling.
 """
 import functools
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -126,3 +127,36 @@ def prologue(q, *tensors, scale=None, allow_tf32=False):
         tensors = [t.float() for t in tensors]
     scale = resolve_scale(scale, q.shape[-1])
     return tensors, scale, "tf32" if allow_tf32 else "ieee", dtype
+
+
+class Dims(NamedTuple):
+    """A launch's sizes and layout, dense (B, H, N, D) or packed (flash-attn's varlen layout)."""
+    sizes: tuple             # (B, Hq, Hkv, Nq, Nk, D); packed: B sequences, Nq, Nk the longest
+    cu_q: Optional[torch.Tensor]   # packed: int32 (B + 1,) row offsets; dense: None
+    cu_k: Optional[torch.Tensor]
+    total_q: int             # packed: rows of q (lse is (Hq, total_q)); dense: 0
+
+    @property
+    def lse_shape(self):
+        B, Hq, _, Nq, _, _ = self.sizes
+        return (B, Hq, Nq) if self.cu_q is None else (Hq, self.total_q)
+
+    def strides(self, t):
+        """The kernels' (batch, head, row) strides of q, k, v, out or a gradient: packed tensors
+        (rows, heads, D) have no batch stride (the rows' offsets say where each sequence is)."""
+        return t.stride()[:3] if self.cu_q is None else (0, t.stride(1), t.stride(0))
+
+    def offsets(self, placeholder):
+        """The kernels' CuSeqQ, CuSeqK arguments (``placeholder`` where there are none)."""
+        return (placeholder, placeholder) if self.cu_q is None else (self.cu_q, self.cu_k)
+
+
+def packed_dims(q, k, cu_seqlens=None, max_seqlen=None) -> Dims:
+    """``Dims`` of dense q (B, Hq, Nq, D), k (B, Hkv, Nk, D), or, with cu_seqlens=(cu_q, cu_k)
+    and max_seqlen=(max_q, max_k), of packed q (total_q, Hq, D), k (total_k, Hkv, D)."""
+    if cu_seqlens is None:
+        B, Hq, Nq, D = q.shape
+        return Dims((B, Hq, k.shape[1], Nq, k.shape[2], D), None, None, 0)
+    total_q, Hq, D = q.shape
+    cu_q, cu_k = cu_seqlens
+    return Dims((cu_q.numel() - 1, Hq, k.shape[1], *max_seqlen, D), cu_q, cu_k, total_q)

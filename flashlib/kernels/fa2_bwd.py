@@ -21,25 +21,25 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from .config import cdiv, padded_headdim, prologue, size_bucket, tuned
+from .config import cdiv, packed_dims, padded_headdim, prologue, size_bucket, tuned
 from .launch import fast_launch
 from .score_mod import kernel_args as score_mod_args
+from .fa2_fwd import lse_rows, sequence
 from .tile import LOG2E, key_range
 
 
 @triton.jit
-def row_delta(Out, Delta, do, off_b, off_h, off_bh, stride_ob, stride_oh, stride_om, offs_m, offs_d,
-              Nq, D):
+def row_delta(out_base, delta_base, do, stride_om, offs_m, offs_d, Nq, D):
     """D_i = rowsum(dO_i * O_i) of one query block, (BM,) float32 (it equals rowsum(P_i * dP_i)).
 
     The dQ pass computes it from the dO block it holds anyway and stores it for the dK/dV pass,
     launched after it: one more load of O, instead of a separate launch reading O and dO again.
+    The bases point to this (batch, head)'s row 0 of O and of D (laid out as the lse).
     """
     row_ok = (offs_m[:, None] < Nq) & (offs_d[None, :] < D)
-    o = tl.load(Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
-                + offs_m[:, None] * stride_om + offs_d[None, :], mask=row_ok, other=0.0)     # (BM, BD)
+    o = tl.load(out_base + offs_m[:, None] * stride_om + offs_d[None, :], mask=row_ok, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)                                 # (BM,)
-    tl.store(Delta + off_bh.to(tl.int64) * Nq + offs_m, delta, mask=offs_m < Nq)
+    tl.store(delta_base + offs_m, delta, mask=offs_m < Nq)
     return delta
 
 
@@ -125,24 +125,28 @@ def _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stri
 
 
 @triton.jit
-def _dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, ModArgs,
+def _dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, ModArgs, CuSeqQ, CuSeqK,
                  stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                  stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                  stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                 Hq, Hkv, Nq, Nk, D, scale, qk_scale, n_bucket,
+                 Hq, Hkv, Nq, Nk, D, scale, qk_scale, n_bucket, total_q,
                  GROUP, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr):
+                 DOT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr, VARLEN: tl.constexpr):
     n_n = tl.cdiv(Nk, BLOCK_N)
     off_bkv = tl.program_id(0) // n_n          # flat grid: B x H may exceed CUDA's 65535 on axis 1
     off_b, off_hkv = off_bkv // Hkv, off_bkv % Hkv
     start_n = tl.program_id(0) % n_n * BLOCK_N
+    q0, Nq, k0, Nk = sequence(CuSeqQ, CuSeqK, off_b, Nq, Nk, VARLEN)
+    if VARLEN:
+        if start_n >= Nk:                      # past this sequence's last key block
+            return
     offs_n = start_n + tl.arange(0, BLOCK_N)                                          # (BN,)
     offs_d = tl.arange(0, BLOCK_D)
     kv_ok = (offs_n[:, None] < Nk) & (offs_d[None, :] < D)
-    k = tl.load(K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
+    k = tl.load(K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh + k0 * stride_kn
                 + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_ok, other=0.0)  # (BN, BD)
-    v = tl.load(V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
+    v = tl.load(V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh + k0 * stride_vn
                 + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_ok, other=0.0)  # (BN, BD)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -161,10 +165,10 @@ def _dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, ModArgs,
     for g in range(GROUP):                         # the query heads that share this K/V head
         off_h = off_hkv * GROUP + g
         off_bh = off_b * Hq + off_h
-        q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
-        do_base = dOut + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
-        lse_base = Lse + off_bh.to(tl.int64) * Nq
-        delta_base = Delta + off_bh.to(tl.int64) * Nq
+        q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh + q0 * stride_qm
+        do_base = dOut + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh + q0 * stride_dom
+        lse_base = lse_rows(Lse, off_b, off_h, Hq, Nq, q0, total_q, VARLEN)
+        delta_base = lse_rows(Delta, off_b, off_h, Hq, Nq, q0, total_q, VARLEN)
         if lo < mid:   # the diagonal band: none without a causal mask
             dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                         stride_qm, stride_dom, lo, mid, Nq, causal_offset,
@@ -181,10 +185,10 @@ def _dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, ModArgs,
                                         qk_scale, offs_n, offs_d, D, off_bh, ModArgs, False, True,
                                         EVEN_D, BLOCK_M, DOT_PRECISION, SCORE_MOD)
     dk = dk * scale
-    store_rows(dK + off_b.to(tl.int64) * stride_dkb + off_hkv.to(tl.int64) * stride_dkh, dk, offs_n,
-               stride_dkn, Nk, offs_d, D)
-    store_rows(dV + off_b.to(tl.int64) * stride_dvb + off_hkv.to(tl.int64) * stride_dvh, dv, offs_n,
-               stride_dvn, Nk, offs_d, D)
+    store_rows(dK + off_b.to(tl.int64) * stride_dkb + off_hkv.to(tl.int64) * stride_dkh + k0 * stride_dkn,
+               dk, offs_n, stride_dkn, Nk, offs_d, D)
+    store_rows(dV + off_b.to(tl.int64) * stride_dvb + off_hkv.to(tl.int64) * stride_dvh + k0 * stride_dvn,
+               dv, offs_n, stride_dvn, Nk, offs_d, D)
 
 
 @triton.jit
@@ -231,14 +235,14 @@ def _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
 
 
 @triton.jit
-def _dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, ModArgs,
+def _dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, ModArgs, CuSeqQ, CuSeqK,
                stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                stride_ob, stride_oh, stride_om, stride_dqb, stride_dqh, stride_dqm,
-               Hq, Nq, Nk, D, scale, qk_scale, n_bucket,
+               Hq, Nq, Nk, D, scale, qk_scale, n_bucket, total_q,
                GROUP, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-               DOT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr):
+               DOT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr, VARLEN: tl.constexpr):
     n_m = tl.cdiv(Nq, BLOCK_M)
     pid_m = tl.program_id(0) % n_m
     off_bh = tl.program_id(0) // n_m           # flat grid: B x H may exceed CUDA's 65535 on axis 1
@@ -247,18 +251,23 @@ def _dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, ModArgs,
     off_b, off_h = off_bh // Hq, off_bh % Hq
     off_hkv = off_h // GROUP
     start_m = pid_m * BLOCK_M
+    q0, Nq, k0, Nk = sequence(CuSeqQ, CuSeqK, off_b, Nq, Nk, VARLEN)
+    if VARLEN:
+        if start_m >= Nq:                       # past this sequence's last query block
+            return
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = (offs_m[:, None] < Nq) & (offs_d[None, :] < D)
-    q = tl.load(Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+    q = tl.load(Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh + q0 * stride_qm
                 + offs_m[:, None] * stride_qm + offs_d[None, :], mask=row_ok, other=0.0)      # (BM, BD)
-    do = tl.load(dOut + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+    do = tl.load(dOut + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh + q0 * stride_dom
                  + offs_m[:, None] * stride_dom + offs_d[None, :], mask=row_ok, other=0.0)   # (BM, BD)
-    lse2 = _load_lse2(Lse + off_bh.to(tl.int64) * Nq, offs_m, Nq)
-    delta = row_delta(Out, Delta, do, off_b, off_h, off_bh, stride_ob, stride_oh, stride_om, offs_m,
-                      offs_d, Nq, D)                                                          # (BM,)
-    k_base = K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
-    v_base = V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
+    lse2 = _load_lse2(lse_rows(Lse, off_b, off_h, Hq, Nq, q0, total_q, VARLEN), offs_m, Nq)
+    delta = row_delta(Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh + q0 * stride_om,
+                      lse_rows(Delta, off_b, off_h, Hq, Nq, q0, total_q, VARLEN), do, stride_om,
+                      offs_m, offs_d, Nq, D)                                                  # (BM,)
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh + k0 * stride_kn
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh + k0 * stride_vn
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     # key range: [0, n_full) needs no mask; [n_full, hi) is the diagonal band and/or ragged tail
@@ -272,8 +281,8 @@ def _dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, ModArgs,
                             hi, Nk, causal_offset, qk_scale, offs_m, offs_d, D, off_bh, ModArgs,
                             True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, SCORE_MOD)
     dq = dq * scale
-    store_rows(dQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh, dq, offs_m,
-               stride_dqm, Nq, offs_d, D)
+    store_rows(dQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh + q0 * stride_dqm,
+               dq, offs_m, stride_dqm, Nq, offs_d, D)
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages); the first is used when autotuning is off
@@ -287,18 +296,19 @@ _choose_dq = tuned(_dq_kernel, DQ_CONFIGS, lambda bm, bn: (2 * bm, 2 * bn))
 
 
 def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf32=False,
-                 score_mod=None):
+                 score_mod=None, cu_seqlens=None, max_seqlen=None):
     """Gradients of attention from the saved (q, k, v, out, lse). Returns ``(dq, dk, dv)``.
 
     Shapes as ``fa2_forward``: q, out, dout (B, Hq, Nq, D); k, v (B, Hkv, Nk, D);
     lse (B, Hq, Nq) float32 natural log. dk, dv are summed over each group of query heads.
-    score_mod: the forward's ``kernels.score_mod.ScoreMod`` (None: none).
+    score_mod: the forward's ``kernels.score_mod.ScoreMod`` (None: none). cu_seqlens, max_seqlen:
+    packed sequences, as ``fa2_forward``.
     """
     runtime.check_kernel(_dkdv_kernel)
-    B, Hq, Nq, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
     (q, k, v, out, dout), scale, precision, grad_dtype = prologue(
         q, k, v, out, dout.to(q.dtype), scale=scale, allow_tf32=allow_tf32)
+    dims = packed_dims(q, k, cu_seqlens, max_seqlen)
+    B, Hq, Hkv, Nq, Nk, D = dims.sizes
     lse = lse.contiguous()
     block_d = padded_headdim(D)
     n_bucket = size_bucket(Nq, Nk, slices=B * Hq)
@@ -306,26 +316,24 @@ def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf3
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)   # written by the dQ pass
-    common = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-              v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2))
+    delta = torch.empty_like(lse)                                    # written by the dQ pass
+    common = (*dims.strides(q), *dims.strides(k), *dims.strides(v), *dims.strides(dout))
     scores = B * Hq * Nq * Nk
     dq_kernel, dq_config = _choose_dq(block_d, q.element_size(), scores)
     dkdv_kernel, dkdv_config = _choose_dkdv(block_d, q.element_size(), scores)
     mod_args, mod_fn = score_mod_args(score_mod, lse)
     fast_launch(
         dq_kernel, lambda meta: (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
-        q, k, v, out, dout, lse, delta, dq, mod_args, *common, out.stride(0), out.stride(1), out.stride(2),
-        dq.stride(0), dq.stride(1), dq.stride(2), Hq, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
-        GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, EVEN_D=D == block_d,
-        DOT_PRECISION=precision, SCORE_MOD=mod_fn,
+        q, k, v, out, dout, lse, delta, dq, mod_args, *dims.offsets(lse), *common,
+        *dims.strides(out), *dims.strides(dq), Hq, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
+        dims.total_q, GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, EVEN_D=D == block_d,
+        DOT_PRECISION=precision, SCORE_MOD=mod_fn, VARLEN=dims.cu_q is not None,
         **dq_config)
     fast_launch(
         dkdv_kernel, lambda meta: (cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,),
-        q, k, v, dout, lse, delta, dk, dv, mod_args, *common,
-        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        Hq, Hkv, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
-        GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, EVEN_D=D == block_d,
-        DOT_PRECISION=precision, SCORE_MOD=mod_fn,
+        q, k, v, dout, lse, delta, dk, dv, mod_args, *dims.offsets(lse), *common,
+        *dims.strides(dk), *dims.strides(dv), Hq, Hkv, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
+        dims.total_q, GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, EVEN_D=D == block_d,
+        DOT_PRECISION=precision, SCORE_MOD=mod_fn, VARLEN=dims.cu_q is not None,
         **dkdv_config)
     return dq.to(grad_dtype), dk.to(grad_dtype), dv.to(grad_dtype)

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from .config import cdiv, padded_headdim, prologue, size_bucket, tuned
+from .config import cdiv, packed_dims, padded_headdim, prologue, size_bucket, tuned
 from .launch import fast_launch
 from .score_mod import kernel_args as score_mod_args
 from .tile import LOG2E, finalize, key_range
@@ -88,17 +88,44 @@ def load_rows(base, offs_m, offs_d, stride_m, N, D, EVEN: tl.constexpr):
 
 
 @triton.jit
-def write_output(Out, Lse, acc, m_i, l_i, off_b, off_h, off_bh, stride_ob, stride_oh, stride_om,
-                 offs_m, offs_d, Nq, D, EVEN_M: tl.constexpr, EVEN_D: tl.constexpr):
-    """Normalise the state once and store out (BM, BD) and lse (BM,) of one query block."""
-    out, lse = finalize(acc, m_i, l_i)
-    o_ptrs = (Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
-              + offs_m[:, None] * stride_om + offs_d[None, :])
-    lse_ptrs = Lse + off_bh.to(tl.int64) * Nq + offs_m
-    if EVEN_M and EVEN_D:
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty))
+def sequence(CuSeqQ, CuSeqK, off_b, Nq, Nk, VARLEN: tl.constexpr):
+    """Where batch entry ``off_b``'s rows start and how many there are: ``(q0, Nq, k0, Nk)``.
+
+    Dense: every entry has the kernel's Nq and Nk rows from row 0 (q0 = k0 = 0). VARLEN (packed
+    sequences, flash-attn's layout): rows [cu[b], cu[b + 1]) of the packed tensors, as int64.
+    """
+    if VARLEN:
+        q0 = tl.load(CuSeqQ + off_b).to(tl.int64)
+        k0 = tl.load(CuSeqK + off_b).to(tl.int64)
+        Nq = (tl.load(CuSeqQ + off_b + 1) - q0).to(tl.int32)
+        Nk = (tl.load(CuSeqK + off_b + 1) - k0).to(tl.int32)
     else:
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < D))
+        q0 = 0
+        k0 = 0
+    return q0, Nq, k0, Nk
+
+
+@triton.jit
+def lse_rows(Lse, off_b, off_h, Hq, Nq, q0, total_q, VARLEN: tl.constexpr):
+    """Where (batch entry, query head)'s lse rows start: (B, Hq, Nq) dense, (Hq, total_q) VARLEN."""
+    if VARLEN:
+        return Lse + off_h.to(tl.int64) * total_q + q0
+    return Lse + (off_b * Hq + off_h).to(tl.int64) * Nq
+
+
+@triton.jit
+def write_output(out_base, lse_base, acc, m_i, l_i, stride_om, offs_m, offs_d, Nq, D,
+                 EVEN_M: tl.constexpr, EVEN_D: tl.constexpr):
+    """Normalise the state once and store out (BM, BD) and lse (BM,) of one query block; the bases
+    point to this (batch, head)'s row 0."""
+    out, lse = finalize(acc, m_i, l_i)
+    o_ptrs = out_base + offs_m[:, None] * stride_om + offs_d[None, :]
+    lse_ptrs = lse_base + offs_m
+    if EVEN_M and EVEN_D:
+        tl.store(o_ptrs, out.to(out_base.dtype.element_ty))
+    else:
+        tl.store(o_ptrs, out.to(out_base.dtype.element_ty),
+                 mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < D))
     if EVEN_M:
         tl.store(lse_ptrs, lse)
     else:
@@ -106,18 +133,19 @@ def write_output(Out, Lse, acc, m_i, l_i, off_b, off_h, off_bh, stride_ob, strid
 
 
 @triton.jit
-def _fa2_fwd_kernel(Q, K, V, Out, Lse, ModArgs,
+def _fa2_fwd_kernel(Q, K, V, Out, Lse, ModArgs, CuSeqQ, CuSeqK,
                     stride_qb, stride_qh, stride_qm,
                     stride_kb, stride_kh, stride_kn,
                     stride_vb, stride_vh, stride_vn,
                     stride_ob, stride_oh, stride_om,
-                    Hq, Nq, Nk, D, qk_scale, n_bucket,
+                    Hq, Nq, Nk, D, qk_scale, n_bucket, total_q,
                     GROUP, CAUSAL: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     EVEN_M: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    TILE_UPDATE: tl.constexpr, SCORE_MOD: tl.constexpr):
+                    TILE_UPDATE: tl.constexpr, SCORE_MOD: tl.constexpr, VARLEN: tl.constexpr):
     # one flat grid axis (CUDA caps axes 1 and 2 at 65535 programs; B x H can exceed that),
-    # query blocks of one (batch, head) adjacent so they share its K/V in L2
+    # query blocks of one (batch, head) adjacent so they share its K/V in L2. VARLEN: Nq and Nk
+    # are the longest sequence's, the grid covers it, and each entry's come from cu_seqlens.
     n_m = tl.cdiv(Nq, BLOCK_M)
     pid_m = tl.program_id(0) % n_m
     off_bh = tl.program_id(0) // n_m
@@ -127,13 +155,17 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse, ModArgs,
     off_h = off_bh % Hq
     off_hkv = off_h // GROUP                      # grouped-query: GROUP query heads share K/V
     start_m = pid_m * BLOCK_M
+    q0, Nq, k0, Nk = sequence(CuSeqQ, CuSeqK, off_b, Nq, Nk, VARLEN)
+    if VARLEN:
+        if start_m >= Nq:                         # past this sequence's last query block
+            return
     offs_m = start_m + tl.arange(0, BLOCK_M)      # (BM,)
     offs_n = tl.arange(0, BLOCK_N)                # (BN,)
     offs_d = tl.arange(0, BLOCK_D)                # (BD,)
 
-    q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
-    k_base = K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
-    v_base = V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
+    q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh + q0 * stride_qm
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh + k0 * stride_kn
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh + k0 * stride_vn
     q = load_rows(q_base, offs_m, offs_d, stride_qm, Nq, D, EVEN_M and EVEN_D)   # (BM, BD)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -153,8 +185,9 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse, ModArgs,
             causal_offset, qk_scale, offs_m, offs_n, offs_d, D, off_bh, ModArgs,
             True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD)
 
-    write_output(Out, Lse, acc, m_i, l_i, off_b, off_h, off_bh, stride_ob, stride_oh, stride_om,
-                 offs_m, offs_d, Nq, D, EVEN_M, EVEN_D)
+    out_base = Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh + q0 * stride_om
+    write_output(out_base, lse_rows(Lse, off_b, off_h, Hq, Nq, q0, total_q, VARLEN), acc, m_i, l_i,
+                 stride_om, offs_m, offs_d, Nq, D, EVEN_M, EVEN_D)
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages); the first is used when autotuning is off
@@ -166,7 +199,7 @@ _choose = tuned(_fa2_fwd_kernel, CONFIGS, lambda bm, bn: (bm, 2 * bn))
 
 
 def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_update=None,
-                score_mod=None):
+                score_mod=None, cu_seqlens=None, max_seqlen=None):
     """Launch the FA2 forward kernel. Returns ``(out, lse)``.
 
     q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D). out: like q; lse: (B, Hq, Nq) float32, natural
@@ -176,31 +209,32 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
     tile_update: a ``@triton.jit`` function with the signature of ``kernels.tile.tile_update``
     to use in the inner loop instead (lesson 07's exercise plugs a learner's version in here).
     score_mod: a ``kernels.score_mod.ScoreMod`` (softcap, ALiBi); None: the scores as they are.
+    cu_seqlens=(cu_q, cu_k), max_seqlen=(max_q, max_k): packed sequences (flash-attn's varlen
+    layout): q (total_q, Hq, D), k, v (total_k, Hkv, D), sequence b in rows [cu[b], cu[b + 1]);
+    then out is like q and lse (Hq, total_q).
     """
     runtime.check_kernel(_fa2_fwd_kernel)
-    B, Hq, Nq, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
     (q, k, v), scale, precision, out_dtype = prologue(q, k, v, scale=scale, allow_tf32=allow_tf32)
+    dims = packed_dims(q, k, cu_seqlens, max_seqlen)
+    B, Hq, Hkv, Nq, Nk, D = dims.sizes
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
+    lse = torch.empty(dims.lse_shape, dtype=torch.float32, device=q.device)
     block_d = padded_headdim(D)
     kernel, config = _choose(block_d, q.element_size(), B * Hq * Nq * Nk)
-    even_m = all(Nq % bm == 0 for bm in ([config["BLOCK_M"]] if config else {c[0] for c in CONFIGS}))
+    even_m = dims.cu_q is None and all(
+        Nq % bm == 0 for bm in ([config["BLOCK_M"]] if config else {c[0] for c in CONFIGS}))
 
     def grid(meta):
         return (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,)
 
     mod_args, mod_fn = score_mod_args(score_mod, lse)
     fast_launch(
-        kernel, grid, q, k, v, out, lse, mod_args,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        Hq, Nq, Nk, D, scale * LOG2E, size_bucket(Nq, Nk, slices=B * Hq),
+        kernel, grid, q, k, v, out, lse, mod_args, *dims.offsets(lse),
+        *dims.strides(q), *dims.strides(k), *dims.strides(v), *dims.strides(out),
+        Hq, Nq, Nk, D, scale * LOG2E, size_bucket(Nq, Nk, slices=B * Hq), dims.total_q,
         GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d,
         EVEN_M=even_m, EVEN_D=(D == block_d),
         DOT_PRECISION=precision,
         TILE_UPDATE=tile_update_fn if tile_update is None else tile_update, SCORE_MOD=mod_fn,
-        **config)
+        VARLEN=dims.cu_q is not None, **config)
     return out.to(out_dtype), lse

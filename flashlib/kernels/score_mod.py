@@ -82,12 +82,13 @@ class ScoreMod(NamedTuple):
 IDENTITY = ScoreMod(identity, None)
 
 
-def make(q, softcap=None, alibi_slopes=None) -> ScoreMod:
+def make(q, softcap=None, alibi_slopes=None, *, batch=None) -> ScoreMod:
     """The ``ScoreMod`` of the public functions' ``softcap`` and ``alibi_slopes`` for q (B, Hq, ...)
-    (validated before, by ``flashlib.inputs.check_score_mods``): ``IDENTITY`` when both are None."""
+    (validated before, by ``flashlib.inputs.check_score_mods``): ``IDENTITY`` when both are None.
+    batch: B when q is packed, (total, Hq, D)."""
     if softcap is None and alibi_slopes is None:
         return IDENTITY
-    B, Hq = q.shape[0], q.shape[1]
+    B, Hq = q.shape[0] if batch is None else batch, q.shape[1]
     args = torch.zeros(B, Hq, ARGS_PER_HEAD.value, dtype=torch.float32, device=q.device)
     if softcap is not None:
         args[..., 0] = softcap * LOG2E
