@@ -100,7 +100,8 @@ def test_hostile_class(tmp_path, grader_seed, capsys):
     mode, _ = sandbox.probe(ROOT, [ROOT / "solutions"])
 
     rows = classroom.grade(cls, out=tmp_path / "grades.csv", timeout=TIMEOUT, jobs=2,
-                           exercises=NUMPY_EXERCISES, seed=grader_seed, progress=False, memory=2)
+                           exercises=NUMPY_EXERCISES, seed=grader_seed, progress=False, memory=2,
+                           unconfined=True)    # the checks below adapt to the mode
     printed = capsys.readouterr().out
     got = {(r["student"], r["exercise"][:4]): r for r in rows}
     names = {course.short(n): n for n in course.list_exercises(ROOT)}
@@ -133,6 +134,21 @@ def test_hostile_class(tmp_path, grader_seed, capsys):
     saved = (tmp_path / "grades.csv").read_text()
     assert "99" not in saved and "graded 14 students" not in printed
     assert f"graded {len({r['student'] for r in rows})} students" in printed
+
+
+def test_no_confinement_is_refused_unless_asked_for(tmp_path, monkeypatch, capsys):
+    """Issue 36: where unshare is unavailable, `grade` refuses before any student file runs
+    (a file would run with the instructor's rights); --unconfined grades anyway, and says so."""
+    (tmp_path / "ada").mkdir()
+    shutil.copy(ROOT / "solutions" / "ex00_roofline.py", tmp_path / "ada")
+    monkeypatch.setattr(sandbox, "probe", lambda root, hide: ("none", "no Linux namespaces (unshare) here"))
+    with pytest.raises(classroom.Unconfined, match=r"no confinement here \(no Linux namespaces.*--unconfined"):
+        classroom.grade(tmp_path, out=tmp_path / "g.csv", exercises=["ex00"], progress=False)
+    assert not (tmp_path / "g.csv").exists()
+    rows = classroom.grade(tmp_path, out=tmp_path / "g.csv", exercises=["ex00"], progress=False,
+                           unconfined=True, timeout=30)
+    assert [r["status"] for r in rows] == ["passed"]
+    assert "no Linux namespaces" in capsys.readouterr().out
 
 
 def test_class_folder_is_restored_if_changed(tmp_path, capsys):
@@ -228,7 +244,7 @@ def test_triton_launches_run_in_the_student_process(tmp_path, grader_seed):
         for ex, file in mine.items():
             shutil.copy(file, tmp_path / student / f"{names[ex]}.py")
     rows = classroom.grade(tmp_path, out=None, timeout=120, jobs=2, exercises=["ex05", "ex07"],
-                           seed=grader_seed, progress=False)
+                           seed=grader_seed, progress=False, unconfined=True)
     for row in rows:
         expected = _in_process(files[row["student"]][row["exercise"][:4]], row["exercise"],
                                grader_seed)
@@ -241,7 +257,8 @@ def test_grade_from_another_folder_with_relative_paths(tmp_path):
     shutil.copytree(ROOT / "solutions", tmp_path / "subs" / "ada",
                     ignore=shutil.ignore_patterns("__pycache__"))
     result = subprocess.run([sys.executable, "-m", "flashlib.course.cli", "grade", "subs", "--out",
-                             "grades.csv", "--exercises", "ex00", "ex01", "--timeout", "30"],
+                             "grades.csv", "--exercises", "ex00", "ex01", "--timeout", "30",
+                             "--unconfined"],
                             capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     with open(tmp_path / "grades.csv", newline="") as f:
@@ -266,7 +283,8 @@ def test_names_links_and_unsolved_copies(tmp_path, grader_seed, capsys):
     (cls / "mallory").mkdir()
     (cls / "mallory" / "exercises").symlink_to(cls / "alice", target_is_directory=True)
     rows = classroom.grade(cls, out=tmp_path / "grades.csv", timeout=TIMEOUT, jobs=2,
-                           exercises=["ex01", "ex02", "ex03"], seed=grader_seed, progress=False)
+                           exercises=["ex01", "ex02", "ex03"], seed=grader_seed, progress=False,
+                           unconfined=True)
     printed = capsys.readouterr().out
     got = {(r["student"], r["exercise"]): r for r in rows}
     for n in names:

@@ -63,7 +63,7 @@ def test_grade_a_class(tmp_path, capsys):
     shutil.copy(ROOT / "tests" / "mutants" / "ex07_no_rescale_l.py", tmp_path / "eve" / f"{ex07}.py")
     began = time.monotonic()
     rows = classroom.grade(tmp_path, out=tmp_path / "grades.csv", timeout=self_check.TIME_LIMIT_S,
-                           seed=1, progress=False)
+                           seed=1, progress=False, unconfined=True)
     print(capsys.readouterr().out, f"\ngraded in {time.monotonic() - began:.1f} s")
     status = {(r["student"], r["exercise"]): r for r in rows}
     for name in names:

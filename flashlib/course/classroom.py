@@ -326,8 +326,12 @@ def _hidden(root, submissions, run_dir):
         f == run_dir or not any(k.is_relative_to(f.resolve()) for k in keep + [run_dir]))]
 
 
+class Unconfined(RuntimeError):
+    """Confinement is unavailable here and grading without it was not asked for."""
+
+
 def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=None,
-          seed=None, progress=True, memory=4.0) -> list[dict]:
+          seed=None, progress=True, memory=4.0, unconfined=False) -> list[dict]:
     """Grade every student's every exercise; write a CSV; print a table; return the rows.
 
     submissions: a folder holding one folder per student, each a copy of exercises/
@@ -335,6 +339,9 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
     its own confined process limited to ``timeout`` seconds (wall clock and CPU) and ``memory``
     GB of address space; ``jobs`` at a time (default: one per CPU core). exercises: names to
     grade (default: all). The same ``seed`` (inputs) for every student.
+    unconfined: grade even where Linux namespaces are unavailable (no read-only files, hidden
+    folders or network cut: a student's file could then write to the course and class folders);
+    otherwise that raises ``Unconfined`` before any file runs.
     Rows: {"student", "exercise", "passed", "total", "status", "seconds"}.
     """
     from tqdm.auto import tqdm
@@ -381,6 +388,12 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
     run_dir = Path(tempfile.mkdtemp(prefix="flashlib-grade-")).resolve()
     hide = _hidden(root, submissions, run_dir)
     mode, why = sandbox.probe(root, hide)
+    if mode == "none" and not unconfined:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise Unconfined(f"no confinement here ({why}): a student's file would run with your "
+                         "rights, able to write to the course and class folders. Grade where "
+                         "unshare works (Linux with user namespaces), or pass --unconfined "
+                         "(unconfined=True) to grade anyway")
     env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL") if k in os.environ}
     env.update(_WORKER_ENV, FLASHLIB_ROOT=str(root))
     settings = dict(root=root, submissions=submissions, graders=graders, stubs=stubs, seed=seed,

@@ -32,7 +32,8 @@ mount is remounted read-only, the student's folder is a size-limited tmpfs holdi
 submission (cwd, HOME and TMPDIR point there), solutions/, tests/, .git, lessons/, the class
 folder and the other students' scratch folders are covered by empty tmpfs, all capabilities are
 dropped (no remount, no way back), it sees no other process and no network. Otherwise (macOS,
-containers without the capability) it runs as the grader's user in a scratch copy: nothing stops
+containers without the capability) ``grade`` refuses to run unless asked (``--unconfined``);
+asked, it runs as the grader's user in a scratch copy: nothing stops
 it writing where that user can, and an audit hook that refuses reads of solutions/, tests/ and
 the class folder can be bypassed (ctypes, subprocesses). In both modes resource limits apply
 (memory as RLIMIT_DATA, CPU seconds, file size) and the grader enforces a wall-clock limit,
