@@ -14,11 +14,11 @@ before any kernel module defines a ``@triton.jit`` function.
 """
 from . import runtime  # noqa: F401  (first: sets TRITON_INTERPRET before kernels are defined)
 from . import distributed, masks, reference  # noqa: F401
-from .decode import KVCache, flash_decode
+from .decode import KVCache, PagedKVCache, flash_decode
 from .ops import block_sparse_attention, flash_attention, flash_attention_varlen
 from .reference import attention_ref
 
-__all__ = ["KVCache", "attention_ref", "block_sparse_attention", "distributed", "flash_attention",
+__all__ = ["KVCache", "PagedKVCache", "attention_ref", "block_sparse_attention", "distributed", "flash_attention",
            "flash_attention_varlen",
            "flash_decode", "masks", "reference", "runtime"]
 __version__ = "0.1.0"

@@ -25,10 +25,19 @@ from .kernels import score_mod
 from .kernels.decode import flash_decode_forward
 
 
-def check_decode_inputs(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=None):
-    """Validate ``flash_decode``'s arguments; return the resolved scale. Errors name the argument."""
-    scale = check_inputs(q, k_cache, v_cache, scale=scale)
-    B, Lmax = q.shape[0], k_cache.shape[2]
+def check_decode_inputs(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=None,
+                        block_table=None, check_table=True):
+    """Validate ``flash_decode``'s arguments; return the resolved scale. Errors name the argument.
+    check_table=False: the block table's entries are trusted (a ``PagedKVCache`` built it)."""
+    if block_table is not None:
+        Lmax = check_pages(q, k_cache, v_cache, cache_seqlens, block_table, check_table)
+        # the SDPA-layout checks (dtypes, devices, heads, headdim) on one page seen as a batch
+        scale = check_inputs(q, *(t[:1].expand(q.shape[0], -1, -1, -1) for t in (k_cache, v_cache)),
+                             scale=scale)
+    else:
+        scale = check_inputs(q, k_cache, v_cache, scale=scale)
+        Lmax = k_cache.shape[2]
+    B = q.shape[0]
     if cache_seqlens is not None:
         if not isinstance(cache_seqlens, torch.Tensor):
             raise TypeError(f"cache_seqlens must be a torch.Tensor of ints or None, got "
@@ -54,8 +63,47 @@ def check_decode_inputs(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=N
     return scale
 
 
-def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=None,
-                 softcap=None, alibi_slopes=None, return_lse=False):
+def check_pages(q, k_cache, v_cache, cache_seqlens, block_table, check_table=True):
+    """Validate a paged cache: pages (num_pages, Hkv, page_size, D) with page_size a power of two
+    >= 16, an int32 block table (B, max_pages) on q's device whose entries are pages that exist,
+    and ``cache_seqlens``, which paging requires. Returns Lmax = max_pages x page_size. The table's
+    entries are read on the host (a device sync on a GPU) unless ``check_table`` is False."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
+                    ("block_table", block_table)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.ndim != 4:
+        raise ValueError(f"q must have 4 dims (batch, heads, n_new, headdim), got {tuple(q.shape)}")
+    B = q.shape[0]
+    if block_table.dtype != torch.int32 or block_table.ndim != 2 or block_table.shape[0] != B:
+        raise TypeError(f"block_table must be an int32 tensor of shape ({B}, max_pages), got "
+                        f"{block_table.dtype} of shape {tuple(block_table.shape)}")
+    if block_table.device != q.device:
+        raise ValueError(f"block_table is on {block_table.device} but q is on {q.device}")
+    if cache_seqlens is None:
+        raise ValueError("cache_seqlens is required with block_table: the pages do not say how "
+                         "many positions of each sequence are valid")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.ndim != 4:
+            raise ValueError(f"{name} must be pages of shape (num_pages, heads_kv, page_size, "
+                             f"headdim) with block_table, got {getattr(t, 'shape', t)!r}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ")
+    num_pages, page_size = k_cache.shape[0], k_cache.shape[2]
+    if num_pages == 0:
+        raise ValueError("k_cache and v_cache hold no pages")
+    if page_size < 16 or page_size & (page_size - 1):
+        raise ValueError(f"page_size (k_cache.shape[2]) must be a power of two >= 16, got {page_size}")
+    if check_table and block_table.numel() and not torch.compiler.is_compiling():
+        lo, hi = int(block_table.min()), int(block_table.max())
+        if lo < 0 or hi >= num_pages:
+            raise ValueError(f"block_table holds page {lo if lo < 0 else hi}, but the caches have "
+                             f"pages 0 to {num_pages - 1}")
+    return block_table.shape[1] * page_size
+
+
+def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, num_splits=None,
+                 scale=None, softcap=None, alibi_slopes=None, return_lse=False):
     """Attention of a few new query tokens over a KV cache, with Flash-Decoding's split-KV kernels.
 
     q: (batch, heads_q, n_new, headdim), n_new small (1 for plain decoding, a few for
@@ -64,6 +112,12 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, sc
     int32/int64 tensor on q's device, the valid length L of each sequence (a ragged batch); None
     means all max_len. The new tokens are the last n_new of those L positions and attend
     bottom-right causally: new token i sees cache position j iff j <= i + L - n_new.
+    block_table: int32 (batch, max_pages) or None. With it the caches are pages (num_pages,
+    heads_kv, page_size, headdim), page_size a power of two >= 16 (vLLM's PagedAttention layout):
+    position p of sequence b is row p % page_size of page block_table[b, p // page_size], pages
+    in any order and shared between sequences; max_len is max_pages x page_size; cache_seqlens is
+    required, and the table's entries are checked to be pages (read on the host: a device sync
+    on a GPU; ``PagedKVCache`` skips it for the tables it built).
     num_splits: chunks each sequence's keys are split into (None: picked from the GPU's SM count,
     the batch, heads and max_len); any value gives the same result up to rounding.
     scale: multiplies q k^T; defaults to 1/sqrt(headdim). softcap, alibi_slopes: score modifiers
@@ -73,15 +127,23 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, sc
     Returns out (like q) or (out, lse) with lse (batch, heads_q, n_new) float32, natural log. A
     row with nothing to attend to (L = 0, or n_new > L) gets out 0 and lse -inf. No gradient.
     """
+    return _decode(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
+                   num_splits=num_splits, scale=scale, softcap=softcap, alibi_slopes=alibi_slopes,
+                   return_lse=return_lse)
+
+
+def _decode(q, k_cache, v_cache, *, cache_seqlens, block_table, num_splits, scale, softcap,
+            alibi_slopes, return_lse, check_table=True):
     scale = check_decode_inputs(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
-                                num_splits=num_splits, scale=scale)
+                                num_splits=num_splits, scale=scale, block_table=block_table,
+                                check_table=check_table)
     softcap = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes)
     if torch.compiler.is_compiling():
         out, lse = _flash_decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, scale, softcap,
-                                    alibi_slopes)
+                                    alibi_slopes, block_table)
     else:
         out, lse = flash_decode_forward(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
-                                        scale=scale, return_lse=return_lse,
+                                        scale=scale, return_lse=return_lse, block_table=block_table,
                                         score_mod=score_mod.make(q, softcap, alibi_slopes))
     return (out, lse) if return_lse else out
 
@@ -92,15 +154,16 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, sc
 @torch.library.custom_op("flashlib::flash_decode", mutates_args=())
 def _flash_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      cache_seqlens: Optional[torch.Tensor], num_splits: Optional[int],
-                     scale: float, softcap: Optional[float], alibi_slopes: Optional[torch.Tensor]
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     scale: float, softcap: Optional[float], alibi_slopes: Optional[torch.Tensor],
+                     block_table: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     return flash_decode_forward(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
                                 scale=scale, return_lse=True, cached_scratch=False,
-                                score_mod=score_mod.make(q, softcap, alibi_slopes))
+                                score_mod=score_mod.make(q, softcap, alibi_slopes),
+                                block_table=block_table)
 
 
 @_flash_decode_op.register_fake
-def _(q, k_cache, v_cache, cache_seqlens, num_splits, scale, softcap, alibi_slopes):
+def _(q, k_cache, v_cache, cache_seqlens, num_splits, scale, softcap, alibi_slopes, block_table=None):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
@@ -148,17 +211,7 @@ class KVCache:
     def append(self, k_new, v_new):
         """Write k_new, v_new (batch, heads_kv, n, headdim) after each sequence's last position."""
         B, Hkv, _, D = self.k.shape
-        for name, t in (("k_new", k_new), ("v_new", v_new)):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            if t.ndim != 4 or t.shape[0] != B or t.shape[1] != Hkv or t.shape[3] != D:
-                raise ValueError(f"{name} must have shape ({B}, {Hkv}, n, {D}), got {tuple(t.shape)}")
-            if t.dtype != self.k.dtype or t.device != self.k.device:
-                raise TypeError(f"{name} is {t.dtype} on {t.device}; the cache holds "
-                                f"{self.k.dtype} on {self.k.device}")
-        if k_new.shape != v_new.shape:
-            raise ValueError(f"k_new {tuple(k_new.shape)} and v_new {tuple(v_new.shape)} differ")
-        n = k_new.shape[2]
+        n = _check_appended(k_new, v_new, B, Hkv, D, self.k)
         if int(self._lengths.max()) + n > self.max_len:
             b = int(self._lengths.argmax())
             raise ValueError(f"the cache is full: sequence {b} holds {int(self._lengths[b])} of "
@@ -182,3 +235,124 @@ class KVCache:
         """Forget every sequence (lengths back to 0); the memory stays allocated."""
         self._lengths.zero_()
         self.seqlens.zero_()
+
+
+def _check_appended(k_new, v_new, B, Hkv, D, like):
+    """Validate a cache append's k_new, v_new (B, Hkv, n, D) in ``like``'s dtype and device; n."""
+    for name, t in (("k_new", k_new), ("v_new", v_new)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.ndim != 4 or t.shape[0] != B or t.shape[1] != Hkv or t.shape[3] != D:
+            raise ValueError(f"{name} must have shape ({B}, {Hkv}, n, {D}), got {tuple(t.shape)}")
+        if t.dtype != like.dtype or t.device != like.device:
+            raise TypeError(f"{name} is {t.dtype} on {t.device}; the cache holds "
+                            f"{like.dtype} on {like.device}")
+    if k_new.shape != v_new.shape:
+        raise ValueError(f"k_new {tuple(k_new.shape)} and v_new {tuple(v_new.shape)} differ")
+    return k_new.shape[2]
+
+
+class PagedKVCache:
+    """A paged KV cache for one attention layer (vLLM's PagedAttention layout): a pool of pages k,
+    v (num_pages, heads_kv, page_size, headdim) shared by the batch, a block table (batch,
+    max_pages) saying which page holds each sequence's positions, and each sequence's length::
+
+        cache = PagedKVCache(batch=8, heads_kv=8, max_len=32768, headdim=128, page_size=64,
+                             num_pages=2048, dtype=torch.float16)   # 1/2 of 8 full sequences
+        cache.append(k_new, v_new)       # a sequence takes a free page when it needs one
+        out = cache.attend(q_new)        # flash_decode(..., block_table=cache.block_table)
+        cache.release(3)                 # sequence 3 is done: its pages go back to the pool
+
+    Memory follows the tokens held, not batch x max_len: sequences of different lengths share
+    the pool, and ``release`` frees a finished sequence's pages for the others.
+    """
+
+    def __init__(self, batch, heads_kv, max_len, headdim, *, page_size=64, num_pages=None,
+                 dtype=torch.float16, device=None):
+        if dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"dtype must be float16, bfloat16 or float32, got {dtype}")
+        for name, n in (("batch", batch), ("heads_kv", heads_kv), ("max_len", max_len),
+                        ("headdim", headdim), ("page_size", page_size)):
+            if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+                raise ValueError(f"{name} must be a positive int, got {n!r}")
+        if page_size < 16 or page_size & (page_size - 1):
+            raise ValueError(f"page_size must be a power of two >= 16, got {page_size}")
+        max_pages = -(-max_len // page_size)
+        num_pages = batch * max_pages if num_pages is None else num_pages
+        if isinstance(num_pages, bool) or not isinstance(num_pages, numbers.Integral) or num_pages < 1:
+            raise ValueError(f"num_pages must be a positive int, got {num_pages!r}")
+        device = runtime.DEVICE if device is None else torch.device(device)
+        self.k = torch.zeros(num_pages, heads_kv, page_size, headdim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self._table = torch.zeros(batch, max_pages, dtype=torch.int32)     # host copy
+        self.block_table = self._table.to(device)                         # the kernels'
+        self._lengths = torch.zeros(batch, dtype=torch.int64)
+        self.seqlens = self._lengths.to(device=device, dtype=torch.int32)
+        self._free = list(range(num_pages - 1, -1, -1))                   # pop() takes page 0 first
+
+    @property
+    def page_size(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def max_len(self) -> int:
+        return self._table.shape[1] * self.page_size
+
+    @property
+    def lengths(self) -> list:
+        return self._lengths.tolist()
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    def append(self, k_new, v_new):
+        """Write k_new, v_new (batch, heads_kv, n, headdim) after each sequence's last position,
+        taking pages from the pool as sequences cross into new ones."""
+        B, Hkv, P, D = self._table.shape[0], self.k.shape[1], self.page_size, self.k.shape[3]
+        n = _check_appended(k_new, v_new, B, Hkv, D, self.k)
+        starts = self._lengths.tolist()
+        if max(starts) + n > self.max_len:
+            b = starts.index(max(starts))
+            raise ValueError(f"sequence {b} holds {starts[b]} of {self.max_len} positions, no room "
+                             f"for {n} more")
+        needed = [-(-(s + n) // P) - -(-s // P) for s in starts]          # new pages per sequence
+        if sum(needed) > len(self._free):
+            raise ValueError(f"the pool is out of pages: {sum(needed)} needed, {len(self._free)} "
+                             "free (release finished sequences, or allocate more num_pages)")
+        for b, start in enumerate(starts):
+            for slot in range(-(-start // P), -(-start // P) + needed[b]):
+                self._table[b, slot] = self._free.pop()
+            pos = torch.arange(start, start + n)
+            pages = self._table[b, pos // P].to(device=self.k.device, dtype=torch.int64)
+            rows = (pos % P).to(self.k.device)
+            self.k[pages, :, rows] = k_new[b].transpose(0, 1)             # (n, Hkv, D)
+            self.v[pages, :, rows] = v_new[b].transpose(0, 1)
+        self.block_table.copy_(self._table)
+        self._lengths += n
+        self.seqlens += n
+
+    def attend(self, q, **kwargs):
+        """``flash_decode(q, k, v, cache_seqlens=seqlens, block_table=block_table, **kwargs)``;
+        the table is the cache's own, so its entries are not read back to be checked."""
+        options = dict(num_splits=None, scale=None, softcap=None, alibi_slopes=None,
+                       return_lse=False)
+        unknown = set(kwargs) - set(options)
+        if unknown:
+            raise TypeError(f"attend() got unexpected keyword arguments {sorted(unknown)}")
+        return _decode(q, self.k, self.v, cache_seqlens=self.seqlens, block_table=self.block_table,
+                       check_table=False, **{**options, **kwargs})
+
+    def release(self, b):
+        """Sequence ``b`` is finished: its pages go back to the pool and its length to 0."""
+        used = -(-int(self._lengths[b]) // self.page_size)
+        self._free += self._table[b, :used].tolist()
+        self._table[b] = 0
+        self.block_table[b] = 0
+        self._lengths[b] = 0
+        self.seqlens[b] = 0
+
+    def reset(self):
+        """Every sequence finished: all pages back in the pool."""
+        for b in range(self._table.shape[0]):
+            self.release(b)

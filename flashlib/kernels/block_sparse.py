@@ -128,8 +128,8 @@ def _bs_fwd_kernel(Q, K, V, Out, Lse, ModArgs, KvCount, KvFull, KvIndex, KvBitma
     for t in range(0, n_full * TILES):                     # full blocks: no mask, no bounds
         acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                                     start_n + offs_n, Nk, qk_scale, offs_d, D, 0, q_pos, off_bh,
-                                    ModArgs, False, False, EVEN_D, DOT_PRECISION, tile_update,
-                                    SCORE_MOD)
+                                    ModArgs, 0, 0, 0, False, False, EVEN_D, DOT_PRECISION,
+                                    tile_update, SCORE_MOD)
         start_n = _next_start(index, t, n_full * TILES, start_n, TILES, SPARSE_BLOCK, BLOCK_N, ADJACENT)
     if n_full < n_all:   # a branch: even an empty loop sets up its pipeline (kernels/decode.py)
         start_n = _first_start(index + n_full, SPARSE_BLOCK)
@@ -139,8 +139,8 @@ def _bs_fwd_kernel(Q, K, V, Out, Lse, ModArgs, KvCount, KvFull, KvIndex, KvBitma
                                     EVEN_N, SPARSE_BLOCK)                   # (BM, BN)
             acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                                         start_n + offs_n, Nk, qk_scale, offs_d, D, visible, q_pos,
-                                        off_bh, ModArgs, True, not EVEN_N, EVEN_D, DOT_PRECISION,
-                                        tile_update, SCORE_MOD)
+                                        off_bh, ModArgs, 0, 0, 0, True, not EVEN_N, EVEN_D,
+                                        DOT_PRECISION, tile_update, SCORE_MOD)
             start_n = _next_start(index + n_full, t, (n_all - n_full) * TILES, start_n, TILES,
                                   SPARSE_BLOCK, BLOCK_N, False)
     write_output(Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh,

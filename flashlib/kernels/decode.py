@@ -69,16 +69,17 @@ NOMINAL_SMS = 132        # SM count assumed through the interpreter (an H100's),
 
 
 @triton.jit
-def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals, ModArgs,
+def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals, ModArgs, Pages,
                            stride_qb, stride_qh, stride_qm,
                            stride_kb, stride_kh, stride_kn,
                            stride_vb, stride_vh, stride_vn,
+                           stride_pb, stride_kpage, stride_vpage,
                            Hkv, Nq, Lmax, D, qk_scale, num_splits, n_row_blocks, GROUP,
                            HAS_SEQLENS: tl.constexpr, CAUSAL: tl.constexpr, MERGE: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, EVEN_D: tl.constexpr,
                            DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr,
-                           SCORE_MOD: tl.constexpr):
+                           SCORE_MOD: tl.constexpr, PAGE: tl.constexpr):
     # 1-D grid (CUDA caps grid axes 1 and 2 at 65535): (batch x kv head, row block, split),
     # split fastest. MERGE: the last split of each row block to finish also merges them all into
     # Out and Lse (one launch instead of two); otherwise Out, Lse and Arrivals are unused.
@@ -104,6 +105,7 @@ def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals,
     q = tl.load(q_ptrs, mask=(offs_r[:, None] < rows) & (offs_d[None, :] < D), other=0.0)
     k_base = K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
     v_base = V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
+    pages = Pages + off_b.to(tl.int64) * stride_pb       # PAGE: this sequence's block table row
 
     # this split's keys: [lo, hi) of the L valid ones, chunks of whole key blocks
     L = Lmax
@@ -122,14 +124,16 @@ def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals,
     acc, m_i, l_i = _attend_key_blocks(
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, lo, n_full, L,
         L - Nq, qk_scale, offs_i, offs_n, offs_d, D, bh[:, None], ModArgs,
-        False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD)
+        False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD,
+        pages, stride_kpage, stride_vpage, PAGE)
     # a branch, not only an empty loop: the loop's software-pipeline set-up alone cost 4-7% of
     # the GPU time under 4k keys on an H200 (benchmarks/NOTES.md)
     if n_full < hi:
         acc, m_i, l_i = _attend_key_blocks(
             acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, n_full, hi, L,
             L - Nq, qk_scale, offs_i, offs_n, offs_d, D, bh[:, None], ModArgs,
-            True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD)
+            True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD,
+            pages, stride_kpage, stride_vpage, PAGE)
     out, lse = finalize(acc, m_i, l_i)                        # empty split: 0 and -inf
 
     # partials are (B, Hq, Nq, S, D) and (B, Hq, Nq, S): a group's rows are contiguous
@@ -264,12 +268,18 @@ def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, 
     return 1 if splits == 2 and max_len < short_cache else splits
 
 
-def launch_plan(q, k_cache, cache_seqlens=None, *, num_splits=None, config=None):
+def launch_plan(q, k_cache, cache_seqlens=None, *, num_splits=None, config=None, block_table=None):
     """What ``decode_partial`` launches: (BLOCK_M, row blocks, (BLOCK_N, num_warps, num_stages),
     num_splits), from the shapes (and ``num_splits_heuristic`` unless num_splits is given)."""
     B, Hq, Nq, D = q.shape
-    return _plan(B, Hq, Nq, D, k_cache.shape[1], k_cache.shape[2], q.element_size(), q.device,
-                 cache_seqlens is not None, num_splits, config)
+    return _plan(B, Hq, Nq, D, k_cache.shape[1], cache_length(k_cache, block_table), q.element_size(),
+                 q.device, cache_seqlens is not None, num_splits, config)
+
+
+def cache_length(k_cache, block_table=None):
+    """Lmax, the positions a sequence's cache can hold: (B, Hkv, Lmax, D) contiguous, or
+    max_pages x page_size for pages (num_pages, Hkv, page_size, D) and a (B, max_pages) table."""
+    return k_cache.shape[2] * (1 if block_table is None else block_table.shape[1])
 
 
 @functools.lru_cache(maxsize=4096)  # a decoding loop asks for the same plan at every step
@@ -292,18 +302,24 @@ def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, num_splits, confi
 
 
 def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, merge_into=None,
-            cached_scratch=True, score_mod=None):
+            cached_scratch=True, score_mod=None, block_table=None):
     """Run the split-KV kernel; return (o_part, lse_part). merge_into=(out, lse): also merge the
     splits into them (the last split of each row block does it) and keep the partials in the
     stream's workspace (None is returned for them); lse None: it goes to the workspace too.
-    cached_scratch=False: the workspace is fresh buffers (see ``workspace``)."""
+    cached_scratch=False: the workspace is fresh buffers (see ``workspace``). block_table: the
+    caches are pages (see ``flashlib.decode.flash_decode``)."""
     runtime.check_kernel(_decode_partial_kernel)
     (q, k_cache, v_cache), scale, _, _ = prologue(q, k_cache, v_cache, scale=scale)
     B, Hq, Nq, D = q.shape
-    Hkv, Lmax = k_cache.shape[1], k_cache.shape[2]
+    Hkv, Lmax = k_cache.shape[1], cache_length(k_cache, block_table)
     block_d = padded_headdim(D)
     block_m, row_blocks, (block_n, warps, stages), num_splits = launch_plan(
-        q, k_cache, cache_seqlens, num_splits=num_splits, config=config)
+        q, k_cache, cache_seqlens, num_splits=num_splits, config=config, block_table=block_table)
+    if block_table is None:   # (batch, head, row) strides; no pages
+        cache_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3], 0, 0, 0)
+    else:                     # pages: no batch stride, the table says where each page is
+        cache_strides = (0, *k_cache.stride()[1:3], 0, *v_cache.stride()[1:3],
+                         block_table.stride(0), k_cache.stride(0), v_cache.stride(0))
     grid = (B * Hkv * row_blocks * num_splits,)
     rows = B * Hq * Nq
     if merge_into is None:
@@ -328,14 +344,14 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
             _decode_partial_kernel, grid,
             q, k_cache, v_cache, q if cache_seqlens is None else cache_seqlens,
             *(q if t is None else t for t in (o_part, lse_part, out, lse, arrivals)), mod_args,
-            *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
+            q if block_table is None else block_table, *q.stride()[:3], *cache_strides,
             Hkv, Nq, Lmax, D, scale * LOG2E, num_splits, row_blocks, Hq // Hkv,
             HAS_SEQLENS=cache_seqlens is not None, CAUSAL=Nq > 1, MERGE=merge_into is not None,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
             BLOCK_S=merge_tile(num_splits, block_m, block_d) if arrivals is not None else 1,
             EVEN_D=(D == block_d),
             DOT_PRECISION="ieee", TILE_UPDATE=tile_update, SCORE_MOD=mod_fn,
-            num_warps=warps, num_stages=stages)
+            PAGE=0 if block_table is None else k_cache.shape[2], num_warps=warps, num_stages=stages)
     return (None, None) if merge_into is not None else (o_part, lse_part)
 
 
@@ -397,18 +413,19 @@ def graph_counters(device, numel):
 
 
 def decode_partial(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=None, scale=None,
-                   config=None, score_mod=None):
+                   config=None, score_mod=None, block_table=None):
     """Launch the split-KV kernel. Returns ``(o_part, lse_part)``, one result per split.
 
     q: (B, Hq, Nq, D); k_cache, v_cache: (B, Hkv, Lmax, D); cache_seqlens: (B,) ints, valid keys
     per sequence (None: all Lmax). o_part: (B, Hq, Nq, S, D) float32, each split's output
     normalised over its own keys; lse_part: (B, Hq, Nq, S) float32, natural log, -inf for a split
     with no key to attend to (its o_part is 0). config: (BLOCK_N, num_warps, num_stages) to use
-    instead of ``block_n_for``'s (for tuning); score_mod: a ``kernels.score_mod.ScoreMod`` or None.
+    instead of ``block_n_for``'s (for tuning); score_mod: a ``kernels.score_mod.ScoreMod`` or None;
+    block_table: int32 (B, max_pages), the caches being pages (num_pages, Hkv, page_size, D).
     Inputs are validated by ``flashlib.decode``.
     """
     return _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config,
-                   score_mod=score_mod)
+                   score_mod=score_mod, block_table=block_table)
 
 
 def combine(o_part, lse_part, *, out_dtype=None, block_r=16):
@@ -435,7 +452,8 @@ def combine(o_part, lse_part, *, out_dtype=None, block_r=16):
 
 
 def flash_decode_forward(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=None, scale=None,
-                         config=None, return_lse=True, cached_scratch=True, score_mod=None):
+                         config=None, return_lse=True, cached_scratch=True, score_mod=None,
+                         block_table=None):
     """Flash-Decoding in one launch: the split-KV kernel, whose last split per row block merges
     (``decode_partial`` then ``combine``, fused). Returns ``(out, lse)``, out like q; lse is None
     unless ``return_lse`` (then it goes to the stream's scratch instead of a new tensor).
@@ -447,5 +465,5 @@ def flash_decode_forward(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=
     out = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device) if return_lse else None
     _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, merge_into=(out, lse),
-            cached_scratch=cached_scratch, score_mod=score_mod)
+            cached_scratch=cached_scratch, score_mod=score_mod, block_table=block_table)
     return out, lse

@@ -29,9 +29,10 @@ from .tile import tile_update as tile_update_fn
 
 @triton.jit
 def attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk, qk_scale,
-                offs_d, D, visible, q_pos, bh, mod_args, MASKED: tl.constexpr, BOUNDED: tl.constexpr,
-                EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr,
-                SCORE_MOD: tl.constexpr):
+                offs_d, D, visible, q_pos, bh, mod_args, pages, stride_kpage, stride_vpage,
+                MASKED: tl.constexpr, BOUNDED: tl.constexpr, EVEN_D: tl.constexpr,
+                DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr, SCORE_MOD: tl.constexpr,
+                PAGE: tl.constexpr = 0):
     """Fold the key/value tile at columns ``cols`` (BN,) into the state: load, score, update.
 
     The scores go through SCORE_MOD (``kernels.score_mod``: q_pos (BM,) the rows' positions on the
@@ -39,9 +40,18 @@ def attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk
     MASKED: scores outside ``visible`` (BM, BN) become -inf. BOUNDED: loads stop at Nk (a tile
     that may reach past the last key). A full tile inside Nk skips both. Shared with block-sparse,
     whose partial tiles are masked but, when Nk fills the last block, not bounded.
+    PAGE > 0 (decode's paged KV cache): key j is row j % PAGE of page ``pages[j // PAGE]``, pages
+    ``stride_kpage`` / ``stride_vpage`` apart; otherwise row j of the cache.
     """
-    kt_ptrs = k_base + cols[None, :] * stride_kn + offs_d[:, None]    # (BD, BN): K^T
-    v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :]     # (BN, BD)
+    if PAGE:
+        page = tl.load(pages + cols // PAGE, mask=cols < Nk, other=0).to(tl.int64)     # (BN,)
+        k_rows = page * stride_kpage + (cols % PAGE) * stride_kn
+        v_rows = page * stride_vpage + (cols % PAGE) * stride_vn
+    else:
+        k_rows = cols * stride_kn
+        v_rows = cols * stride_vn
+    kt_ptrs = k_base + k_rows[None, :] + offs_d[:, None]              # (BD, BN): K^T
+    v_ptrs = v_base + v_rows[:, None] + offs_d[None, :]               # (BN, BD)
     if BOUNDED:
         kt = tl.load(kt_ptrs, mask=(cols[None, :] < Nk) & (offs_d[:, None] < D), other=0.0)
         v = tl.load(v_ptrs, mask=(cols[:, None] < Nk) & (offs_d[None, :] < D), other=0.0)
@@ -63,8 +73,10 @@ def _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                        lo, hi, Nk, causal_offset, qk_scale, offs_m, offs_n, offs_d, D, bh, mod_args,
                        MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
                        BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr,
-                       SCORE_MOD: tl.constexpr):
-    """Stream key/value blocks [lo, hi) through the tile update; MASKED for ragged/diagonal ones."""
+                       SCORE_MOD: tl.constexpr, pages=0, stride_kpage=0, stride_vpage=0,
+                       PAGE: tl.constexpr = 0):
+    """Stream key/value blocks [lo, hi) through the tile update; MASKED for ragged/diagonal ones.
+    pages, stride_*page, PAGE: a paged cache (decode), as ``attend_tile``."""
     q_pos = offs_m + causal_offset                                        # (BM,) on the key axis
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -73,8 +85,9 @@ def _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
         if CAUSAL:
             visible = visible & (cols[None, :] <= q_pos[:, None])             # (BM, BN)
         acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk,
-                                    qk_scale, offs_d, D, visible, q_pos, bh, mod_args, MASKED, MASKED,
-                                    EVEN_D, DOT_PRECISION, TILE_UPDATE, SCORE_MOD)
+                                    qk_scale, offs_d, D, visible, q_pos, bh, mod_args, pages,
+                                    stride_kpage, stride_vpage, MASKED, MASKED, EVEN_D,
+                                    DOT_PRECISION, TILE_UPDATE, SCORE_MOD, PAGE)
     return acc, m_i, l_i
 
 

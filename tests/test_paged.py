@@ -1,0 +1,121 @@
+"""Paged KV caches: flash_decode(block_table=...) and PagedKVCache against contiguous caches.
+
+The pages are scattered out of order (and the pool holds pages no sequence uses): each sequence's
+result must be attention over its own positions, checked against the float64 oracle on the
+gathered cache, and equal to the contiguous kernel's on the same values. PagedKVCache must hold
+what KVCache holds while taking pages only as sequences grow, and give them back on release.
+"""
+import pytest
+import torch
+
+from flashlib import KVCache, PagedKVCache, flash_decode, runtime
+from flashlib.testing import assert_attention_close
+
+DEV = runtime.DEVICE
+gpu = pytest.mark.skipif(DEV.type != "cuda", reason="needs a CUDA GPU")
+
+
+def scattered(k, v, page_size, num_pages, seed=0):
+    """k, v (B, Hkv, max_pages * page_size, D) cut into pages placed at random in a pool of
+    ``num_pages``; returns the pools and the int32 block table (B, max_pages)."""
+    B, Hkv, L, D = k.shape
+    max_pages = L // page_size
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randperm(num_pages, generator=g)[:B * max_pages].reshape(B, max_pages)
+    pools = []
+    for t in (k, v):
+        pool = torch.randn(num_pages, Hkv, page_size, D, dtype=t.dtype, device=t.device)
+        pool[table.reshape(-1).to(t.device)] = t.reshape(B, Hkv, max_pages, page_size, D) \
+            .transpose(1, 2).reshape(-1, Hkv, page_size, D)
+        pools.append(pool)
+    return *pools, table.to(dtype=torch.int32, device=k.device)
+
+
+@pytest.mark.parametrize("Nq", [1, 3])
+@pytest.mark.parametrize("page_size", [16, 32])
+def test_pages_out_of_order_match_the_contiguous_cache(Nq, page_size):
+    B, Hq, Hkv, D, max_pages = 3, 6, 2, 24, 5
+    q = torch.randn(B, Hq, Nq, D, device=DEV)
+    k, v = (torch.randn(B, Hkv, max_pages * page_size, D, device=DEV) for _ in range(2))
+    lens = torch.tensor([max_pages * page_size, 33, 2], device=DEV)
+    k_pages, v_pages, table = scattered(k, v, page_size, num_pages=4 * B * max_pages)
+    out, lse = flash_decode(q, k_pages, v_pages, cache_seqlens=lens, block_table=table,
+                            num_splits=3, return_lse=True)
+    for b, L in enumerate(lens.tolist()):
+        sl = slice(b, b + 1)
+        assert_attention_close(out[sl], lse[sl], q[sl], k[sl, :, :L], v[sl, :, :L], causal=True,
+                               name=f"sequence {b} (L={L})")
+    contiguous = flash_decode(q, k, v, cache_seqlens=lens, num_splits=3, return_lse=True)
+    assert torch.equal(out, contiguous[0]) and torch.equal(lse, contiguous[1])
+
+
+def test_pages_shared_between_sequences_and_score_modifiers():
+    # two sequences with one common prefix page (a shared system prompt), softcap and ALiBi
+    D, P = 16, 16
+    pool_k, pool_v = (torch.randn(6, 2, P, D, device=DEV) for _ in range(2))
+    table = torch.tensor([[4, 0, 2], [4, 5, 1]], dtype=torch.int32, device=DEV)
+    lens = torch.tensor([40, 35], device=DEV)
+    q = torch.randn(2, 4, 1, D, device=DEV)
+    slopes = torch.rand(2, 4, device=DEV)
+    out, lse = flash_decode(q, pool_k, pool_v, cache_seqlens=lens, block_table=table,
+                            softcap=5.0, alibi_slopes=slopes, return_lse=True)
+    for b, L in enumerate(lens.tolist()):
+        k = pool_k[table[b].long()].transpose(0, 1).reshape(1, 2, -1, D)[:, :, :L]
+        v = pool_v[table[b].long()].transpose(0, 1).reshape(1, 2, -1, D)[:, :, :L]
+        assert_attention_close(out[b:b + 1], lse[b:b + 1], q[b:b + 1], k, v, causal=True,
+                               softcap=5.0, alibi_slopes=slopes[b], name=f"sequence {b}")
+
+
+def test_paged_cache_holds_what_the_contiguous_one_holds():
+    B, Hkv, Hq, D = 2, 2, 4, 16
+    paged = PagedKVCache(B, Hkv, 100, D, page_size=16, num_pages=10, dtype=torch.float32, device=DEV)
+    flat = KVCache(B, Hkv, 100, D, dtype=torch.float32, device=DEV)
+    assert paged.free_pages == 10
+    for n in (20, 1, 1, 13):                       # a prompt, two steps, a chunk: 35 positions
+        k_new, v_new = (torch.randn(B, Hkv, n, D, device=DEV) for _ in range(2))
+        paged.append(k_new, v_new)
+        flat.append(k_new, v_new)
+        q = torch.randn(B, Hq, 1, D, device=DEV)
+        assert torch.equal(paged.attend(q), flat.attend(q))
+    assert paged.lengths == [35, 35] and paged.free_pages == 10 - 2 * 3   # 3 pages each
+    paged.release(0)
+    assert paged.free_pages == 7 and paged.lengths == [0, 35]
+    with pytest.raises(ValueError, match="the pool is out of pages: 8 needed, 7 free"):
+        paged.append(*(torch.randn(B, Hkv, 64, D, device=DEV) for _ in range(2)))
+    paged.reset()
+    assert paged.free_pages == 10 and paged.lengths == [0, 0]
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (dict(block_table=torch.tensor([[0, 9]], dtype=torch.int32)), ValueError, "block_table holds page 9"),
+    (dict(block_table=torch.tensor([[0, -1]], dtype=torch.int32)), ValueError, "block_table holds page -1"),
+    (dict(block_table=torch.tensor([[0, 1]], dtype=torch.int64)), TypeError, "block_table must be an int32"),
+    (dict(cache_seqlens=None), ValueError, "cache_seqlens is required with block_table"),
+    (dict(pages=24), ValueError, r"page_size \(k_cache.shape\[2\]\) must be a power of two >= 16"),
+])
+def test_bad_pages_name_the_argument(change, error, match):
+    pages = change.pop("pages", 16)
+    k, v = (torch.randn(4, 2, pages, 16, device=DEV) for _ in range(2))
+    args = dict(cache_seqlens=torch.tensor([20], device=DEV),
+                block_table=torch.tensor([[3, 1]], dtype=torch.int32))
+    args.update(change)
+    args = {name: t.to(DEV) if isinstance(t, torch.Tensor) else t for name, t in args.items()}
+    with pytest.raises(error, match=match):
+        flash_decode(torch.randn(1, 2, 1, 16, device=DEV), k, v, **args)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+def test_gpu_real_sizes(page_size):
+    B, Hq, Hkv, D, L = 4, 32, 8, 128, 16384
+    q = torch.randn(B, Hq, 1, D, dtype=torch.float16, device=DEV)
+    k, v = (torch.randn(B, Hkv, L, D, dtype=torch.float16, device=DEV) for _ in range(2))
+    lens = torch.tensor([16384, 9000, 1, 4097], device=DEV)
+    k_pages, v_pages, table = scattered(k, v, page_size, num_pages=2 * B * L // page_size)
+    out, lse = flash_decode(q, k_pages, v_pages, cache_seqlens=lens, block_table=table,
+                            return_lse=True)
+    for b, n in enumerate(lens.tolist()):
+        sl = slice(b, b + 1)
+        assert_attention_close(out[sl], lse[sl], q[sl], k[sl, :, :n], v[sl, :, :n], causal=True,
+                               name=f"sequence {b}")
