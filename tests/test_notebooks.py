@@ -36,8 +36,8 @@ def test_there_are_lessons():
 
 
 # lessons of DESIGN.md's list still being written while a later one landed: their numbers may be
-# missing (12 hopper, issue 31; 13 production, issue 34); take a number out once its lesson is in
-BEING_WRITTEN = {12, 13}
+# missing (12 hopper, issue 31); take a number out once its lesson is in
+BEING_WRITTEN = {12}
 
 
 def test_lesson_names_are_numbered_in_order():

@@ -1,0 +1,35 @@
+"""Mutant of ex13: cu_seqlens left int64."""
+import flashlib  # noqa: F401  (first: on a machine without a GPU it turns Triton's interpreter on)
+import torch
+import triton
+import triton.language as tl
+
+EXPECTED_HINT = 'int32'
+
+
+@triton.jit
+def page_rows(pages, cols, Nk, stride_page, stride_row, PAGE: tl.constexpr):
+    """Offsets (int64, (BN,)) of the rows of key positions ``cols`` (BN,) in a paged pool.
+
+    pages: pointer to the sequence's block table row (int32); cols: int32 key positions;
+    Nk: the sequence's length (positions >= Nk must not read the table: use page 0 there);
+    stride_page, stride_row: the pool's strides (elements) between pages and between rows of a
+    page; PAGE: rows per page (a power of two). Returns page * stride_page + row * stride_row.
+    """
+    page = tl.load(pages + cols // PAGE, mask=cols < Nk, other=0).to(tl.int64)  # (BN,)
+    row = (cols % PAGE).to(tl.int64)                                              # (BN,)
+    return page * stride_page + row * stride_row
+
+
+def pack(lengths):
+    """The offsets of a packed batch: ``(cu_seqlens, max_seqlen)``.
+
+    lengths: the B sequence lengths (ints >= 0; a list or a 1-D int tensor; an empty sequence
+    keeps its place). Returns cu_seqlens, an int32 CPU tensor of B + 1 offsets from 0 (sequence b
+    is rows cu_seqlens[b] : cu_seqlens[b + 1]), and max_seqlen, a Python int (0 for no tokens).
+    """
+    lengths = torch.as_tensor(lengths, dtype=torch.int64).reshape(-1)            # (B,)
+    cu_seqlens = torch.zeros(lengths.numel() + 1, dtype=torch.int64)             # (B + 1,)
+    cu_seqlens[1:] = torch.cumsum(lengths, 0)
+    max_seqlen = int(lengths.max()) if lengths.numel() else 0
+    return cu_seqlens, max_seqlen
