@@ -263,7 +263,9 @@ def _spawned(rank, world, port, args):
         dist.destroy_process_group()
 
 
-def main(argv=None):
+def parse_args(argv=None):
+    """The command line's options, with --smoke's sizes and the derived dtype, backend and folder
+    filled in; returns (args, parser)."""
     parser = argparse.ArgumentParser(prog="python -m flashlib.bench.ring", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="folder (default benchmarks/results/<gpu>)")
@@ -288,6 +290,11 @@ def main(argv=None):
     if not args.smoke and runtime.DEVICE.type != "cuda":
         parser.error("benchmarks need CUDA GPUs (--smoke runs tiny sizes on the CPU with gloo)")
     args.out = args.out or str(pathlib.Path("benchmarks/results") / runtime.gpu_name())
+    return args, parser
+
+
+def main(argv=None):
+    args, parser = parse_args(argv)
     if "RANK" in os.environ:                                     # torchrun started this process
         if args.smoke and not runtime.INTERPRET:
             parser.error("--smoke runs the interpreter: start it with python -m, not torchrun")

@@ -9,6 +9,11 @@ Follows Dao, "FlashAttention-2" (2023), section 3.1 and Algorithm 1:
   are never loaded, blocks entirely below it run without a mask, only the diagonal band is masked.
   The same split handles the ragged tail of the keys, so a full block never pays for masking.
 
+The scores pass through the score-modifier hook (``kernels.score_mod``: softcap, ALiBi) before
+the mask. VARLEN (``flash_attention_varlen``): the sequences are packed along one axis and each
+program reads its sequence's first row and length from ``cu_seqlens`` (``sequence``); the grid
+covers the longest sequence and the programs past a shorter one's end return at once.
+
 Layout (batch, heads, seqlen, headdim) with any strides; grouped-query heads (Hq % Hkv == 0);
 head dims up to 256, padded inside to a power of two (>= 16) and masked; float16, bfloat16 and
 float32 (exact ``ieee`` dots unless ``allow_tf32``). On a GPU it autotunes over a few block
