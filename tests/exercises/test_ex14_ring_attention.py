@@ -76,18 +76,24 @@ def _tensor(x, dtype=torch.float32):
     return torch.from_numpy(np.asarray(x, dtype=np.float64)).to(dtype)
 
 
+def _pair(name, result, out, lse, where, why):
+    """The (out, lse) pair a learner's function returned, or a failure saying what came back."""
+    if not isinstance(result, (tuple, list)) or len(result) != 2 or \
+            not all(isinstance(t, torch.Tensor) for t in result):
+        checks.fail(f"{name} returned {type(result).__name__}{where}; it should return the pair of "
+                    "tensors (out, lse)")
+    new_out, new_lse = result
+    if tuple(new_out.shape) != tuple(out.shape) or tuple(new_lse.shape) != tuple(lse.shape):
+        checks.fail(f"{name} returned out {tuple(new_out.shape)} and lse {tuple(new_lse.shape)}"
+                    f"{where}; expected {tuple(out.shape)} and {tuple(lse.shape)}: {why}")
+    return new_out, new_lse
+
+
 def _merge_call(impl, out, lse, out_blk, lse_blk):
     """The learner's merge on copies; checks the pair returned (float32, shapes)."""
     fn = checks.function(impl, "merge")
     result = fn(out.clone(), lse.clone(), out_blk.clone(), lse_blk.clone())
-    if not isinstance(result, (tuple, list)) or len(result) != 2 or \
-            not all(isinstance(t, torch.Tensor) for t in result):
-        checks.fail(f"merge returned {type(result).__name__}; it should return the pair of "
-                    "tensors (out, lse)")
-    new_out, new_lse = result
-    if tuple(new_out.shape) != tuple(out.shape) or tuple(new_lse.shape) != tuple(lse.shape):
-        checks.fail(f"merge returned out {tuple(new_out.shape)} and lse {tuple(new_lse.shape)}; "
-                    f"expected {tuple(out.shape)} and {tuple(lse.shape)}, like its out and lse")
+    new_out, new_lse = _pair("merge", result, out, lse, "", "like its out and lse")
     if new_out.dtype != torch.float32 or new_lse.dtype != torch.float32:
         checks.fail(f"merge returned out {new_out.dtype} and lse {new_lse.dtype} (out_blk "
                     f"{out_blk.dtype}); both must be float32", HINT_FLOAT32)
@@ -325,15 +331,8 @@ def _step(impl, args, kwargs, where):
         if not torch.equal(before, after):
             checks.fail(f"ring_step changed {name} in place ({where}): the block is being sent on "
                         "to the next rank meanwhile; compute into new tensors")
-    if not isinstance(result, (tuple, list)) or len(result) != 2 or \
-            not all(isinstance(t, torch.Tensor) for t in result):
-        checks.fail(f"ring_step returned {type(result).__name__} ({where}); it should return the "
-                    "pair of tensors (out, lse)")
-    new_out, new_lse = result
-    if tuple(new_out.shape) != tuple(out.shape) or tuple(new_lse.shape) != tuple(lse.shape):
-        checks.fail(f"ring_step returned out {tuple(new_out.shape)} and lse "
-                    f"{tuple(new_lse.shape)} ({where}); expected {tuple(out.shape)} and "
-                    f"{tuple(lse.shape)}: every query row of the rank, also rows left unchanged")
+    new_out, new_lse = _pair("ring_step", result, out, lse, f" ({where})",
+                             "every query row of the rank, also rows left unchanged")
     if new_out.dtype != torch.float32 or new_lse.dtype != torch.float32:
         checks.fail(f"ring_step returned out {new_out.dtype} and lse {new_lse.dtype} ({where}, "
                     f"q {q.dtype}): the running result stays float32", HINT_FLOAT32)
