@@ -60,7 +60,8 @@ def _fa2_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 @_fa2_forward_op.register_fake
 def _(q, k, v, causal, scale, softcap, alibi_slopes):
-    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+    # as fa2_forward: out in q's memory layout (a transposed projection stays transposed)
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("flashlib::fa2_backward", mutates_args=())

@@ -31,6 +31,25 @@ def test_ratios_are_sdpa_flash_time_over_own_time_for_the_same_op_and_shape():
     assert [r.get("ratio_vs_sdpa_flash") for r in records] == [1.0, 1.5, None, None]
 
 
+def test_short_suite_ratios_table_and_plots(tmp_path, capsys):
+    from flashlib.bench import short
+    assert [(c["B"] * c["Nq"], c["Hq"] * c["D"]) for c in short.cases()] == \
+        [(16384, 768)] * 6 + [(16384, 2048)] * 6            # GPT-sized: 16k tokens, two widths
+    shape = dict(op="fwd_bwd", dtype="bfloat16", B=64, Hq=12, Hkv=12, Nq=256, Nk=256, D=64, causal=True)
+    records = [dict(impl="sdpa_default", ms=0.2, host_us=150.0, **shape),
+               dict(impl="sdpa_flash", ms=0.4, host_us=160.0, **shape),
+               dict(impl="flashlib", ms=0.25, host_us=90.0, **shape),
+               dict(impl="flashlib", ms=None, host_us=None, note="wrong", **{**shape, "Nq": 512})]
+    short.add_ratios(records)
+    assert [(r["ratio_vs_sdpa_default"], r["ratio_vs_sdpa_flash"]) for r in records] == \
+        [(1.0, 2.0), (0.5, 1.0), (0.8, 1.6), (None, None)]
+    short.print_table(records, {"forward launcher (1 kernel)": 12.5})
+    printed = capsys.readouterr().out
+    assert "0.80" in printed and "12.5 us" in printed and "wrong" in printed
+    bench.plot(records, tmp_path / "s.png", "short", value="host_us", ylabel="us")
+    assert (tmp_path / "s.png").stat().st_size > 0
+
+
 def test_cli_refuses_to_time_without_a_gpu():
     from flashlib import runtime
     from flashlib.bench.__main__ import main

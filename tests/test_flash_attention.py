@@ -184,6 +184,42 @@ def test_gpu_float32_is_exact(causal):
     run_and_check(2, 4, 2, 1000, 1500, 64, causal, torch.float32)
 
 
+@gpu
+@pytest.mark.gpu
+def test_gpu_planned_launches_replay_the_plain_ones(monkeypatch):
+    """kernels/launch.py: a second call with the same key replays the first call's launches; its
+    results are bit-equal to plain ``kernel[grid](...)`` launches. A view at another alignment,
+    another layout and another shape each get a plan of their own."""
+    from flashlib.kernels import fa2_bwd, fa2_fwd, launch
+    if not launch.ENABLED:
+        pytest.skip(f"direct launches are off for Triton {__import__('triton').__version__}")
+
+    def forward_backward(q, k, v, dout):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out, lse = flash_attention(*leaves, causal=True, return_lse=True)
+        return (out, lse, *torch.autograd.grad(out, leaves, dout))
+
+    big = rand(3, 6, 515, 64, dtype=torch.float16)
+    base = big.flatten()[:2 * 6 * 515 * 64].view(2, 6, 515, 64)
+    shifted = big.flatten()[4:4 + 2 * 6 * 515 * 64].view(2, 6, 515, 64)   # 8 bytes off 16-byte alignment
+    transposed = rand(2, 515, 6, 64, dtype=torch.float16).transpose(1, 2)
+    k, v = rand(2, 2, 700, 64, dtype=torch.float16), rand(2, 2, 700, 64, dtype=torch.float16)
+    for q in (base, shifted, transposed, base[:, :, :300]):
+        dout = rand(*q.shape, dtype=torch.float16)
+        first = forward_backward(q, k, v, dout)          # records the plans
+        plans = len(fa2_fwd._plans), len(fa2_bwd._plans)
+        replayed = forward_backward(q, k, v, dout)
+        assert (len(fa2_fwd._plans), len(fa2_bwd._plans)) == plans   # a hit, not a new plan
+        with monkeypatch.context() as m:
+            m.setattr(launch, "ENABLED", False)
+            plain = forward_backward(q, k, v, dout)
+        for a, b, c in zip(first, replayed, plain):
+            assert torch.equal(a, b) and torch.equal(b, c)
+        assert replayed[0].stride() == q.stride()                    # out in q's layout
+        assert_attention_close(replayed[0], replayed[1], q, k, v, causal=True)
+    assert len(fa2_fwd._plans) >= 4
+
+
 @pytest.mark.skipif(runtime.DEVICE.type == "cuda", reason="CPU-only check")
 def test_triton_imported_first_gives_a_clear_error():
     import subprocess

@@ -1,6 +1,6 @@
 """``python -m flashlib.bench [--suite ...]``: run benchmark suites, write JSON and PNG results.
 
-The suites live beside this file: ``harness`` (forward, backward, paper, memory, short),
+The suites live beside this file: ``harness`` (forward, backward, paper, memory), ``short``,
 ``decode`` and ``sparse``; ``flashlib.bench``'s docstring says how each measures.
 """
 import argparse
@@ -19,7 +19,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m flashlib.bench", description=harness.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", nargs="+", default=["forward", "backward", "paper", "memory"],
-                        choices=["forward", "backward", "paper", "memory", "block_sparse", "decode"])
+                        choices=["forward", "backward", "paper", "memory", "short", "block_sparse",
+                                 "decode"])
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     parser.add_argument("--impl", nargs="+", default=None, help="only these implementations")
     parser.add_argument("--quick", action="store_true", help="three forward shapes only")
@@ -39,6 +40,19 @@ def main(argv=None):
             (out_dir / f"{name}.json").write_text(json.dumps(dict(env=environment(), records=records), indent=1))
             bench_sparse.plot(records, out_dir / f"{name}.png", f"{suite} {args.dtype}")
             bench_sparse.print_table(records)
+            continue
+        if suite == "short":     # eager forward+backward of GPT-sized shapes, with host time
+            from . import short
+            records, launches = short.run_suite(dtype, quick=args.quick, impls=args.impl, progress=tqdm)
+            name = f"{suite}_{args.dtype}"
+            (out_dir / f"{name}.json").write_text(json.dumps(
+                dict(env=environment(), records=records, launch_host_us=launches), indent=1))
+            label = lambda r: f"d{r['D']} N{r['Nq']}"   # noqa: E731
+            plot(records, out_dir / f"{name}.png", f"{suite} {args.dtype}, causal", value="ms",
+                 ylabel="ms per forward+backward", label=label)
+            plot(records, out_dir / f"{name}_host.png", f"{suite} {args.dtype}", value="host_us",
+                 ylabel="host us per forward+backward", label=label)
+            short.print_table(records, launches)
             continue
         if suite == "decode":  # TB/s of K/V cache read: see flashlib.bench.decode
             from . import decode as bench_decode

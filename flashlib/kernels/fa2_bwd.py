@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .. import runtime
 from .config import cdiv, packed_dims, padded_headdim, prologue, size_bucket, tuned
-from .launch import fast_launch
+from .launch import fast_launch, plan_key, remember
 from .score_mod import kernel_args as score_mod_args
 from .fa2_fwd import lse_rows, sequence
 from .tile import LOG2E, key_range
@@ -305,6 +305,19 @@ def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf3
     packed sequences, as ``fa2_forward``.
     """
     runtime.check_kernel(_dkdv_kernel)
+    mod_args, mod_fn = score_mod_args(score_mod, None)
+    pointers = (q, k, v, out, dout, lse, *(cu_seqlens or ()), *([] if mod_args is None else [mod_args]))
+    key = plan_key(pointers, (causal, scale, allow_tf32, mod_fn, max_seqlen)) \
+        if dout.dtype == q.dtype and lse.is_contiguous() else None
+    plan = _plans.get(key)
+    if plan is not None:   # a call like an earlier one: allocate and replay its two launches
+        dq_launch, dkdv_launch = plan
+        dq, dk, dv, delta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(lse)
+        mod_args = lse if mod_args is None else mod_args
+        offsets = cu_seqlens or (lse, lse)
+        dq_launch(q, k, v, out, dout, lse, delta, dq, mod_args, *offsets)
+        dkdv_launch(q, k, v, dout, lse, delta, dk, dv, mod_args, *offsets)
+        return dq, dk, dv
     (q, k, v, out, dout), scale, precision, grad_dtype = prologue(
         q, k, v, out, dout.to(q.dtype), scale=scale, allow_tf32=allow_tf32)
     dims = packed_dims(q, k, cu_seqlens, max_seqlen)
@@ -321,19 +334,23 @@ def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf3
     scores = B * Hq * Nq * Nk
     dq_kernel, dq_config = _choose_dq(block_d, q.element_size(), scores)
     dkdv_kernel, dkdv_config = _choose_dkdv(block_d, q.element_size(), scores)
-    mod_args, mod_fn = score_mod_args(score_mod, lse)
-    fast_launch(
+    mod_args = lse if mod_args is None else mod_args
+    dq_launch = fast_launch(
         dq_kernel, lambda meta: (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
         q, k, v, out, dout, lse, delta, dq, mod_args, *dims.offsets(lse), *common,
         *dims.strides(out), *dims.strides(dq), Hq, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
         dims.total_q, GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, EVEN_D=D == block_d,
         DOT_PRECISION=precision, SCORE_MOD=mod_fn, VARLEN=dims.cu_q is not None,
         **dq_config)
-    fast_launch(
+    dkdv_launch = fast_launch(
         dkdv_kernel, lambda meta: (cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,),
         q, k, v, dout, lse, delta, dk, dv, mod_args, *dims.offsets(lse), *common,
         *dims.strides(dk), *dims.strides(dv), Hq, Hkv, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
         dims.total_q, GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, EVEN_D=D == block_d,
         DOT_PRECISION=precision, SCORE_MOD=mod_fn, VARLEN=dims.cu_q is not None,
         **dkdv_config)
+    remember(_plans, key, (dq_launch, dkdv_launch))
     return dq.to(grad_dtype), dk.to(grad_dtype), dv.to(grad_dtype)
+
+
+_plans = {}   # launch.plan_key -> (dQ Launch, dK/dV Launch)

@@ -1,23 +1,26 @@
-"""Launching a compiled Triton kernel with less host time (the decode, dense and block-sparse
-launchers use it).
+"""The launch layer: compiled Triton kernels called with little host time (every launcher uses it).
 
-Why: one decoding step over a 1k-key cache is 13-17 us of GPU work on an H100, but at every call
-``kernel[grid](...)`` binds and specializes every argument (35 for the decode kernel), builds a
-cache key from them and looks the compiled kernel up, in Python. A decoding loop calls the same
-kernel with the same shapes at every step, so ``fast_launch`` remembers the compiled kernel per
-call signature and launches it directly: 15-23 us less host time per decoding call on H100 hosts
-(benchmarks/results/h100/decode_host_time.log; GPU times from decode_float16.json). A call
-signature is everything Triton specializes on, or finer: each tensor's dtype and 16-byte alignment,
-every other argument's value (ints, floats, constexprs, ``num_warps``...), and the device. A new
-signature goes through Triton's own ``kernel[grid](...)`` (compiling if needed), which returns the
-kernel to remember.
+Why: at 256 tokens a forward+backward's kernels take tens of microseconds on an H100, but
+``kernel[grid](...)`` binds and specializes every argument (30-40 here), builds a cache key from
+them and looks the compiled kernel up, in Python, at every call; the launchers then recompute
+sizes, strides, configs and grids that did not change since the last step. Two memos remove that:
+
+- ``fast_launch`` remembers the compiled kernel per call signature (everything Triton specializes
+  on, or finer: each tensor's dtype and 16-byte alignment, every other argument's value, the
+  device) and returns a ``Launch``: the compiled kernel, its grid and its scalar arguments.
+- ``plan_key`` gives a launcher a key for its whole call (shapes, strides, dtypes, alignments,
+  options); the launcher keeps the ``Launch``es its first call with that key recorded, and later
+  calls only allocate their outputs and replay them with the new tensors (``Launch.__call__``):
+  no argument binding, no recomputation, no autotuner bookkeeping. Autotuning still happens on
+  the first call of a new key, through Triton's own ``kernel[grid](...)``.
 
 Direct launches call ``CompiledKernel.run``, an internal of Triton; its signature is the one of
 the versions in ``TESTED_TRITON``. Elsewhere, through the interpreter, with Triton's launch hooks
-set (profilers), while torch.compile traces (Dynamo cannot trace the memo), or with
+set (profilers), while torch.compile traces (Dynamo cannot trace the memos), or with
 ``FLASHLIB_FAST_LAUNCH=0``, every call is a plain ``kernel[grid](...)``.
 """
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -25,11 +28,49 @@ import triton
 from .. import runtime
 
 TESTED_TRITON = ("3.6.",)
-MAX_SIGNATURES = 256     # per kernel; a loop that keeps changing shapes starts the memo again
+MAX_SIGNATURES = 256     # per memo; a loop that keeps changing shapes starts the memo again
 ENABLED = (not runtime.INTERPRET and triton.__version__.startswith(TESTED_TRITON)
            and os.environ.get("FLASHLIB_FAST_LAUNCH", "1") != "0")
 
-_compiled = {}           # kernel -> {call signature: CompiledKernel}
+_compiled = {}           # kernel -> {call signature: (CompiledKernel, constexpr names, config)}
+
+
+class Launch(NamedTuple):
+    """One recorded launch: call it with the kernel's tensor arguments (they come first in
+    every flashlib kernel) to launch the same compiled kernel, grid and scalars again."""
+    compiled: object         # triton CompiledKernel
+    grid: tuple              # (x, y, z)
+    scalars: tuple           # the arguments after the tensors, then the constexprs, in order
+
+    def __call__(self, *tensors):
+        driver = triton.runtime.driver.active
+        kernel = self.compiled
+        kernel.run(*self.grid, driver.get_current_stream(driver.get_current_device()),
+                   kernel.function, kernel.packed_metadata, None, None, None, *tensors, *self.scalars)
+
+
+def plan_key(tensors, options):
+    """A launcher's memo key for a call on ``tensors`` with ``options`` (a tuple of everything
+    else its launches depend on: flags, scale, jit functions, sizes), or None when the call must
+    take the plain path (see the module docstring; also tensors whose last dim is strided, which
+    the launchers copy first)."""
+    if not ENABLED or torch.compiler.is_compiling() or _hooks_set():
+        return None
+    key = [options]
+    for t in tensors:
+        if t.stride(-1) != 1:
+            return None
+        key += (t.shape, t.stride(), t.dtype, t.data_ptr() & 15)
+    return tuple(key)
+
+
+def remember(plans, key, plan):
+    """``plans[key] = plan`` if the call could be planned (key and every launch not None)."""
+    if key is None or plan is None or None in plan:
+        return
+    if len(plans) >= MAX_SIGNATURES:
+        plans.clear()
+    plans[key] = plan
 
 
 def _signature(device, args, kwargs):
@@ -40,15 +81,16 @@ def _signature(device, args, kwargs):
 
 def fast_launch(kernel, grid, *args, **kwargs):
     """``kernel[grid](*args, **kwargs)``, with the arguments' binding and the kernel's look-up
-    skipped after the first call of each signature. kernel: a ``@triton.jit`` function, or a
-    ``triton.autotune`` of one, whose choice is remembered with the compiled kernel (the
-    signature holds every value its key reads); grid: a tuple of up to 3 ints, or a function of
-    the meta-parameters as in Triton; args: the kernel's parameters up to its constexprs; kwargs:
-    the constexprs and launch options the caller sets."""
+    skipped after the first call of each signature. Returns the ``Launch`` (None on the plain
+    path). kernel: a ``@triton.jit`` function, or a ``triton.autotune`` of one, whose choice is
+    remembered with the compiled kernel (the signature holds every value its key reads); grid: a
+    tuple of up to 3 ints, or a function of the meta-parameters as in Triton; args: the kernel's
+    parameters up to its constexprs, tensors first; kwargs: the constexprs and launch options the
+    caller sets."""
     if not ENABLED or torch.compiler.is_compiling() or _hooks_set():
-        return kernel[grid](*args, **kwargs)
-    driver = triton.runtime.driver.active
-    device = driver.get_current_device()
+        kernel[grid](*args, **kwargs)
+        return None
+    device = triton.runtime.driver.active.get_current_device()
     memo = _compiled.setdefault(kernel, {})
     key = _signature(device, args, kwargs)
     hit = memo.get(key)
@@ -60,15 +102,27 @@ def fast_launch(kernel, grid, *args, **kwargs):
         chosen = dict(kernel.best_config.kwargs) if tuner else {}
         # CompiledKernel.run takes every parameter in order, constexprs included (it skips them)
         names = [p.name for p in (kernel.fn if tuner else kernel).params[len(args):]]
-        memo[key] = compiled, names, chosen
-        return compiled
+        memo[key] = hit = compiled, names, chosen
+    else:
+        compiled = None
+    launch = _launch(hit, grid, args, kwargs)
+    if compiled is None:   # launched above by Triton itself on a miss
+        launch(*args[:_tensor_count(args)])
+    return launch
+
+
+def _tensor_count(args):
+    return next((i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)), len(args))
+
+
+def _launch(hit, grid, args, kwargs):
     compiled, constexpr_names, chosen = hit
     meta = {**kwargs, **chosen}
-    grid = (*(grid(meta) if callable(grid) else grid), 1, 1)
-    compiled.run(grid[0], grid[1], grid[2], driver.get_current_stream(device), compiled.function,
-                 compiled.packed_metadata, None, None, None,
-                 *args, *(meta[name] for name in constexpr_names))
-    return compiled
+    grid = (*(grid(meta) if callable(grid) else grid), 1, 1)[:3]
+    scalars = args[_tensor_count(args):]
+    if any(isinstance(a, torch.Tensor) for a in scalars):
+        raise TypeError("fast_launch: a kernel's tensor arguments must come before its scalars")
+    return Launch(compiled, grid, (*scalars, *(meta[name] for name in constexpr_names)))
 
 
 def _hooks_set():
