@@ -1,21 +1,44 @@
 """Public torch entry points: the autograd.Functions, ``flash_attention`` and ``block_sparse_attention``.
 
 The layers follow flash-attention's Triton file: ``@triton.jit`` kernel (flashlib/kernels) ->
-launcher (``fa2_forward`` / ``fa2_backward``: allocation, grid) -> ``FlashAttention``
+launcher (``fa2_forward`` / ``fa2_backward``: allocation, grid; on Hopper the forward may be
+``fa3_forward``, see ``attention_forward``) -> ``FlashAttention``
 (autograd.Function saving exactly q, k, v, out and lse) -> ``flash_attention`` (checks,
 keyword-only options, this docstring). Bad input raises ValueError/TypeError naming the argument,
 before any kernel is compiled. Under torch.compile, ``flash_attention`` and
 ``block_sparse_attention`` reach the same launchers through custom ops (two each) instead of the
 autograd.Functions (see ``_fa2_forward_op``, ``_bs_forward_op``).
 """
+import os
 from typing import Optional
 
 import torch
 
 from .inputs import check_inputs, check_score_mods, check_varlen
 from .kernels import score_mod
+from .kernels import fa3_fwd
 from .kernels.fa2_fwd import fa2_forward
 from .masks import KernelView
+
+# The Hopper kernel (kernels/fa3_fwd.py) runs forwards of at least this many FLOPs (4 B Hq Nq Nk
+# D): it builds four TMA descriptors and launches through Triton's own path at every call, where
+# FA2's launcher replays a recorded launch (kernels/launch.py), so small, host-bound calls stay on
+# FA2. 2^35 FLOPs take 60-120 us on an H100. FLASHLIB_FA3=1 turns the choice on: the kernel
+# passed its own checks on an H100 (benchmarks/results/h100/hopper_probe.log), but flash_attention
+# with it inside (and the backward from its lse) has not yet run on a GPU.
+FA3_FROM_FLOPS = 1 << 35
+FA3_ENABLED = os.environ.get("FLASHLIB_FA3", "0") == "1"
+
+
+def attention_forward(q, k, v, causal, scale, mod, cu_seqlens=None, max_seqlen=None):
+    """The forward kernel for these inputs: FA3 on Hopper (sm90, fp16/bf16, head dim 64 or 128,
+    dense, no score modifier, large enough), FA2 otherwise. Returns (out, lse)."""
+    if FA3_ENABLED and cu_seqlens is None and mod.args is None and mod.fn is score_mod.identity \
+            and 4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3] >= FA3_FROM_FLOPS \
+            and fa3_fwd.supported(q, k, v):
+        return fa3_fwd.fa3_forward(q, k, v, causal=causal, scale=scale)
+    return fa2_forward(q, k, v, causal=causal, scale=scale, score_mod=mod, cu_seqlens=cu_seqlens,
+                       max_seqlen=max_seqlen)
 
 
 class FlashAttention(torch.autograd.Function):
@@ -25,8 +48,7 @@ class FlashAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, causal, scale, mod, packed=None):
         # mod: a kernels.score_mod.ScoreMod; packed: None, or varlen's ((cu_q, cu_k), (max_q, max_k))
         cu_seqlens, max_seqlen = packed or (None, None)
-        out, lse = fa2_forward(q, k, v, causal=causal, scale=scale, score_mod=mod,
-                               cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+        out, lse = attention_forward(q, k, v, causal, scale, mod, cu_seqlens, max_seqlen)
         ctx.set_materialize_grads(False)   # lse's gradient: None, not a zeros tensor per call
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.scale, ctx.mod, ctx.packed = causal, scale, mod, packed
@@ -54,8 +76,7 @@ class FlashAttention(torch.autograd.Function):
 def _fa2_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
                     softcap: Optional[float], alibi_slopes: Optional[torch.Tensor]
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    return fa2_forward(q, k, v, causal=causal, scale=scale,
-                       score_mod=score_mod.make(q, softcap, alibi_slopes))
+    return attention_forward(q, k, v, causal, scale, score_mod.make(q, softcap, alibi_slopes))
 
 
 @_fa2_forward_op.register_fake

@@ -222,6 +222,27 @@ def test_gpu_planned_launches_replay_the_plain_ones(monkeypatch):
     assert len(fa2_fwd._plans) >= 4
 
 
+@gpu
+@pytest.mark.gpu
+def test_gpu_hopper_forward_is_picked_where_it_runs(monkeypatch):
+    """flash_attention's forward runs kernels/fa3_fwd.py on sm90 for large 16-bit problems at head
+    dims 64/128 without score modifiers, and FA2 for the rest (small, host-bound calls included)."""
+    from flashlib import ops
+    from flashlib.kernels import fa3_fwd
+    monkeypatch.setattr(ops, "FA3_ENABLED", True)
+    calls = []
+    real = fa3_fwd.fa3_forward
+    monkeypatch.setattr(fa3_fwd, "fa3_forward", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    big = rand(2, 8, 4096, 128, dtype=torch.bfloat16)
+    flash_attention(big, big, big, causal=True)
+    flash_attention(big, big, big, softcap=20.0)                       # a score modifier: FA2
+    small = rand(1, 2, 300, 128, dtype=torch.bfloat16)
+    flash_attention(small, small, small)                               # host-bound: FA2
+    hopper = fa3_fwd.supported(big, big, big)
+    assert calls == ([big.shape] if hopper else []), (runtime.gpu_name(), calls)
+    assert 4 * 2 * 8 * 4096 * 4096 * 128 >= ops.FA3_FROM_FLOPS > 4 * 2 * 300 * 300 * 128
+
+
 @pytest.mark.skipif(runtime.DEVICE.type == "cuda", reason="CPU-only check")
 def test_triton_imported_first_gives_a_clear_error():
     import subprocess
@@ -262,7 +283,7 @@ def test_small_problems_are_not_autotuned(monkeypatch):
     from flashlib.kernels import config, fa2_fwd
     monkeypatch.setattr(config.runtime, "AUTOTUNE", True)
     monkeypatch.setattr(config.runtime, "INTERPRET", False)
-    monkeypatch.setattr(config, "_smem_limit", lambda: 64 * 1024)
+    monkeypatch.setattr(config, "_compiling_for", [config.Target((8, 0), 64 * 1024)])   # 64 KB a block
     choose = config.tuned(fa2_fwd._fa2_fwd_kernel, [(128, 128, 8, 3), (64, 64, 4, 2)],
                           lambda bm, bn: (bm, 2 * bn))
     kernel, launch_kwargs = choose(64, 2, config.TUNE_FROM_SCORES - 1)

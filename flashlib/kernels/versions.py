@@ -10,6 +10,10 @@ signature: ``fn(q, k, v, *, causal=False, scale=None) -> (out, lse)``.
        key/value blocks outer, query blocks inner; O, l, m re-read and re-written in HBM every step.
     2  fa2_forward (lesson 07): FlashAttention-2. Query blocks outer, one program per (query block,
        batch, head); state in registers, normalised once at the end; causal blocks skipped.
+    3  fa3_forward (lesson 12): FlashAttention-3 on Hopper, in Gluon. TMA loads by a producer warp
+       into a ring of shared-memory stages, two consumer warpgroups on async wgmma taking turns
+       (ping-pong), each block's softmax overlapped with the next block's matmul. sm90 only,
+       float16/bfloat16, head dims 64 and 128 (``available(3)``).
 
 What each measured is not written here: numbers depend on the GPU. Lesson 06 times 1 against 2
 on the GPU it runs on (``time_version``); ``python -m flashlib.bench`` times version 2 against PyTorch.
@@ -18,8 +22,10 @@ import torch
 
 from .. import runtime
 from ..testing import assert_attention_close
+from . import fa3_fwd
 from .fa1 import fa1_forward
 from .fa2_fwd import fa2_forward
+from .fa3_fwd import fa3_forward
 
 
 def attention_flops(B, H, Nq, Nk, D, *, causal=False):
@@ -27,10 +33,11 @@ def attention_flops(B, H, Nq, Nk, D, *, causal=False):
     return 4 * B * H * Nq * Nk * D * (0.5 if causal else 1.0)
 
 
-VERSIONS = {1: fa1_forward, 2: fa2_forward}
+VERSIONS = {1: fa1_forward, 2: fa2_forward, 3: fa3_forward}
 DESCRIPTIONS = {
     1: "FA1 (Algorithm 1): grid (B*H,), KV blocks outer, O/l/m in HBM, re-read and re-written per tile",
     2: "FA2: grid (query blocks, B*H), Q blocks outer, state in registers, deferred normalisation",
+    3: "FA3 (Hopper, Gluon): TMA producer warp, 2 ping-pong consumer warpgroups, softmax under wgmma",
 }
 
 # (B, Hq, Hkv, Nq, Nk, D, causal): N not a multiple of any block, Nq != Nk, head dim 80,
@@ -43,9 +50,27 @@ CHECK_SHAPES = [
 ]
 
 
+# version 3 runs head dims 64 and 128 in 16-bit only: the same cases at those head dims
+HOPPER_CHECK_SHAPES = [(1, 2, 2, 130, 97, 64, False), (2, 8, 2, 17, 130, 128, True),
+                       (1, 2, 1, 130, 33, 64, True), (1, 1, 1, 1, 97, 128, False)]
+
+
+def available(n) -> bool:
+    """Whether version n runs here: 1 and 2 everywhere (the CPU through the interpreter), 3 on an
+    sm90 GPU with the Triton release its Gluon code is written for."""
+    if n != 3:
+        return n in VERSIONS
+    probe = torch.empty(1, 1, 16, 64, dtype=torch.float16, device=runtime.DEVICE)
+    return fa3_fwd.supported(probe, probe, probe)
+
+
 def _get(n):
     if n not in VERSIONS:
         raise ValueError(f"unknown kernel version {n!r}; known: {sorted(VERSIONS)}")
+    if not available(n):
+        raise RuntimeError(f"version {n} needs an sm90 GPU (H100/H200) and Triton "
+                           f"{fa3_fwd.TESTED_TRITON[0]}x (its Gluon API); this machine has "
+                           f"{runtime.gpu_name()}: use version 2")
     return VERSIONS[n]
 
 
@@ -57,7 +82,7 @@ def check_version(n, *, shapes=None, dtype=None, scale=None):
     of out for each shape (the tolerance is flashlib.testing's: 2x naive attention's error).
     """
     fn = _get(n)
-    shapes = CHECK_SHAPES if shapes is None else shapes
+    shapes = (HOPPER_CHECK_SHAPES if n == 3 else CHECK_SHAPES) if shapes is None else shapes
     dtype = (torch.float16 if runtime.DEVICE.type == "cuda" else torch.float32) if dtype is None else dtype
     errors = []
     for B, Hq, Hkv, Nq, Nk, D, causal in shapes:

@@ -1,0 +1,360 @@
+"""Check flashlib's FA3 forward (flashlib/kernels/fa3_fwd.py) for sm90 without a GPU.
+
+1. The barrier protocol, modelled: the producer's and the consumers' sequences of mbarrier
+   waits (with the kernel's parity formulas), arrivals, expect-tx, TMA loads and wgmma reads,
+   replayed in random interleavings (TMA completing in any order) against a model of mbarriers.
+   Fails on a deadlock, a barrier two phases ahead of its waiter (a parity wait that passes on
+   the wrong phase), a TMA write into a stage a wgmma still reads, or a read of a stage that
+   does not hold the block expected. It checks the protocol as written in ``_model_*`` below,
+   which mirror ``fa3_fwd._producer`` and ``fa3_fwd._consumer`` step by step: change both.
+2. Every variant compiled with ``triton.compile`` for ``GPUTarget("cuda", 90, 32)`` through
+   ptxas, from CPU stand-ins (the tensor descriptors' types only need shapes, strides and
+   layouts) and Triton's own specialisation rules; prints shared memory, warps, registers and
+   spills (ptxas -v), the partitions' setmaxnreg, global scratch and the cubin's size.
+
+Exit status 1 if anything fails. The compiles need Triton 3.6 (the GPU machines' version:
+Gluon's API changes between releases):
+
+    TRITON_INTERPRET=0 PYTHONPATH=$PWD /tmp/t36/bin/python benchmarks/hopper_compile_check.py [-v]
+
+-v also prints each kernel's setmaxnreg and mbarrier instructions from the PTX.
+"""
+import os
+import random
+import re
+import sys
+import traceback
+
+os.environ["TRITON_INTERPRET"] = "0"     # before flashlib: it turns the interpreter on without a GPU
+
+import torch  # noqa: E402
+
+from flashlib.kernels import fa3_fwd  # noqa: E402
+
+TARGET_ARCH = 90
+
+
+# ----------------------------------------------------------------------------- 1. protocol model
+
+
+class ProtocolError(Exception):
+    pass
+
+
+class ModelBarrier:
+    """An mbarrier: ``count`` arrivals plus the expected transaction bytes complete a phase."""
+
+    def __init__(self, name, count):
+        self.name, self.count, self.arrivals, self.tx, self.phase = name, count, 0, 0, 0
+
+    def _complete(self):
+        if self.arrivals == self.count and self.tx == 0:
+            self.phase, self.arrivals = self.phase + 1, 0
+
+    def arrive(self):
+        self.arrivals += 1
+        if self.arrivals > self.count:
+            raise ProtocolError(f"{self.name}: more arrivals than its count {self.count}")
+        self._complete()
+
+    def expect(self, nbytes):   # mbarrier.arrive.expect_tx
+        self.tx += nbytes
+        self.arrive()
+
+    def complete_tx(self, nbytes):   # the TMA engine, when the bytes have landed
+        self.tx -= nbytes
+        self._complete()
+
+
+class Model:
+    """One CTA's barriers and buffers; the partitions are generators that yield "blocked" while a
+    wait is not satisfied (anything else: progress)."""
+
+    def __init__(self, num_wg, stages):
+        self.num_wg, self.stages = num_wg, stages
+        self.q_bar = [ModelBarrier(f"q_bar[{w}]", 1) for w in range(num_wg)]
+        self.turn = [ModelBarrier(f"turn[{w}]", 1) for w in range(num_wg)]
+        self.k_ready = [ModelBarrier(f"k_ready[{s}]", 1) for s in range(stages)]
+        self.v_ready = [ModelBarrier(f"v_ready[{s}]", 1) for s in range(stages)]
+        self.k_empty = [ModelBarrier(f"k_empty[{s}]", num_wg) for s in range(stages)]
+        self.v_empty = [ModelBarrier(f"v_empty[{s}]", num_wg) for s in range(stages)]
+        self.held, self.readers, self.tma_queue = {}, {}, []
+
+    def wait(self, bar, parity, index):
+        """mbarrier.wait(bar, parity) as PTX does it (passes once the phase of that parity is
+        complete); ``index`` is the completion the waiter means (-1: the fresh barrier's
+        "previous" phase), to catch a parity that passes on another phase."""
+        while (bar.phase & 1) == parity:
+            yield "blocked"
+        if bar.phase != index + 1:
+            raise ProtocolError(f"{bar.name}: wait for completion {index} passed at phase {bar.phase}")
+
+    def tma(self, bar, key, block):
+        self.tma_queue.append((bar, key, block))
+
+    def read(self, key, block):      # a wgmma starts reading a stage
+        if self.held.get(key) != block:
+            raise ProtocolError(f"wgmma reads {key} holding block {self.held.get(key)}, not {block}")
+        self.readers[key] = self.readers.get(key, 0) + 1
+
+    def done(self, key):             # ... and has finished (warpgroup_mma_wait)
+        self.readers[key] -= 1
+
+
+def _model_producer(m, n_blocks):
+    """fa3_fwd._producer, step by step."""
+    for w in range(m.num_wg):
+        m.q_bar[w].expect(1)
+        m.tma(m.q_bar[w], ("q", w), 0)
+    for j in range(n_blocks):
+        s, phase = j % m.stages, (j // m.stages) & 1
+        yield from m.wait(m.k_empty[s], phase ^ 1, j // m.stages - 1)
+        m.k_ready[s].expect(1)
+        m.tma(m.k_ready[s], ("k", s), j)
+        yield
+        yield from m.wait(m.v_empty[s], phase ^ 1, j // m.stages - 1)
+        m.v_ready[s].expect(1)
+        m.tma(m.v_ready[s], ("v", s), j)
+        yield
+
+
+def _model_consumer(m, w, n_blocks, overlap, pingpong):
+    """fa3_fwd._consumer (warpgroup w), step by step; a yield is where other partitions may run."""
+    st = m.stages
+    yield from m.wait(m.q_bar[w], 0, 0)
+    if overlap and n_blocks > 0:
+        yield from m.wait(m.k_ready[0], 0, 0)
+        m.read(("k", 0), 0)
+        yield
+        m.done(("k", 0))
+        m.k_empty[0].arrive()
+        yield
+        for j in range(1, n_blocks):
+            s, prev = j % st, (j - 1) % st
+            if pingpong:   # consumer 0's k-th turn follows the last consumer's (k-1)-th
+                yield from m.wait(m.turn[w], ((j - 1) & 1) ^ (1 if w == 0 else 0), j - 1 - (w == 0))
+            yield from m.wait(m.k_ready[s], (j // st) & 1, j // st)
+            m.read(("k", s), j)
+            yield from m.wait(m.v_ready[prev], ((j - 1) // st) & 1, (j - 1) // st)
+            m.read(("v", prev), j - 1)
+            if pingpong:
+                m.turn[(w + 1) % m.num_wg].arrive()
+            yield
+            m.done(("k", s))             # warpgroup_mma_wait(1): S_j done
+            m.k_empty[s].arrive()
+            yield
+            m.done(("v", prev))          # warpgroup_mma_wait(0): P V done
+            m.v_empty[prev].arrive()
+            yield
+        last = (n_blocks - 1) % st
+        yield from m.wait(m.v_ready[last], ((n_blocks - 1) // st) & 1, (n_blocks - 1) // st)
+        m.read(("v", last), n_blocks - 1)
+        yield
+        m.done(("v", last))
+        m.v_empty[last].arrive()
+    elif not overlap:
+        for j in range(n_blocks):
+            s, phase = j % st, (j // st) & 1
+            yield from m.wait(m.k_ready[s], phase, j // st)
+            m.read(("k", s), j)
+            yield
+            m.done(("k", s))
+            m.k_empty[s].arrive()
+            yield
+            yield from m.wait(m.v_ready[s], phase, j // st)
+            m.read(("v", s), j)
+            yield
+            m.done(("v", s))
+            m.v_empty[s].arrive()
+            yield
+    if m.held.get(("q", w)) != 0:      # O is stored through the Q buffer
+        raise ProtocolError(f"consumer {w} writes O into a Q buffer whose load has not landed")
+
+
+def model_run(n_blocks, num_wg, stages, overlap, pingpong, seed):
+    """One random interleaving of the partitions and the TMA completions; raises ProtocolError."""
+    rng = random.Random(seed)
+    m = Model(num_wg, stages)
+    parts = {"producer": _model_producer(m, n_blocks),
+             **{f"consumer {w}": _model_consumer(m, w, n_blocks, overlap, pingpong) for w in range(num_wg)}}
+    stuck = 0
+    while parts or m.tma_queue:
+        pick = rng.choice(list(parts) + (["tma"] if m.tma_queue else []))
+        if pick == "tma":
+            bar, key, block = m.tma_queue.pop(rng.randrange(len(m.tma_queue)))
+            if m.readers.get(key, 0):
+                raise ProtocolError(f"TMA overwrites {key} while a wgmma reads it")
+            m.held[key] = block
+            bar.complete_tx(1)
+            stuck = 0
+            continue
+        try:
+            state = next(parts[pick])
+        except StopIteration:
+            del parts[pick]
+            state = None
+        stuck = stuck + 1 if state == "blocked" else 0
+        if stuck > 50 * (len(parts) + 1) and not m.tma_queue:
+            raise ProtocolError("deadlock: every partition waits and no TMA is in flight: "
+                                + ", ".join(parts))
+
+
+def check_protocol(seeds=40):
+    """model_run over every variant's (NUM_WG, OVERLAP, PINGPONG), 1-4 stages, 0-13 key blocks."""
+    combos = sorted({(v.num_wg, v.overlap, v.pingpong and v.num_wg > 1) for v in fa3_fwd.VARIANTS.values()})
+    runs, failures = 0, []
+    for num_wg, overlap, pingpong in combos:
+        for stages in (1, 2, 3, 4):
+            for n_blocks in (0, 1, 2, 3, 4, 5, 8, 13):
+                for seed in range(seeds):
+                    runs += 1
+                    try:
+                        model_run(n_blocks, num_wg, stages, overlap, pingpong, seed)
+                    except ProtocolError as e:
+                        failures.append(f"num_wg={num_wg} overlap={overlap} pingpong={pingpong} "
+                                        f"stages={stages} n_blocks={n_blocks} seed={seed}: {e}")
+    print(f"barrier protocol model: {runs} random interleavings of {len(combos)} partition layouts, "
+          f"{len(failures)} failures")
+    for f in failures[:10]:
+        print("  FAIL", f)
+    return len(failures)
+
+
+# ----------------------------------------------------------------------------- 2. compiles
+
+
+def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531)):
+    """Compile one (variant, head dim, causal, dtype) for inputs of sizes (B, Hq, Hkv, Nq, Nk)
+    (Triton specialises ints on being 1 or a multiple of 16); return the CompiledKernel."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import compile as triton_compile
+    from triton.compiler.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton._C.libtriton import native_specialize_impl
+
+    config = fa3_fwd.kernel_config(name, D)
+    B, Hq, Hkv, Nq, Nk = sizes
+    q = torch.empty(B, Hq, Nq, D, dtype=dtype)
+    k = torch.empty(B, Hkv, Nk, D, dtype=dtype)
+    lse = torch.empty(B, Hq, Nq, dtype=torch.float32)
+    args = dict(q_desc=fa3_fwd._descriptor(q, (1, 1, fa3_fwd.BLOCK_M, D)),
+                k_desc=fa3_fwd._descriptor(k, (1, 1, config["BLOCK_N"], D)),
+                v_desc=fa3_fwd._descriptor(k, (1, 1, config["BLOCK_N"], D)),
+                o_desc=fa3_fwd._descriptor(q, (1, 1, fa3_fwd.BLOCK_M, D)),
+                Lse=lse, Hq=Hq, Nq=Nq, Nk=Nk, qk_scale=0.1, GROUP=Hq // Hkv)
+    constexprs = dict(CAUSAL=causal, **config)
+    target = GPUTarget("cuda", TARGET_ARCH, 32)
+    backend = make_backend(target)
+    fn = fa3_fwd._fa3_fwd_kernel
+    signature, attrs, consts = {}, {}, {}
+    for i, p in enumerate(fn.params):
+        if p.name in constexprs:
+            signature[p.name] = "constexpr"
+            consts[(i,)] = constexprs[p.name]
+            continue
+        # as Triton's launcher: an int equal to 1 becomes a constexpr, a pointer or an int that
+        # is a multiple of 16 gets the divisibility attribute ("D"), unless do_not_specialize
+        ty, key = native_specialize_impl(type(backend), args[p.name], False, not p.do_not_specialize, True)
+        signature[p.name] = ty
+        if ty == "constexpr":
+            consts[(i,)] = args[p.name]
+        elif isinstance(key, str) and key:
+            attrs[(i,)] = backend.parse_attr(key)
+    src = GluonASTSource(fn, signature, consts, attrs)
+    return triton_compile(src, target=target, options=fa3_fwd.launch_options(name))
+
+
+def ptxas_report(ptx):
+    """(registers, spill bytes) of the kernel, from ptxas -v on its PTX (Triton discards the log)."""
+    import subprocess
+    import tempfile
+
+    from triton import knobs
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        log = subprocess.run([knobs.nvidia.ptxas.path, "-v", f"--gpu-name=sm_{TARGET_ARCH}a", src,
+                              "-o", os.path.join(tmp, "k.o")], capture_output=True, text=True).stderr
+    regs = re.search(r"Used (\d+) registers", log)
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log)]
+    for line in log.splitlines():   # e.g. "wgmma.mma_async instructions are serialized ..."
+        if "warning" in line.lower():
+            WARNINGS.add(line.strip())
+    return (int(regs.group(1)) if regs else None), sum(spills)
+
+
+WARNINGS = set()
+SETMAXNREG = re.compile(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)")
+
+
+def main(verbose=False):
+    import triton
+    failures = check_protocol()
+    print(f"triton {triton.__version__}, torch {torch.__version__}, target sm{TARGET_ARCH}; "
+          f"gluon hopper available: {fa3_fwd._GLUON}")
+    if not fa3_fwd._GLUON:
+        print("FAIL: this Triton has no (3.6-compatible) Gluon Hopper module")
+        return 1
+    print("smem: shared memory per CTA in bytes (H100: at most 232448); warps: with the partitions';"
+          " regs: ptxas's launch registers per thread; setmaxnreg: the partitions' register counts;"
+          " spill: ptxas spill bytes; scratch: global scratch bytes (must be 0: no allocator set)")
+    print(f"{'variant':>14} {'D':>4} {'causal':>6} {'dtype':>9} | {'smem':>6} {'warps':>5} "
+          f"{'regs':>4} {'setmaxnreg':>18} {'spill':>5} {'scratch':>7} {'cubin B':>8}  status")
+    for name, variant in fa3_fwd.VARIANTS.items():
+        for D in variant.head_dims:
+            for causal in (False, True):
+                for dtype in (torch.float16, torch.bfloat16):
+                    tag = f"{name:>14} {D:>4} {causal!s:>6} {str(dtype)[6:]:>9} |"
+                    try:
+                        ck = compile_variant(name, D, causal, dtype)
+                    except Exception as e:  # noqa: BLE001  (report every failure, keep going)
+                        failures += 1
+                        msg = str(e).strip().splitlines()
+                        print(f"{tag} FAILED: {type(e).__name__}: {' / '.join(msg[:12])}")
+                        if verbose:
+                            traceback.print_exc()
+                        continue
+                    md = ck.metadata
+                    ptx = ck.asm.get("ptx", "")
+                    setmaxnreg = sorted({int(r) for r in SETMAXNREG.findall(ptx)})
+                    regs, spill = ptxas_report(ptx)
+                    cubin = ck.asm.get("cubin", b"")
+                    scratch = getattr(md, "global_scratch_size", 0)
+                    ok = bool(cubin) and md.shared <= 232448 and spill == 0 and not scratch
+                    print(f"{tag} {md.shared:>6} {md.num_warps:>5} {str(regs):>4} "
+                          f"{','.join(map(str, setmaxnreg)) or '-':>18} {spill:>5} {scratch:>7} "
+                          f"{len(cubin):>8}  "
+                          f"{'ok: cubin' if ok else 'PROBLEM'}")
+                    if not ok:
+                        failures += 1
+                    if verbose:
+                        for line in ptx.splitlines():
+                            if re.search(r"setmaxnreg|mbarrier\.(arrive|init)|maxnreg|maxntid", line):
+                                print("      ", line.strip())
+    # other sizes: the kernel does not specialise on them (do_not_specialize), so these must
+    # compile as above; they would not if that were dropped and a size of 1 became a constexpr
+    print("other sizes (B, Hq, Hkv, Nq, Nk): compiled for the default variants, float16")
+    for sizes in [(1, 1, 1, 1, 1), (2, 4, 4, 4096, 4096)]:
+        for D in fa3_fwd.HEAD_DIMS:
+            name = fa3_fwd.DEFAULT_VARIANT[D]
+            for causal in (False, True):
+                tag = f"{name:>14} {D:>4} {causal!s:>6} {str(sizes):>22} |"
+                try:
+                    ck = compile_variant(name, D, causal, torch.float16, sizes)
+                    _, spill = ptxas_report(ck.asm["ptx"])
+                    ok = bool(ck.asm.get("cubin")) and spill == 0
+                    print(f"{tag} smem {ck.metadata.shared}, spill {spill}: "
+                          f"{'ok: cubin' if ok else 'PROBLEM'}")
+                    failures += not ok
+                except Exception as e:  # noqa: BLE001
+                    failures += 1
+                    print(f"{tag} FAILED: {type(e).__name__}: {str(e).strip().splitlines()[:3]}")
+    for w in sorted(WARNINGS):
+        print("ptxas:", w)
+    print("all variants compiled" if not failures else f"{failures} compile failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(verbose="-v" in sys.argv[1:]))

@@ -1,0 +1,469 @@
+"""FlashAttention-3 forward for Hopper (sm90) in Gluon: TMA, warp specialisation, async wgmma.
+
+Follows Shah et al., "FlashAttention-3" (2024), sections 3.1 and 3.2, with flashlib's FA2
+contract (``fa2_fwd.fa2_forward``: same inputs and outputs, bottom-right causal, grouped heads):
+
+- 3.1 producer-consumer asynchrony: a *producer* partition (one warp) issues TMA loads of Q and
+  of the K/V blocks into a ring of STAGES shared-memory stages; *consumer* warpgroups (4 warps
+  each, 64 query rows each, 1 to 3 per CTA) run the matmuls and the softmax. A stage has a
+  ``ready`` mbarrier per tensor (K, V: completed by the TMA engine once the expected bytes have
+  landed) and an ``empty`` one (each consumer arrives once its wgmma has read the stage: NUM_WG
+  arrivals). K and V are separate so that S = Q K^T can start before V has landed.
+  Ping-pong (PINGPONG): the consumers take turns to issue their matmuls, so that one's softmax
+  (exp2 on the multi-function units) runs while another's wgmmas keep the tensor cores busy.
+  FA3 passes the turn with named barriers; Gluon offers mbarriers: ``turn[w]``, one per consumer.
+- 3.2 intra-warpgroup overlap (OVERLAP): a consumer issues S_j = Q K_j^T and O += P_{j-1} V_{j-1}
+  back to back, waits for S_j only, and runs its softmax while the PV wgmma is still in flight.
+
+Scores are in base 2 (``qk_scale = scale * log2(e)``, ``exp2``), normalisation is deferred and
+lse is written in natural log, as in FA2. Q, K, V and O move through 4-D tensor descriptors
+(batch, head, row, dim): TMA zero-fills rows past a head's Nq or Nk and drops stores past Nq, so
+a ragged tail never reads or writes the next head; keys past Nk still score 0 and are masked to
+-inf. Only key blocks that cross Nk or the causal diagonal pay for the mask. O leaves through the
+Q buffer (Q is no longer needed) and one TMA store; lse through a masked store.
+
+One CTA, 2 consumers with OVERLAP and PINGPONG (j: key block, s = j % STAGES)::
+
+    producer   | TMA Q0,Q1 | wait empty[s], expect ready[s], TMA K_j | ... V_j | K_j+1 ...
+    consumer 0 | S_0 sm_0 |[turn: S_1, PV_0]| softmax S_1 | wait PV_0, O*=a |[turn: S_2, PV_1]|
+    consumer 1 | S_0 sm_0 | (waits turn)    |[turn: S_1, PV_0]| softmax S_1 | wait PV_0 | ...
+               consumer 0's softmax runs under consumer 1's wgmmas, and the other way round
+
+    q_bar[w]         TMA -> consumer w                         (count 1 + Q's bytes)
+    k_ready/v_ready  TMA -> consumers                          (count 1 + the block's bytes)
+    k_empty/v_empty  consumers -> producer                     (count NUM_WG)
+    turn[w]          consumer w-1 -> consumer w (mod NUM_WG)   (count 1)
+
+Phases: a stage's barriers complete once per trip round the ring, so the j-th block waits for
+parity (j // STAGES) & 1 and the producer waits on ``empty`` with the opposite parity, which a
+fresh barrier already satisfies (its "previous" phase counts as complete): the first STAGES
+loads go ahead. Consumer 0's first turn passes the same way; consumer w > 0 waits for parity
+k & 1 of its k-th turn. Every partition runs the same number of key blocks (counted for the
+CTA's whole query block), so every arrival has its wait and no barrier gets two phases ahead.
+
+``VARIANTS`` names the combinations (``simple``: producer + one consumer, no overlap); the
+launcher runs ``DEFAULT_VARIANT`` unless told otherwise; ``benchmarks/hopper_probe.py`` checks
+and times them all, ``benchmarks/hopper_compile_check.py`` compiles them without a GPU.
+Gluon's API changes between Triton releases; this file is written for Triton 3.6's
+``triton.experimental.gluon``. Importing it never fails: on another Triton, or without Gluon's
+Hopper module, the kernels are not defined and ``supported`` is False (callers use FA2).
+"""
+import functools
+import math
+from typing import NamedTuple
+
+import torch
+
+from .. import runtime
+from .tile import LOG2E
+
+TESTED_TRITON = ("3.6.",)   # Gluon's API as this file uses it; other releases fall back to FA2
+
+try:   # Gluon's Hopper API; absent or different elsewhere: fall back to FA2
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                   warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    _GLUON = triton.__version__.startswith(TESTED_TRITON)
+except Exception:   # noqa: BLE001  (ImportError, or a renamed symbol in another release)
+    _GLUON = False
+
+HEAD_DIMS = (64, 128)
+BLOCK_M = 64    # query rows per consumer warpgroup: 4 warps x 16 rows, wgmma's M per warpgroup
+SMEM_BYTES = 232448     # H100/H200 shared memory per block (227 KiB)
+SMEM_SPARE = 8192       # kept for the barriers and the compiler's own scratch
+MAX_STAGES = 4
+
+
+class Variant(NamedTuple):
+    """One way to run the kernel. num_wg: consumer warpgroups (CTA block of num_wg * 64 query
+    rows); block_n: keys per K/V block; overlap: FA3 section 3.2's intra-warpgroup pipelining;
+    pingpong: consumers take turns at the tensor cores (section 3.1); regs: registers per consumer
+    thread (setmaxnreg) when there are several; head_dims: where it compiles without spills."""
+    num_wg: int
+    block_n: int
+    overlap: bool
+    pingpong: bool
+    regs: int
+    head_dims: tuple
+    about: str
+
+
+VARIANTS = {
+    "simple": Variant(1, 128, False, False, 0, (64, 128), "producer + 1 consumer warpgroup"),
+    "2wg": Variant(2, 128, False, False, 240, (64, 128), "2 consumer warpgroups (128 rows)"),
+    "2wg_overlap": Variant(2, 128, True, False, 240, (64, 128), "2 consumers + intra-WG overlap"),
+    "2wg_pingpong": Variant(2, 128, True, True, 240, (64, 128), "2 consumers + overlap + ping-pong"),
+    # three consumers have 160 registers each: S of 64 x 128 with overlap spills, 64 x 64 fits
+    "3wg": Variant(3, 128, False, False, 160, (64,), "3 consumer warpgroups (192 rows)"),
+    "3wg_overlap": Variant(3, 64, True, False, 160, (64,), "3 consumers + overlap, 64-key blocks"),
+    "3wg_pingpong": Variant(3, 64, True, True, 160, (64,), "3 consumers + overlap + ping-pong"),
+}
+DEFAULT_VARIANT = {64: "2wg_pingpong", 128: "2wg_pingpong"}   # H100 probe: h100/hopper_probe.log
+
+
+def kernel_config(variant: str, D: int, elem_bytes: int = 2) -> dict:
+    """The kernel's constexprs for ``variant`` at head dim D: the K/V ring as deep as fits beside
+    the Q blocks (Q: num_wg x 64 x D, each stage one K and one V block of block_n x D)."""
+    v = VARIANTS[variant]
+    if D not in v.head_dims:
+        raise ValueError(f"variant {variant!r} is for head dims {v.head_dims}, not {D}")
+    q_bytes = v.num_wg * BLOCK_M * D * elem_bytes
+    stages = min(MAX_STAGES, (SMEM_BYTES - SMEM_SPARE - q_bytes) // (2 * v.block_n * D * elem_bytes))
+    return dict(BLOCK_M=BLOCK_M, BLOCK_N=v.block_n, HEAD_D=D, NUM_WG=v.num_wg, STAGES=stages,
+                OVERLAP=v.overlap, PINGPONG=v.pingpong and v.num_wg > 1,
+                CONSUMER_REGS=v.regs or 240)
+
+
+def launch_options(variant: str) -> dict:
+    """Triton's launch options for ``variant``: 4 warps (the default partition is consumer 0) and,
+    with one consumer, a launch register count (8 warps x 128; setmaxnreg then moves the
+    producer's share to the consumer: 232 and 24). With more consumers Triton's own choice
+    (64K registers over all warps) is what the setmaxnreg plan is computed from."""
+    return dict(num_warps=4, **({"maxnreg": 128} if VARIANTS[variant].num_wg == 1 else {}))
+
+
+if _GLUON:
+    @gluon.jit
+    def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
+                  v_empty, off_b, off_h, off_hkv, start_m, n_blocks,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_WG: gl.constexpr,
+                  STAGES: gl.constexpr):
+        """One warp: TMA loads of each consumer's Q rows, then K and V block by block into the ring."""
+        for w in gl.static_range(NUM_WG):
+            mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [off_b, off_h, start_m + w * BLOCK_M, 0],
+                                            q_bars.index(w), q_smem.index(w))
+        for j in range(n_blocks):
+            s = j % STAGES
+            phase = (j // STAGES) & 1
+            # K and V have their own barriers: S = Q K^T can start before V has landed
+            mbarrier.wait(k_empty.index(s), phase ^ 1)
+            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [off_b, off_hkv, j * BLOCK_N, 0],
+                                            k_ready.index(s), k_smem.index(s))
+            mbarrier.wait(v_empty.index(s), phase ^ 1)
+            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [off_b, off_hkv, j * BLOCK_N, 0],
+                                            v_ready.index(s), v_smem.index(s))
+
+    @gluon.jit
+    def _mask_scores(s, j, n_full, row0, Nq, Nk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     CAUSAL: gl.constexpr, s_layout: gl.constexpr):
+        """-inf where key j*BN+c is past Nk or (causal) after query row0+r's diagonal; blocks before
+        ``n_full`` are inside both for every row and skip the compares (a uniform branch)."""
+        if j >= n_full:
+            cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            visible = gl.expand_dims(cols < Nk, 0)                                     # (1, BN)
+            if CAUSAL:
+                q_pos = row0 + Nk - Nq + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+                visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(q_pos, 1))  # (BM, BN)
+            s = gl.where(visible, s, float("-inf"))
+        return s
+
+    @gluon.jit
+    def _softmax_step(s, m_i, l_i, p_layout: gl.constexpr, dtype: gl.constexpr):
+        """Online softmax on one block of scaled, masked scores s (BM, BN), base 2. Returns the new
+        max, the new sum, alpha (the old state's rescale factor) and P in the PV wgmma's A-operand
+        layout."""
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        # a row that has seen only masked keys keeps m = -inf; exp2(-inf - -inf) would be NaN
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(s - gl.expand_dims(m_safe, 1))
+        l_i = l_i * alpha + gl.sum(p, 1)
+        # P stays in registers: the S accumulator's fragments are the A operand's (k_width 2)
+        p = gl.convert_layout(p.to(dtype), p_layout)
+        return m_new, l_i, alpha, p
+
+    @gluon.jit
+    def _rescale(acc, alpha, o_layout: gl.constexpr):
+        alpha = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))   # same rows, no data moves
+        return acc * gl.expand_dims(alpha, 1)
+
+    @gluon.jit
+    def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
+                  v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv, start_m, n_blocks,
+                  Nq, Nk, lse_row0, qk_scale,
+                  WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                  NUM_WG: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                  OVERLAP: gl.constexpr, PINGPONG: gl.constexpr):
+        """One warpgroup: rows [row0, row0 + BLOCK_M) of the CTA's query block against n_blocks
+        key blocks; writes out (TMA store, clipped at Nq) and lse (masked store)."""
+        dtype: gl.constexpr = q_desc.dtype
+        # wgmma layouts: 4 warps along M (16 rows each), N the whole tile, K 16 for 16-bit types
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_D, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+        row0 = start_m + WG * BLOCK_M
+        # blocks [0, n_full) are visible to every row of this warpgroup: no mask
+        if CAUSAL:
+            n_full = gl.minimum(gl.maximum(row0 + Nk - Nq + 1, 0), Nk) // BLOCK_N
+        else:
+            n_full = Nk // BLOCK_N
+
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
+        l_i = gl.full([BLOCK_M], 0.0, gl.float32, row_layout)
+        acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
+
+        q_view = q_smem.index(WG)
+        q = q_view.reshape([BLOCK_M, HEAD_D])
+        mbarrier.wait(q_bars.index(WG), 0)      # always: the Q buffer is reused for O below
+
+        if OVERLAP:
+            if n_blocks > 0:
+                # prologue: S_0 and its softmax; P_0 waits for V_0 in the loop's first step
+                mbarrier.wait(k_ready.index(0), 0)
+                k = k_smem.index(0).reshape([BLOCK_N, HEAD_D]).permute((1, 0))
+                s = warpgroup_mma(q, k, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                                  use_acc=False, is_async=True)
+                s = warpgroup_mma_wait(0, deps=(s, ))
+                mbarrier.arrive(k_empty.index(0))
+                s = _mask_scores(s * qk_scale, 0, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL,
+                                 s_layout)
+                m_i, l_i, alpha, p = _softmax_step(s, m_i, l_i, p_layout, dtype)
+                for j in range(1, n_blocks):
+                    st = j % STAGES
+                    prev = (j - 1) % STAGES
+                    if PINGPONG:   # my turn to use the tensor cores (consumer 0 goes first:
+                        # its first wait passes on the fresh barrier's parity 1, see the docstring)
+                        mbarrier.wait(turn_bars.index(WG), ((j - 1) & 1) ^ (1 if WG == 0 else 0))
+                    mbarrier.wait(k_ready.index(st), (j // STAGES) & 1)
+                    k = k_smem.index(st).reshape([BLOCK_N, HEAD_D]).permute((1, 0))
+                    s = warpgroup_mma(q, k, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                                      use_acc=False, is_async=True)
+                    mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+                    v = v_smem.index(prev).reshape([BLOCK_N, HEAD_D])
+                    acc = warpgroup_mma(p, v, acc, is_async=True)
+                    if PINGPONG:   # both issued: pass the turn to the next consumer
+                        mbarrier.arrive(turn_bars.index((WG + 1) % NUM_WG))
+                    s = warpgroup_mma_wait(1, deps=(s, ))      # S_j done, P_{j-1} V_{j-1} may run on
+                    mbarrier.arrive(k_empty.index(st))
+                    s = _mask_scores(s * qk_scale, j, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N,
+                                     CAUSAL, s_layout)
+                    m_i, l_i, alpha, p_next = _softmax_step(s, m_i, l_i, p_layout, dtype)
+                    # P_{j-1} stays a dependency until its wgmma is done: its registers are read
+                    # asynchronously, P_j must not land on them
+                    acc, p = warpgroup_mma_wait(0, deps=(acc, p))
+                    mbarrier.arrive(v_empty.index(prev))
+                    acc = _rescale(acc, alpha, o_layout)
+                    p = p_next
+                last = (n_blocks - 1) % STAGES
+                mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
+                v = v_smem.index(last).reshape([BLOCK_N, HEAD_D])
+                acc = warpgroup_mma(p, v, acc, is_async=True)
+                acc = warpgroup_mma_wait(0, deps=(acc, ))
+                mbarrier.arrive(v_empty.index(last))
+        else:
+            for j in range(n_blocks):
+                st = j % STAGES
+                phase = (j // STAGES) & 1
+                mbarrier.wait(k_ready.index(st), phase)
+                k = k_smem.index(st).reshape([BLOCK_N, HEAD_D]).permute((1, 0))
+                s = warpgroup_mma(q, k, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                                  use_acc=False, is_async=True)
+                s = warpgroup_mma_wait(0, deps=(s, ))
+                mbarrier.arrive(k_empty.index(st))
+                s = _mask_scores(s * qk_scale, j, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL,
+                                 s_layout)
+                m_i, l_i, alpha, p = _softmax_step(s, m_i, l_i, p_layout, dtype)
+                acc = _rescale(acc, alpha, o_layout)
+                mbarrier.wait(v_ready.index(st), phase)
+                v = v_smem.index(st).reshape([BLOCK_N, HEAD_D])
+                acc = warpgroup_mma(p, v, acc, is_async=True)
+                acc = warpgroup_mma_wait(0, deps=(acc, ))
+                mbarrier.arrive(v_empty.index(st))
+
+        # finalize as tile.finalize: empty rows (l = 0) give out 0 and lse -inf
+        empty = l_i == 0.0
+        l_safe = gl.where(empty, 1.0, l_i)
+        lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)  # x ln 2
+        out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
+        rows = row0 + gl.arange(0, BLOCK_M, layout=row_layout)
+        gl.store(Lse + lse_row0 + rows, lse, mask=rows < Nq)
+        # out through the Q buffer (every wgmma reading Q has completed) and one TMA store,
+        # which drops the rows past Nq
+        q.store(out.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row0, 0], q_view)
+        tma.store_wait(0)
+
+    # sizes are not specialised (on being 1 or multiples of 16): one compile per configuration
+    @gluon.jit(do_not_specialize=["Hq", "Nq", "Nk", "GROUP"])
+    def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Lse, Hq, Nq, Nk, qk_scale, GROUP,
+                        CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        HEAD_D: gl.constexpr, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
+                        OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+        # one flat grid axis as in fa2_fwd: query blocks of one (batch, head) adjacent (K/V shared
+        # in L2); causal: the heaviest (last) query blocks first
+        CTA_M: gl.constexpr = BLOCK_M * NUM_WG
+        n_m = gl.cdiv(Nq, CTA_M)
+        pid_m = gl.program_id(0) % n_m
+        off_bh = gl.program_id(0) // n_m
+        if CAUSAL:
+            pid_m = n_m - 1 - pid_m
+        off_b = off_bh // Hq
+        off_h = off_bh % Hq
+        off_hkv = off_h // GROUP
+        start_m = pid_m * CTA_M
+        # key blocks of the whole CTA: every partition runs exactly n_blocks steps
+        if CAUSAL:
+            hi = gl.minimum(Nk, gl.maximum(start_m + CTA_M + Nk - Nq, 0))
+        else:
+            hi = Nk
+        n_blocks = gl.cdiv(hi, BLOCK_N)
+        lse_row0 = off_bh.to(gl.int64) * Nq
+
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [NUM_WG] + q_desc.block_type.shape, q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        q_bars = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
+        turn_bars = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for w in gl.static_range(NUM_WG):
+            mbarrier.init(q_bars.index(w), count=1)          # completed by the TMA's bytes
+            mbarrier.init(turn_bars.index(w), count=1)       # one arrival: the previous consumer
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)         # the producer's expect + TMA bytes
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=NUM_WG)    # one arrival per consumer
+            mbarrier.init(v_empty.index(i), count=NUM_WG)
+
+        # worker partitions take no tensors, only descriptors, shared memory and scalars; the
+        # argument tuples are written out in the call so that the constexprs stay constexprs.
+        # Registers: the consumers in worker partitions ask for CONSUMER_REGS, the producer for
+        # 24 (setmaxnreg); the default partition (consumer 0) gets what is left of the 64K.
+        if NUM_WG == 1:
+            gl.warp_specialize([
+                (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bars, k_ready,
+                             k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv, start_m,
+                             n_blocks, Nq, Nk, lse_row0, qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_D,
+                             NUM_WG, STAGES, CAUSAL, OVERLAP, False)),
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
+                             v_ready, v_empty, off_b, off_h, off_hkv, start_m, n_blocks,
+                             BLOCK_M, BLOCK_N, NUM_WG, STAGES)),
+            ], [1], [24])
+        elif NUM_WG == 2:
+            gl.warp_specialize([
+                (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bars, k_ready,
+                             k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv, start_m,
+                             n_blocks, Nq, Nk, lse_row0, qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_D,
+                             NUM_WG, STAGES, CAUSAL, OVERLAP, PINGPONG)),
+                (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bars, k_ready,
+                             k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv, start_m,
+                             n_blocks, Nq, Nk, lse_row0, qk_scale, 1, BLOCK_M, BLOCK_N, HEAD_D,
+                             NUM_WG, STAGES, CAUSAL, OVERLAP, PINGPONG)),
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
+                             v_ready, v_empty, off_b, off_h, off_hkv, start_m, n_blocks,
+                             BLOCK_M, BLOCK_N, NUM_WG, STAGES)),
+            ], [4, 1], [CONSUMER_REGS, 24])
+        else:
+            gl.static_assert(NUM_WG == 3, "1, 2 or 3 consumer warpgroups")
+            gl.warp_specialize([
+                (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bars, k_ready,
+                             k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv, start_m,
+                             n_blocks, Nq, Nk, lse_row0, qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_D,
+                             NUM_WG, STAGES, CAUSAL, OVERLAP, PINGPONG)),
+                (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bars, k_ready,
+                             k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv, start_m,
+                             n_blocks, Nq, Nk, lse_row0, qk_scale, 1, BLOCK_M, BLOCK_N, HEAD_D,
+                             NUM_WG, STAGES, CAUSAL, OVERLAP, PINGPONG)),
+                (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bars, k_ready,
+                             k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv, start_m,
+                             n_blocks, Nq, Nk, lse_row0, qk_scale, 2, BLOCK_M, BLOCK_N, HEAD_D,
+                             NUM_WG, STAGES, CAUSAL, OVERLAP, PINGPONG)),
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
+                             v_ready, v_empty, off_b, off_h, off_hkv, start_m, n_blocks,
+                             BLOCK_M, BLOCK_N, NUM_WG, STAGES)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+
+
+def supported(q, k, v) -> bool:
+    """Whether ``fa3_forward`` can run these inputs: Triton 3.6's Gluon, an sm90 CUDA device,
+    float16/bfloat16, head dim 64 or 128, last dim contiguous and the other strides and the
+    base addresses 16-byte aligned (what TMA descriptors need). Otherwise use ``fa2_forward``."""
+    if not _GLUON or runtime.INTERPRET:
+        return False
+    ts = (q, k, v)
+    if any(not isinstance(t, torch.Tensor) or t.device.type != "cuda" or t.ndim != 4 for t in ts):
+        return False
+    if q.dtype not in (torch.float16, torch.bfloat16) or any(t.dtype != q.dtype for t in ts):
+        return False
+    if runtime.capability(q.device)[0] != 9 or q.shape[-1] not in HEAD_DIMS:
+        return False
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
+        return False
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
+        return False
+    return all(_tma_ok(t) for t in ts)
+
+
+def _strides(t):
+    """t's strides for a descriptor: a dim of size 1 takes the dense stride (torch may give it any
+    value, and TMA only needs it aligned)."""
+    strides = list(t.stride())
+    for i in reversed(range(t.ndim - 1)):
+        if t.shape[i] == 1:
+            strides[i] = strides[i + 1] * t.shape[i + 1]
+    return strides
+
+
+def _tma_ok(t) -> bool:
+    """TMA's needs: 16-byte aligned base and strides, unit last stride, no broadcast (0) strides."""
+    e = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all(s > 0 and (s * e) % 16 == 0 for s in _strides(t)[:-1]))
+
+
+@functools.cache
+def _smem_layout(dtype, block):
+    return gl.NVMMASharedLayout.get_default_for(list(block), dtype)
+
+
+def _descriptor(t, block):
+    """A 4-D TMA descriptor of t (batch, head, row, dim) moving blocks of ``block``."""
+    gdtype = gl.float16 if t.dtype == torch.float16 else gl.bfloat16
+    return TensorDescriptor(t, list(t.shape), _strides(t), list(block), _smem_layout(gdtype, tuple(block)))
+
+
+def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None):
+    """Launch the FA3 forward kernel. Returns ``(out, lse)`` exactly as ``fa2_forward``.
+
+    q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D), float16/bfloat16, D in (64, 128), on an sm90 GPU
+    (check ``supported`` first). out: like q; lse: (B, Hq, Nq) float32, natural log, -inf for
+    rows with no key to attend to (their out is 0). variant: a key of ``VARIANTS`` (default
+    ``DEFAULT_VARIANT[D]``).
+    """
+    if not supported(q, k, v):
+        raise ValueError("fa3_forward: unsupported inputs (see fa3_fwd.supported); use fa2_forward")
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    out = torch.empty_like(q)
+    if not _tma_ok(out):              # empty_like keeps q's strides; a dense copy always works
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
+    if Nq == 0 or B * Hq == 0:
+        return out, lse
+    if Nk == 0:
+        return out.zero_(), lse.fill_(float("-inf"))
+    variant = variant or DEFAULT_VARIANT[D]
+    config = kernel_config(variant, D)
+    q_desc = _descriptor(q, (1, 1, BLOCK_M, D))
+    k_desc = _descriptor(k, (1, 1, config["BLOCK_N"], D))
+    v_desc = _descriptor(v, (1, 1, config["BLOCK_N"], D))
+    o_desc = _descriptor(out, (1, 1, BLOCK_M, D))
+    grid = (-(-Nq // (BLOCK_M * config["NUM_WG"])) * B * Hq,)   # query blocks x (batch, head)
+    _fa3_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, Hq, Nq, Nk, scale * LOG2E, Hq // Hkv,
+                          CAUSAL=bool(causal), **config, **launch_options(variant))
+    return out, lse
