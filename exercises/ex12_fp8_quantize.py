@@ -1,0 +1,69 @@
+"""Exercise 12 (lesson 12): FP8 as FlashAttention-3 feeds it to the tensor cores, in NumPy.
+
+Hopper's tensor cores multiply FP8 at twice the fp16 rate. FlashAttention-3 (section 3.3) keeps
+attention accurate in FP8 with two tricks: block quantization (one scale per block of rows, not
+one per tensor) and incoherent processing (q and k multiplied by the same random orthogonal
+matrix M first, which leaves q k^T unchanged, since M M^T = I, and spreads an outlier feature
+over every column). Write the four steps, each on float64 NumPy arrays, returning float64.
+
+(a) ``round_e4m3(x)``: every entry rounded to the nearest e4m3 value (torch.float8_e4m3fn's
+    format: a sign, 4 exponent bits with bias 7, 3 mantissa bits). Its values >= 0 are
+
+        normal      2**(e - 7) * (1 + m / 8)   e = 1 .. 15, m = 0 .. 7, not (e, m) = (15, 7)
+        subnormal   2**-6 * m / 8              e = 0, m = 0 .. 7
+
+    from 0 and 2**-9 up to 448 = 2**8 * 1.75. Between 2**p and 2**(p + 1) (p >= -6) the values
+    are 2**(p - 3) apart; below 2**-6 they are 2**-9 apart. Round to the nearest; a tie (exactly
+    half-way) goes to the value with the even m; |x| > 448 gives 448 with x's sign (saturation:
+    never inf or NaN). The sign is kept (0 may come back as -0.0). PyTorch's cast
+    (torch.float8_e4m3fn, after clipping to +-448) is allowed: it rounds through float32, so the
+    grader accepts either neighbour within 2**-23 (relative) of a midpoint.
+
+(b) ``quantize_e4m3(x, block)``: x (..., N, d), its rows cut into blocks of ``block`` rows (the
+    last block may be shorter). For each block, descale = amax / 448 with amax the block's
+    largest |x|, and x_q = round_e4m3(x / descale): the block's largest entry becomes +-448 and
+    x ~ x_q * descale. A block of zeros has no amax to divide by: its x_q is 0 and its descale 1.
+    Returns (x_q (..., N, d), descale (..., ceil(N / block))).
+
+(c) ``hadamard_rotate(x, signs)``: x (..., d) with d a power of two, signs (d,) of +1.0 and -1.0.
+    Returns x @ M with M = diag(signs) @ H / sqrt(d), H the d x d Hadamard matrix of Sylvester's
+    construction (H_1 = [1], H_2n = [[H_n, H_n], [H_n, -H_n]]): multiply by the signs first, then
+    the fast Walsh-Hadamard transform, log2(d) rounds of butterflies (a, b) -> (a + b, a - b) on
+    the entries h apart in each group of 2h (h = 1, 2, 4, ..., d / 2), then divide by sqrt(d).
+    O(d log d) per row: never build a d x d matrix.
+
+(d) ``fp8_scores(q, k, block, signs=None)``: S = q k^T as an FP8 forward computes it: rotate q
+    and k by the same M (when signs is given), quantize each (b) in blocks of ``block`` rows,
+    multiply the FP8 values (exact in float64) and scale by the descales:
+    S[i, j] = (q_q k_q^T)[i, j] * descale_q[i // block] * descale_k[j // block].
+    q (..., Nq, d), k (..., Nk, d); returns (..., Nq, Nk).
+
+Check it: ``flashlib check ex12``.
+"""
+import numpy as np
+
+E4M3_MAX = 448.0
+
+
+def round_e4m3(x):
+    """x (any shape) rounded to the nearest e4m3 value, ties to even, saturating at +-448."""
+    x = np.asarray(x, dtype=np.float64)
+    raise NotImplementedError('ex12: your code goes here, then run `flashlib check ex12`')
+
+
+def quantize_e4m3(x, block):
+    """Per-block e4m3 quantization of the rows of x (..., N, d): returns (x_q, descale)."""
+    x = np.asarray(x, dtype=np.float64)
+    raise NotImplementedError('ex12: your code goes here, then run `flashlib check ex12`')
+
+
+def hadamard_rotate(x, signs):
+    """x (..., d) @ diag(signs) @ H / sqrt(d), by the fast Walsh-Hadamard transform."""
+    x = np.asarray(x, dtype=np.float64)
+    raise NotImplementedError('ex12: your code goes here, then run `flashlib check ex12`')
+
+
+def fp8_scores(q, k, block, signs=None):
+    """q k^T through FP8: rotated (if signs), quantized per block of rows, descaled."""
+    q, k = np.asarray(q, dtype=np.float64), np.asarray(k, dtype=np.float64)
+    raise NotImplementedError('ex12: your code goes here, then run `flashlib check ex12`')
