@@ -9,7 +9,8 @@ cost is per program per loop step, whatever the tile size.
 Shared memory: a kernel keeps ``resident`` rows of headdim (e.g. its Q block) and pipelines
 ``streamed`` rows per stage (e.g. a K and a V block), so it needs about
 ``elem_bytes * BLOCK_D * (resident + num_stages * streamed)`` bytes (this matches what Triton
-reports); configs over the GPU's per-block limit are dropped before compiling.
+reports); configs over the GPU's per-block limit are dropped before compiling. The GPU is
+``target()``: the one in use, or one of ``TARGETS`` that ``kernels/targets.py`` compiles for.
 """
 import functools
 from typing import NamedTuple, Optional
@@ -55,12 +56,44 @@ def size_bucket(*lengths, slices=1) -> int:
     return length * 2048 + min(next_power_of_2(slices), 1024)
 
 
+class Target(NamedTuple):
+    """What a kernel's block config depends on: the GPU's compute capability and the shared memory
+    one program may use (bytes)."""
+    capability: tuple
+    smem: int
+
+
+# The GPUs the course names, for compiling without them (kernels/targets.py, tests/test_targets.py).
+# sm75 (Colab's T4): no cp.async, so Triton does not pipeline (num_stages is ignored), fp16 dots
+# only (no bfloat16), 64 KB a block; sm80 A100 163 KB; sm86/sm89 (RTX 30xx/40xx, A10, L4) 99 KB;
+# sm90 H100/H200 227 KB.
+TARGETS = {"t4": Target((7, 5), 64 << 10), "a100": Target((8, 0), 163 << 10),
+           "l4": Target((8, 9), 99 << 10), "h100": Target((9, 0), 227 << 10)}
+_compiling_for = []   # a Target while kernels/targets.py compiles for a GPU this machine lacks
+
+
 @functools.cache
-def _smem_limit() -> int:
-    """Shared memory one program may use (read once: the driver query costs microseconds and
-    ``choose`` runs at every launch)."""
+def _device_target() -> Target:
     props = torch.cuda.get_device_properties(0)
-    return getattr(props, "shared_memory_per_block_optin", 0) or 48 * 1024
+    return Target((props.major, props.minor),
+                  getattr(props, "shared_memory_per_block_optin", 0) or 48 * 1024)
+
+
+def target() -> Target:
+    """The GPU the kernels are configured for: the one in use (read once: the driver query costs
+    microseconds and configs are chosen at every launch), or the one ``targets.compile_for``
+    compiles for."""
+    return _compiling_for[-1] if _compiling_for else _device_target()
+
+
+def smem_bytes(resident, streamed, stages, block_d, elem_bytes, gpu=None):
+    """Shared memory a config needs on ``gpu`` (default ``target()``): see the module docstring.
+    Before sm80 Triton does not pipeline (no cp.async) but keeps a second copy of the resident
+    blocks for the dot operands' layouts: ``resident`` counts twice and ``stages`` not at all
+    (what it allocated for every config of the dense kernels compiled for sm75: kernels/targets.py)."""
+    if (gpu or target()).capability < (8, 0):
+        return elem_bytes * block_d * (2 * resident + streamed)
+    return elem_bytes * block_d * (resident + stages * streamed)
 
 
 def tuned(kernel, configs, footprint, elem_arg="Q", key=KEY):
@@ -79,10 +112,10 @@ def tuned(kernel, configs, footprint, elem_arg="Q", key=KEY):
         bm, bn, _, stages = cfg
         resident, streamed = footprint(bm, bn)
         small = max_block is None or max(bm, bn) <= max_block
-        return small and elem_bytes * block_d * (resident + stages * streamed) <= _smem_limit()
+        return small and smem_bytes(resident, streamed, stages, block_d, elem_bytes) <= target().smem
 
     @functools.cache
-    def first_fitting(block_d, elem_bytes, max_block):
+    def first_fitting(block_d, elem_bytes, max_block, gpu):
         if runtime.INTERPRET:
             return {k: min(v, max_block or v) for k, v in INTERPRETER_CONFIG.items()}
         fitting = [c for c in configs if fits(c, block_d, elem_bytes, max_block)]
@@ -91,7 +124,7 @@ def tuned(kernel, configs, footprint, elem_arg="Q", key=KEY):
 
     if not runtime.AUTOTUNE:
         return lambda block_d, elem_bytes, scores, max_block=None: (
-            kernel, first_fitting(block_d, elem_bytes, max_block))
+            kernel, first_fitting(block_d, elem_bytes, max_block, None if runtime.INTERPRET else target()))
 
     def prune(triton_configs, named_args, **kwargs):
         block_d = named_args.get("BLOCK_D", kwargs.get("BLOCK_D"))
@@ -107,7 +140,7 @@ def tuned(kernel, configs, footprint, elem_arg="Q", key=KEY):
 
     def choose(block_d, elem_bytes, scores, max_block=None):
         if scores < TUNE_FROM_SCORES:
-            return kernel, first_fitting(block_d, elem_bytes, max_block)
+            return kernel, first_fitting(block_d, elem_bytes, max_block, target())
         return autotuner, {}
     return choose
 

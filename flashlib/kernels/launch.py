@@ -14,8 +14,9 @@ sizes, strides, configs and grids that did not change since the last step. Two m
   no argument binding, no recomputation, no autotuner bookkeeping. Autotuning still happens on
   the first call of a new key, through Triton's own ``kernel[grid](...)``.
 
-Direct launches call ``CompiledKernel.run``, an internal of Triton; its signature is the one of
-the versions in ``TESTED_TRITON``. Elsewhere, through the interpreter, with Triton's launch hooks
+Direct launches call the compiled kernel's launcher (``CompiledKernel.run`` and, for kernels that
+need no scratch memory, its C entry point ``launch``), internals of Triton whose signatures are
+those of the versions in ``TESTED_TRITON``. Elsewhere, through the interpreter, with Triton's launch hooks
 set (profilers), while torch.compile traces (Dynamo cannot trace the memos), or with
 ``FLASHLIB_FAST_LAUNCH=0``, every call is a plain ``kernel[grid](...)``.
 """
@@ -38,15 +39,17 @@ _compiled = {}           # kernel -> {call signature: (CompiledKernel, constexpr
 class Launch(NamedTuple):
     """One recorded launch: call it with the kernel's tensor arguments (they come first in
     every flashlib kernel) to launch the same compiled kernel, grid and scalars again."""
-    compiled: object         # triton CompiledKernel
+    call: object             # the compiled launcher's C entry point (Triton's wrapper if scratch)
     grid: tuple              # (x, y, z)
+    stream_of: object        # device index -> its current stream
+    device: int
+    function: int            # the loaded CUfunction
+    head: tuple              # the launcher's fixed arguments between the function and the kernel's
     scalars: tuple           # the arguments after the tensors, then the constexprs, in order
 
     def __call__(self, *tensors):
-        driver = triton.runtime.driver.active
-        kernel = self.compiled
-        kernel.run(*self.grid, driver.get_current_stream(driver.get_current_device()),
-                   kernel.function, kernel.packed_metadata, None, None, None, *tensors, *self.scalars)
+        self.call(*self.grid, self.stream_of(self.device), self.function, *self.head,
+                  *tensors, *self.scalars)
 
 
 def plan_key(tensors, options):
@@ -56,7 +59,7 @@ def plan_key(tensors, options):
     the launchers copy first)."""
     if not ENABLED or torch.compiler.is_compiling() or _hooks_set():
         return None
-    key = [options]
+    key = [options, tensors[0].get_device()]
     for t in tensors:
         if t.stride(-1) != 1:
             return None
@@ -90,7 +93,7 @@ def fast_launch(kernel, grid, *args, **kwargs):
     if not ENABLED or torch.compiler.is_compiling() or _hooks_set():
         kernel[grid](*args, **kwargs)
         return None
-    device = triton.runtime.driver.active.get_current_device()
+    device = _driver().get_current_device()
     memo = _compiled.setdefault(kernel, {})
     key = _signature(device, args, kwargs)
     hit = memo.get(key)
@@ -122,7 +125,20 @@ def _launch(hit, grid, args, kwargs):
     scalars = args[_tensor_count(args):]
     if any(isinstance(a, torch.Tensor) for a in scalars):
         raise TypeError("fast_launch: a kernel's tensor arguments must come before its scalars")
-    return Launch(compiled, grid, (*scalars, *(meta[name] for name in constexpr_names)))
+    driver = _driver()
+    launcher = compiled.run
+    if getattr(launcher, "global_scratch_size", 1) == 0 and getattr(launcher, "profile_scratch_size", 1) == 0:
+        # no scratch to allocate per launch: call the C entry point Triton's wrapper would call
+        call, head = launcher.launch, (launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,
+                                       compiled.packed_metadata, None, None, None)
+    else:
+        call, head = launcher, (compiled.packed_metadata, None, None, None)
+    return Launch(call, grid, driver.get_current_stream, driver.get_current_device(), compiled.function,
+                  head, (*scalars, *(meta[name] for name in constexpr_names)))
+
+
+def _driver():
+    return triton.runtime.driver.active
 
 
 def _hooks_set():
