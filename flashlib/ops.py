@@ -173,16 +173,75 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     scale, softcap: as ``flash_attention``; alibi_slopes: (heads_q,) or (batch, heads_q), the bias
     from positions within each sequence. Returns out (total_q, heads_q, headdim) or (out, lse) with
     lse (heads_q, total_q) float32, natural log; an empty sequence has no rows. Differentiable in
-    q, k, v. The offsets are checked on the host (a device sync per call on a GPU).
+    q, k, v. The offsets are checked on the host (a device sync per call on a GPU; under
+    torch.compile a graph break before the kernels, which run as the custom ops
+    ``flashlib::fa2_varlen_forward`` and ``flashlib::fa2_varlen_backward``).
     """
     scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          scale=scale, causal=causal)
     batch = cu_seqlens_q.numel() - 1
     softcap = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes, batch=batch)
-    packed = ((cu_seqlens_q, cu_seqlens_k), (int(max_seqlen_q), int(max_seqlen_k)))
-    out, lse = FlashAttention.apply(q, k, v, causal, scale,
-                                    score_mod.make(q, softcap, alibi_slopes, batch=batch), packed)
+    if torch.compiler.is_compiling():
+        out, lse = _varlen_forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                                      int(max_seqlen_k), causal, scale, softcap, alibi_slopes)
+    else:
+        packed = ((cu_seqlens_q, cu_seqlens_k), (int(max_seqlen_q), int(max_seqlen_k)))
+        out, lse = FlashAttention.apply(q, k, v, causal, scale,
+                                        score_mod.make(q, softcap, alibi_slopes, batch=batch), packed)
     return (out, lse) if return_lse else out
+
+
+# flash_attention_varlen under torch.compile: the same launchers as custom ops (see _fa2_forward_op).
+# The offsets are checked on the host before tracing reaches the op (check_varlen reads them;
+# under compilation that is a graph break before the op, not inside it).
+@torch.library.custom_op("flashlib::fa2_varlen_forward", mutates_args=())
+def _varlen_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                       cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                       scale: float, softcap: Optional[float], alibi_slopes: Optional[torch.Tensor]
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    return fa2_forward(q, k, v, causal=causal, scale=scale,
+                       score_mod=score_mod.make(q, softcap, alibi_slopes, batch=cu_seqlens_q.numel() - 1),
+                       cu_seqlens=(cu_seqlens_q, cu_seqlens_k), max_seqlen=(max_seqlen_q, max_seqlen_k))
+
+
+@_varlen_forward_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, softcap,
+      alibi_slopes):
+    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashlib::fa2_varlen_backward", mutates_args=())
+def _varlen_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                        lse: torch.Tensor, dout: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                        cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                        causal: bool, scale: float, softcap: Optional[float],
+                        alibi_slopes: Optional[torch.Tensor]
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from .kernels.fa2_bwd import fa2_backward
+    return fa2_backward(q, k, v, out, lse, dout, causal=causal, scale=scale,
+                        score_mod=score_mod.make(q, softcap, alibi_slopes, batch=cu_seqlens_q.numel() - 1),
+                        cu_seqlens=(cu_seqlens_q, cu_seqlens_k), max_seqlen=(max_seqlen_q, max_seqlen_k))
+
+
+@_varlen_backward_op.register_fake
+def _(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+      scale, softcap, alibi_slopes):
+    return tuple(torch.empty_like(t if t.stride(-1) == 1 else t.contiguous()) for t in (q, k, v))
+
+
+def _save_for_varlen_backward(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal, ctx.scale, ctx.softcap, ctx.alibi_slopes = inputs
+    ctx.save_for_backward(q, k, v, *output, cu_q, cu_k)
+
+
+def _varlen_op_backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    grads = _varlen_backward_op(q, k, v, out, lse, dout, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal,
+                                ctx.scale, ctx.softcap, ctx.alibi_slopes)
+    return (*grads, None, None, None, None, None, None, None, None)
+
+
+_varlen_forward_op.register_autograd(_varlen_op_backward, setup_context=_save_for_varlen_backward)
 
 
 class BlockSparseAttention(torch.autograd.Function):

@@ -126,3 +126,34 @@ def test_gpu_real_sizes(dtype):
     lengths = [1, 2047, 4096, 300, 0, 1500, 3333]
     check(lengths, lengths, 16, 4, 128, causal=True, dtype=dtype)
     check([512, 3000, 77], [4096, 3000, 1000], 8, 8, 64, causal=False, dtype=dtype, softcap=30.0)
+
+
+def test_torch_compile_runs_the_same_kernels():
+    # under torch.compile the packed call runs as two custom ops (flashlib::fa2_varlen_forward and
+    # _backward); the offsets are still checked on the host first (a graph break before the op)
+    from flashlib import ops
+    q, k, v, cu_q, cu_k = packed([5, 0, 17, 1], [9, 3, 17, 20], 4, 2, 16, torch.float32)
+    slopes = torch.rand(4, device=DEV)
+    dout = torch.randn_like(q)
+
+    def attend(q, k, v):
+        return flash_attention_varlen(q, k, v, cu_q, cu_k, 17, 20, causal=True, return_lse=True,
+                                      softcap=8.0, alibi_slopes=slopes)
+    graphs = []
+
+    def backend(gm, example_inputs):   # keeps what Dynamo traced, runs it as traced
+        graphs.append(str(gm.graph))
+        return gm.forward
+    results = []
+    for fn in (torch.compile(attend, backend=backend), attend):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, lse = fn(*leaves)
+        results.append((out, lse, *torch.autograd.grad(out, leaves, dout)))
+    for name, compiled, eager in zip(("out", "lse", "dq", "dk", "dv"), *results):
+        assert torch.equal(compiled, eager), name
+    assert any("flashlib.fa2_varlen_forward" in g for g in graphs), graphs
+    out, lse = ops._varlen_forward_op(q, k, v, cu_q, cu_k, 17, 20, True, 0.25, None, None)
+    torch.library.opcheck(ops._varlen_forward_op, (q.clone().requires_grad_(), k, v, cu_q, cu_k, 17, 20,
+                                                   True, 0.25, 8.0, slopes))
+    torch.library.opcheck(ops._varlen_backward_op, (q, k, v, out, lse, torch.randn_like(out), cu_q, cu_k,
+                                                    17, 20, True, 0.25, None, None))
