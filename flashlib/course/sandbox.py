@@ -23,7 +23,11 @@ tensors, which come back afterwards. So on the Triton exercises (ex06, ex07) the
 the student's process, with its copy of flashlib and Triton: a student who patches those could
 fake a kernel's output. The student process therefore compares, after import and at the end,
 the functions and classes of flashlib, numpy, torch and Triton's runtime with a snapshot taken
-before the import, and reports every change; the grader then refuses the file. Replies are
+before the import, and reports every change; the grader then refuses the file. Before the
+import it also withholds flashlib's own answers to the exercise (the grader's FLASHLIB_ANSWERS):
+in every flashlib module that holds one, it is replaced by a function that raises, so a file
+that reaches it by a name built at run time (``pkgutil.resolve_name``, ``importlib``,
+``sys.modules``), which the static check cannot see, scores nothing. Replies are
 decoded with an unpickler that builds only plain data and arrays (no classes, no code).
 
 Confinement. When ``unshare`` can create Linux namespaces (root, or unprivileged user
@@ -274,9 +278,12 @@ class Student:
     def __init__(self, box, display_path, text):
         self.box, self.path, self.text, self.flags = box, display_path, text, []
 
-    def load(self, preload):
-        """Import the file there; returns the reply ({"status": "ok" | "not done" | "error"})."""
-        reply = self._checked(self.box.request({"op": "load", "preload": preload}))
+    def load(self, preload, answers=()):
+        """Import the file there, after importing ``preload`` and withholding flashlib's own
+        ``answers`` (the grader's FLASHLIB_ANSWERS: calls to them raise there); returns the
+        reply ({"status": "ok" | "not done" | "error"})."""
+        reply = self._checked(self.box.request({"op": "load", "preload": preload,
+                                                "answers": list(answers)}))
         if reply.get("status") not in ("ok", "not done", "error"):
             raise SandboxGone("a load reply the grader cannot read")
         if reply["status"] != "ok":
