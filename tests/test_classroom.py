@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -303,3 +304,36 @@ def test_names_links_and_unsolved_copies(tmp_path, grader_seed, capsys):
     assert "eve\\npassed 82 of 82" in printed
     assert not any(line.startswith("passed 82 of 82") for line in printed.splitlines())
 
+
+
+def test_confined_process_has_few_devices_and_a_read_only_proc(tmp_path):
+    # issue 36's root-level attacks: /proc/sys writes (core_pattern), disks and loop devices,
+    # other users' terminals (/dev/pts). Confined, the student process sees a /dev of a few nodes
+    # and /proc read-only; /dev/null and /dev/shm still work. Opening for append writes nothing.
+    mode, why = sandbox.probe(ROOT, [ROOT / "solutions"])
+    if mode != "namespaces":
+        pytest.skip(f"no confinement on this machine: {why}")
+    code = ("import os\n"
+            "def observe():\n"
+            "    seen = {'dev': sorted(os.listdir('/dev'))}\n"
+            "    for path in ('/proc/sys/kernel/core_pattern', '/dev/null', '/dev/shm/probe'):\n"
+            "        try:\n"
+            "            with open(path, 'a'):\n"
+            "                seen[path] = 'writable'\n"
+            "        except OSError as e:\n"
+            "            seen[path] = e.strerror\n"
+            "    return seen\n")
+    box = sandbox.Sandbox({"ex01_safe_softmax.py": code.encode()}, "ex01_safe_softmax.py",
+                          run_dir=str(tmp_path), deadline=time.monotonic() + 60, confine=True,
+                          hide=[ROOT / "solutions"], protect=[ROOT], root=ROOT, memory=2 << 30)
+    try:
+        student = sandbox.Student(box, str(tmp_path / "ex01_safe_softmax.py"), code)
+        assert student.load([])["status"] == "ok"
+        seen = student.impl.observe()
+    finally:
+        box.close()
+    assert set(seen["dev"]) <= {"fd", "full", "null", "random", "shm", "stderr", "stdin", "stdout",
+                                "urandom", "zero"} | {d for d in seen["dev"] if d.startswith("nvidia")}
+    assert "pts" not in seen["dev"] and not any(d.startswith(("loop", "sd", "nvme", "tty")) for d in seen["dev"])
+    assert seen["/proc/sys/kernel/core_pattern"] == "Read-only file system"
+    assert seen["/dev/null"] == seen["/dev/shm/probe"] == "writable"

@@ -32,7 +32,9 @@ decoded with an unpickler that builds only plain data and arrays (no classes, no
 
 Confinement. When ``unshare`` can create Linux namespaces (root, or unprivileged user
 namespaces), the student process runs in private mount, PID, network and IPC namespaces: every
-mount is remounted read-only, the student's folder is a size-limited tmpfs holding a copy of the
+mount is remounted read-only (``/proc`` too: no ``/proc/sys`` writes), ``/dev`` holds only null,
+zero, full, random, urandom, a small ``shm`` and the GPU's nodes (no disks, loop devices,
+terminals or kernel log), the student's folder is a size-limited tmpfs holding a copy of the
 submission (cwd, HOME and TMPDIR point there), solutions/, tests/, .git, lessons/, the class
 folder and the other students' scratch folders are covered by empty tmpfs, all capabilities are
 dropped (no remount, no way back), it sees no other process and no network. Otherwise (macOS,

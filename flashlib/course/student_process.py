@@ -38,7 +38,10 @@ _WATCHED = ("numpy", "numpy.testing", "numpy.linalg", "torch", "torch.testing",
             "torch.nn.functional", "triton", "triton.runtime.jit", "triton.runtime.interpreter",
             "math")
 
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_MOVE = 1, 2, 4, 8, 32, 4096, 8192
+# the device nodes a confined student process keeps (and the GPU's, nvidia*): no disks, loop
+# devices, terminals (/dev/pts, /dev/tty*), kernel log or memory
+DEVICES = ("null", "zero", "full", "random", "urandom")
 _MOUNT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
                 "noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21}
 
@@ -71,17 +74,32 @@ def _confine(cfg):
     for folder in cfg["hide"]:
         if os.path.isdir(folder) and folder != run_dir:     # run_dir: covered above
             mount("tmpfs", folder, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
+    dev = os.path.join(run_dir, "dev")                      # a /dev of a few nodes, moved in place
+    os.makedirs(dev)
+    mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
+    kept = list(DEVICES) + sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))
+    for name in kept:
+        if os.path.exists(os.path.join("/dev", name)) and not os.path.isdir(os.path.join("/dev", name)):
+            open(os.path.join(dev, name), "w").close()
+            mount(os.path.join("/dev", name), os.path.join(dev, name), None, MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, os.path.join(dev, name))
+    os.makedirs(os.path.join(dev, "shm"))                   # POSIX semaphores, shared memory
+    mount("tmpfs", os.path.join(dev, "shm"), "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+          "size=16m,mode=1777")
+    mount(dev, "/dev", None, MS_MOVE)
     with open("/proc/self/mountinfo") as f:
         mounts = [line.split() for line in f]
     for fields in mounts:
         point = re.sub(r"\\(\d{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-        if point == scratch or point == "/proc" or point.startswith("/proc/"):
-            continue
+        if point == scratch or point.startswith(("/proc/", "/dev/")):
+            continue    # writable: scratch, the nodes kept, /dev/shm; the old /dev's are hidden
         flags = MS_REMOUNT | MS_BIND | MS_RDONLY
         for option in fields[5].split(","):
             flags |= _MOUNT_FLAGS.get(option, 0)
         mount(None, point, None, flags)
-    for path in ("/", cfg["root"], os.path.dirname(run_dir), *cfg["hide"]):
+    for path in ("/", "/proc", "/dev", cfg["root"], os.path.dirname(run_dir), *cfg["hide"]):
         if os.path.exists(path) and not os.statvfs(path).f_flag & os.ST_RDONLY:
             raise OSError(f"{path} is still writable")
     for cap in range(64):                                   # bounding set: no way back on exec
