@@ -58,7 +58,8 @@ def timing_shapes(head_dims=(64, 128)):
 
 
 def flops(B, H, N, D, causal):
-    return 4 * B * H * N * N * D * (0.5 if causal else 1.0)
+    from flashlib.kernels.versions import attention_flops   # imported in the children only
+    return attention_flops(B, H, N, N, D, causal=causal)
 
 
 # ----------------------------------------------------------------------------- children
@@ -235,23 +236,15 @@ def child_variant(name, outdir, quick):
 
 def child_baselines(outdir):
     import torch
-    import torch.nn.functional as F
     import triton.testing
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import flashlib  # noqa: F401
     from flashlib import runtime
+    from flashlib.bench.harness import _sdpa
     from flashlib.kernels.fa2_fwd import fa2_forward
 
-    def sdpa(backend):
-        def run(q, k, v, causal):
-            with sdpa_kernel([backend]):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        return run
-
     impls = {"fa2 (flashlib)": lambda q, k, v, causal: fa2_forward(q, k, v, causal=causal),
-             "sdpa flash": sdpa(SDPBackend.FLASH_ATTENTION),
-             "sdpa cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
+             "sdpa flash": _sdpa("sdpa_flash"), "sdpa cudnn": _sdpa("sdpa_cudnn")}
     print(f"[baselines] FLASHLIB_AUTOTUNE={os.environ.get('FLASHLIB_AUTOTUNE', '(unset: 1)')} "
           f"(autotune {'on' if runtime.AUTOTUNE else 'off'}), torch {torch.__version__}, "
           f"{torch.cuda.get_device_name()}", flush=True)

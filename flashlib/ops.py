@@ -23,9 +23,10 @@ from .masks import KernelView
 # The Hopper kernel (kernels/fa3_fwd.py) runs forwards of at least this many FLOPs (4 B Hq Nq Nk
 # D): it builds four TMA descriptors and launches through Triton's own path at every call, where
 # FA2's launcher replays a recorded launch (kernels/launch.py), so small, host-bound calls stay on
-# FA2. 2^35 FLOPs take 60-120 us on an H100. FLASHLIB_FA3=1 turns the choice on: the kernel
-# passed its own checks on an H100 (benchmarks/results/h100/hopper_probe.log), but flash_attention
-# with it inside (and the backward from its lse) has not yet run on a GPU.
+# FA2. 2^35 FLOPs take 60-115 us at the 300-590 TFLOP/s the kernels ran at on an H100. FLASHLIB_FA3=1
+# turns the choice on: the kernel passed its own checks on an H100
+# (benchmarks/results/h100/hopper_probe.log), but flash_attention with it inside (and the
+# backward from its lse) has not yet run on a GPU.
 FA3_FROM_FLOPS = 1 << 35
 FA3_ENABLED = os.environ.get("FLASHLIB_FA3", "0") == "1"
 
@@ -33,7 +34,7 @@ FA3_ENABLED = os.environ.get("FLASHLIB_FA3", "0") == "1"
 def attention_forward(q, k, v, causal, scale, mod, cu_seqlens=None, max_seqlen=None):
     """The forward kernel for these inputs: FA3 on Hopper (sm90, fp16/bf16, head dim 64 or 128,
     dense, no score modifier, large enough), FA2 otherwise. Returns (out, lse)."""
-    if FA3_ENABLED and cu_seqlens is None and mod.args is None and mod.fn is score_mod.identity \
+    if FA3_ENABLED and cu_seqlens is None and mod.fn is score_mod.identity \
             and 4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3] >= FA3_FROM_FLOPS \
             and fa3_fwd.supported(q, k, v):
         return fa3_fwd.fa3_forward(q, k, v, causal=causal, scale=scale)
@@ -97,7 +98,12 @@ def _fa2_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
 
 @_fa2_backward_op.register_fake
 def _(q, k, v, out, lse, dout, causal, scale, softcap, alibi_slopes):
-    # as fa2_backward: empty_like of each input, made contiguous only if its last dim is strided
+    return _fake_grads(q, k, v)
+
+
+def _fake_grads(q, k, v):
+    """The backward ops' fake dq, dk, dv, as the launchers make them: empty_like of each input,
+    made contiguous only if its last dim is strided."""
     return tuple(torch.empty_like(t if t.stride(-1) == 1 else t.contiguous()) for t in (q, k, v))
 
 
@@ -226,7 +232,7 @@ def _varlen_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
 @_varlen_backward_op.register_fake
 def _(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
       scale, softcap, alibi_slopes):
-    return tuple(torch.empty_like(t if t.stride(-1) == 1 else t.contiguous()) for t in (q, k, v))
+    return _fake_grads(q, k, v)
 
 
 def _save_for_varlen_backward(ctx, inputs, output):
@@ -354,7 +360,7 @@ def _bs_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
 
 @_bs_backward_op.register_fake
 def _(q, k, v, out, lse, dout, tables, layout, scale, softcap, alibi_slopes):
-    return tuple(torch.empty_like(t if t.stride(-1) == 1 else t.contiguous()) for t in (q, k, v))
+    return _fake_grads(q, k, v)
 
 
 def _save_for_bs_backward(ctx, inputs, output):

@@ -158,12 +158,14 @@ def run_case(name, fn, shape, causal, dtype, ops):
     return records
 
 
-def add_ratios(records):
+def add_ratios(records, baseline="sdpa_flash"):
+    """``ratio_vs_<baseline>``: that implementation's time over this record's, same op and shape
+    (set only where both have a time)."""
     key = lambda r: (r["op"], r["dtype"], r["B"], r["Hq"], r["Hkv"], r["Nq"], r["Nk"], r["D"], r["causal"])
-    flash = {key(r): r["ms"] for r in records if r["impl"] == "sdpa_flash" and r["ms"]}
+    times = {key(r): r["ms"] for r in records if r["impl"] == baseline and r["ms"]}
     for r in records:
-        if r["ms"] and key(r) in flash:
-            r["ratio_vs_sdpa_flash"] = round(flash[key(r)] / r["ms"], 3)
+        if r["ms"] and key(r) in times:
+            r[f"ratio_vs_{baseline}"] = round(times[key(r)] / r["ms"], 3)
     return records
 
 

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from .decode import host_time
 from .harness import _sdpa, check, flash_attention, make_inputs, run_case, shape_for
+from .harness import add_ratios as harness_ratios   # one baseline at a time
 
 LENGTHS = (128, 256, 512, 1024, 2048, 4096)
 WIDTHS = ((64, 768), (128, 2048))          # (head dim, heads x head dim)
@@ -67,11 +68,10 @@ def run_suite(dtype, *, quick=False, impls=None, progress=lambda x, **_: x):
 def add_ratios(records):
     """``ratio_vs_sdpa_default`` and ``ratio_vs_sdpa_flash``: that implementation's time over
     this one's, same shape, same run (None where either has no time)."""
-    key = lambda r: (r["dtype"], r["B"], r["Hq"], r["Hkv"], r["Nq"], r["Nk"], r["D"], r["causal"])  # noqa: E731
-    for impl in ("sdpa_default", "sdpa_flash"):
-        times = {key(r): r["ms"] for r in records if r["impl"] == impl and r["ms"]}
-        for r in records:
-            r[f"ratio_vs_{impl}"] = round(times[key(r)] / r["ms"], 3) if r["ms"] and key(r) in times else None
+    for r in records:
+        r["ratio_vs_sdpa_default"] = r["ratio_vs_sdpa_flash"] = None
+    for baseline in ("sdpa_default", "sdpa_flash"):
+        harness_ratios(records, baseline)
     return records
 
 

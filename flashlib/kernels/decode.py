@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from .config import cdiv, next_power_of_2, padded_headdim, prologue, target
+from .config import cdiv, next_power_of_2, padded_headdim, prologue, smem_bytes, target
 from .fa2_fwd import _attend_key_blocks
 from .launch import fast_launch
 from .score_mod import kernel_args as score_mod_args
@@ -224,19 +224,19 @@ def block_n_for(block_d, elem_bytes):
     """The partial kernel's (BLOCK_N, num_warps, num_stages): the first config that fits SRAM."""
     if runtime.INTERPRET:
         return INTERPRETER_BLOCK_N, 4, 1
-    return _first_fitting(block_d, elem_bytes, target().smem)
+    return _first_fitting(block_d, elem_bytes, target())
 
 
 @functools.lru_cache(maxsize=None)
-def _first_fitting(block_d, elem_bytes, smem):
-    return next((c for c in KEY_BLOCK_CONFIGS if fits(c, block_d, elem_bytes, smem)),
+def _first_fitting(block_d, elem_bytes, gpu):
+    return next((c for c in KEY_BLOCK_CONFIGS if fits(c, block_d, elem_bytes, gpu)),
                 KEY_BLOCK_CONFIGS[-1])
 
 
-def fits(config, block_d, elem_bytes, smem):
-    """Whether config's K/V pipeline (and Q) fits in ``smem`` bytes of shared memory."""
+def fits(config, block_d, elem_bytes, gpu):
+    """Whether config's K/V pipeline (and 16 query rows) fits in ``gpu``'s shared memory."""
     block_n, _, stages = config
-    return elem_bytes * block_d * (16 + 2 * block_n * stages) <= smem
+    return smem_bytes(16, 2 * block_n, stages, block_d, elem_bytes, gpu) <= gpu.smem
 
 
 @functools.lru_cache(maxsize=None)
@@ -300,7 +300,7 @@ def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, num_splits, confi
                                           short_cache=for_gpu(SHORT_CACHE, device))
     long_split = cdiv(Lmax, num_splits) >= for_gpu(LONG_SPLIT, device)
     if chosen and long_split and not runtime.INTERPRET and \
-            fits(LONG_SPLIT_KEY_BLOCK, block_d, elem_bytes, target().smem):
+            fits(LONG_SPLIT_KEY_BLOCK, block_d, elem_bytes, target()):
         config = LONG_SPLIT_KEY_BLOCK
     return block_m, row_blocks, tuple(config), num_splits
 

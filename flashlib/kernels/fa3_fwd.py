@@ -49,12 +49,12 @@ Gluon's API changes between Triton releases; this file is written for Triton 3.6
 Hopper module, the kernels are not defined and ``supported`` is False (callers use FA2).
 """
 import functools
-import math
 from typing import NamedTuple
 
 import torch
 
 from .. import runtime
+from ..inputs import resolve_scale
 from .tile import LOG2E
 
 TESTED_TRITON = ("3.6.",)   # Gluon's API as this file uses it; other releases fall back to FA2
@@ -428,7 +428,7 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None):
         raise ValueError("fa3_forward: unsupported inputs (see fa3_fwd.supported); use fa2_forward")
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    scale = resolve_scale(scale, D)
     out = torch.empty_like(q)
     if not _tma_ok(out):              # empty_like keeps q's strides; a dense copy always works
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)

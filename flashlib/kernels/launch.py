@@ -108,7 +108,7 @@ def fast_launch(kernel, grid, *args, **kwargs):
         memo[key] = hit = compiled, names, chosen
     else:
         compiled = None
-    launch = _launch(hit, grid, args, kwargs)
+    launch = _record(hit, grid, args, kwargs)
     if compiled is None:   # launched above by Triton itself on a miss
         launch(*args[:_tensor_count(args)])
     return launch
@@ -118,7 +118,7 @@ def _tensor_count(args):
     return next((i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)), len(args))
 
 
-def _launch(hit, grid, args, kwargs):
+def _record(hit, grid, args, kwargs):
     compiled, constexpr_names, chosen = hit
     meta = {**kwargs, **chosen}
     grid = (*(grid(meta) if callable(grid) else grid), 1, 1)[:3]
