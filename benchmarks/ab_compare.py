@@ -9,8 +9,9 @@ on one machine, in alternating processes (A B B A ...), and compared by their me
 
 Each worker process imports flashlib from its own path, checks its output on the timed inputs
 against the float64 oracle (first batch element, two heads), then times forward and
-forward+backward with ``triton.testing.do_bench`` (median). FLASHLIB_AUTOTUNE=0, so both versions
-run the same block configs: the comparison is of the kernels' code, not of autotuning luck. With
+forward+backward with ``triton.testing.do_bench`` (median). FLASHLIB_AUTOTUNE=0 and FLASHLIB_FA3=0
+(the portable kernels, also on Hopper), so both versions run the same block configs: the
+comparison is of the kernels' code, not of autotuning luck. With
 ``--mods``, the new version is also timed with a softcap and ALiBi (what the modifiers cost).
 """
 import argparse
@@ -82,7 +83,7 @@ def main():
     records = []
     for r in range(args.rounds):
         for label in (("base", "new") if r % 2 == 0 else ("new", "base")):
-            env = dict(os.environ, PYTHONPATH=str(paths[label]), FLASHLIB_AUTOTUNE="0")
+            env = dict(os.environ, PYTHONPATH=str(paths[label]), FLASHLIB_AUTOTUNE="0", FLASHLIB_FA3="0")
             cmd = [sys.executable, __file__, "--worker", label] + (["--mods"] if args.mods and label == "new" else [])
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd="/tmp")
             sys.stderr.write(done.stderr[-3000:])
