@@ -232,16 +232,23 @@ def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531)):
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton._C.libtriton import native_specialize_impl
 
-    config = fa3_fwd.kernel_config(name, D)
+    fp8 = dtype == torch.float8_e4m3fn
+    config = fa3_fwd.kernel_config(name, D, fp8=fp8)
     B, Hq, Hkv, Nq, Nk = sizes
     q = torch.empty(B, Hq, Nq, D, dtype=dtype)
     k = torch.empty(B, Hkv, Nk, D, dtype=dtype)
+    out = torch.empty(B, Hq, Nq, D, dtype=torch.bfloat16) if fp8 else q
     lse = torch.empty(B, Hq, Nq, dtype=torch.float32)
+    if fp8:   # V^T, rows padded to 16 bytes, as fa3_forward_fp8 makes it
+        v_t = torch.empty(B, Hkv, D, -(-Nk // 16) * 16, dtype=dtype)
+        v_desc = fa3_fwd._descriptor(v_t, (1, 1, D, config["BLOCK_N"]), shape=(B, Hkv, D, Nk))
+    else:
+        v_desc = fa3_fwd._descriptor(k, (1, 1, config["BLOCK_N"], D))
     args = dict(q_desc=fa3_fwd._descriptor(q, (1, 1, fa3_fwd.BLOCK_M, D)),
                 k_desc=fa3_fwd._descriptor(k, (1, 1, config["BLOCK_N"], D)),
-                v_desc=fa3_fwd._descriptor(k, (1, 1, config["BLOCK_N"], D)),
-                o_desc=fa3_fwd._descriptor(q, (1, 1, fa3_fwd.BLOCK_M, D)),
-                Lse=lse, Hq=Hq, Nq=Nq, Nk=Nk, qk_scale=0.1, GROUP=Hq // Hkv)
+                v_desc=v_desc, o_desc=fa3_fwd._descriptor(out, (1, 1, fa3_fwd.BLOCK_M, D)),
+                Lse=lse, Descale=lse, Hq=Hq, Nq=Nq, Nk=Nk, qk_scale=0.1, GROUP=Hq // Hkv,
+                n_descale=B * Hkv)
     constexprs = dict(CAUSAL=causal, **config)
     target = GPUTarget("cuda", TARGET_ARCH, 32)
     backend = make_backend(target)
@@ -304,7 +311,7 @@ def main(verbose=False):
     for name, variant in fa3_fwd.VARIANTS.items():
         for D in variant.head_dims:
             for causal in (False, True):
-                for dtype in (torch.float16, torch.bfloat16):
+                for dtype in (torch.float16, torch.bfloat16, torch.float8_e4m3fn):
                     tag = f"{name:>14} {D:>4} {causal!s:>6} {str(dtype)[6:]:>9} |"
                     try:
                         ck = compile_variant(name, D, causal, dtype)

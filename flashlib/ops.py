@@ -9,12 +9,14 @@ before any kernel is compiled. Under torch.compile, ``flash_attention`` and
 ``block_sparse_attention`` reach the same launchers through custom ops (two each) instead of the
 autograd.Functions (see ``_fa2_forward_op``, ``_bs_forward_op``).
 """
+import math
 import os
 from typing import Optional
 
 import torch
 
-from .inputs import check_inputs, check_score_mods, check_varlen
+from . import runtime
+from .inputs import check_inputs, check_qkv, check_score_mods, check_varlen, resolve_scale
 from .kernels import score_mod
 from .kernels import fa3_fwd
 from .kernels.fa2_fwd import fa2_forward
@@ -122,7 +124,7 @@ _fa2_forward_op.register_autograd(_op_backward, setup_context=_save_for_op_backw
 
 
 def flash_attention(q, k, v, *, causal=False, scale=None, softcap=None, alibi_slopes=None,
-                    return_lse=False):
+                    return_lse=False, q_descale=None, k_descale=None, v_descale=None):
     """Exact attention with FlashAttention-2 kernels, differentiable through torch.autograd.
 
     q: (batch, heads_q, seqlen_q, headdim); k, v: (batch, heads_kv, seqlen_k, headdim) with
@@ -145,7 +147,17 @@ def flash_attention(q, k, v, *, causal=False, scale=None, softcap=None, alibi_sl
     return_lse: also return lse (batch, heads_q, seqlen_q), float32, natural log.
     Returns out (like q) or (out, lse). A query row with no key to attend to gets out = 0 and
     lse = -inf.
+
+    FP8 (FlashAttention-3's, on Hopper): float8_e4m3fn q, k, v with float32 ``q_descale``,
+    ``k_descale``, ``v_descale`` of shape (batch, heads_kv) (x = x8 * descale, as
+    ``flashlib.fp8.quantize`` makes them) run the FP8 forward and return bfloat16 out; forward
+    only, no score modifiers; other GPUs get a clear error.
     """
+    if any(isinstance(t, torch.Tensor) and t.dtype == torch.float8_e4m3fn for t in (q, k, v)) \
+            or (q_descale, k_descale, v_descale) != (None, None, None):
+        out, lse = _fp8_forward(q, k, v, causal, scale, softcap, alibi_slopes,
+                                q_descale, k_descale, v_descale)
+        return (out, lse) if return_lse else out
     scale = check_inputs(q, k, v, scale=scale, causal=causal)
     softcap = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes)
     if torch.compiler.is_compiling():
@@ -153,6 +165,33 @@ def flash_attention(q, k, v, *, causal=False, scale=None, softcap=None, alibi_sl
     else:
         out, lse = FlashAttention.apply(q, k, v, causal, scale, score_mod.make(q, softcap, alibi_slopes))
     return (out, lse) if return_lse else out
+
+
+def _fp8_forward(q, k, v, causal, scale, softcap, alibi_slopes, q_descale, k_descale, v_descale):
+    """flash_attention's FP8 path: checks, then kernels/fa3_fwd.fa3_forward_fp8."""
+    from . import fp8
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if any(t.dtype != torch.float8_e4m3fn for t in (q, k, v)):
+        raise TypeError("q_descale, k_descale and v_descale go with float8_e4m3fn q, k and v; got "
+                        f"{q.dtype}, {k.dtype}, {v.dtype}")
+    D = check_qkv(q, k, v)[-1]
+    fp8.check_descales(q, k, v, q_descale, k_descale, v_descale)
+    if softcap is not None or alibi_slopes is not None:
+        raise ValueError("softcap and alibi_slopes are not supported with FP8 inputs")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    scale = resolve_scale(scale, D)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite real number, got {scale!r}")
+    q, k = (t if fa3_fwd._tma_ok(t) else t.contiguous() for t in (q, k))
+    if not fa3_fwd.supported_fp8(q, k, v):
+        where = runtime.gpu_name() if q.device.type == "cuda" else f"a {q.device.type} tensor"
+        raise RuntimeError(f"FP8 attention runs on a Hopper GPU (sm90) with Triton 3.6's Gluon, "
+                           f"head dims {fa3_fwd.HEAD_DIMS}; got {where}, headdim {D}")
+    return fa3_fwd.fa3_forward_fp8(q, k, v, torch.stack([q_descale, k_descale, v_descale]),
+                                   causal=causal, scale=scale)
 
 
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,

@@ -1,6 +1,6 @@
 """``python -m flashlib.bench [--suite ...]``: run benchmark suites, write JSON and PNG results.
 
-The suites live beside this file: ``harness`` (forward, backward, paper, memory), ``short``,
+The suites live beside this file: ``harness`` (forward, backward, paper, memory), ``short``, ``fp8``,
 ``decode`` and ``sparse``; ``flashlib.bench``'s docstring says how each measures.
 """
 import argparse
@@ -20,7 +20,7 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", nargs="+", default=["forward", "backward", "paper", "memory"],
                         choices=["forward", "backward", "paper", "memory", "short", "block_sparse",
-                                 "decode"])
+                                 "decode", "fp8"])
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     parser.add_argument("--impl", nargs="+", default=None, help="only these implementations")
     parser.add_argument("--quick", action="store_true", help="three forward shapes only")
@@ -53,6 +53,14 @@ def main(argv=None):
             plot(records, out_dir / f"{name}_host.png", f"{suite} {args.dtype}", value="host_us",
                  ylabel="host us per forward+backward", label=label)
             short.print_table(records, launches)
+            continue
+        if suite == "fp8":     # FP8 forward against fp16 and cuDNN, with its error
+            from . import fp8 as bench_fp8
+            records = bench_fp8.run_suite(quick=args.quick, progress=tqdm)
+            (out_dir / "fp8_forward.json").write_text(json.dumps(dict(env=environment(), records=records), indent=1))
+            plot([dict(r, impl=f"{r['impl']} {r['dtype']}") for r in records],   # bars per dtype
+                 out_dir / "fp8_forward.png", "forward, FP8 and fp16")
+            bench_fp8.print_table(records)
             continue
         if suite == "decode":  # TB/s of K/V cache read: see flashlib.bench.decode
             from . import decode as bench_decode

@@ -102,17 +102,19 @@ VARIANTS = {
 DEFAULT_VARIANT = {64: "2wg_pingpong", 128: "2wg_pingpong"}   # H100 probe: h100/hopper_probe.log
 
 
-def kernel_config(variant: str, D: int, elem_bytes: int = 2) -> dict:
+def kernel_config(variant: str, D: int, fp8: bool = False) -> dict:
     """The kernel's constexprs for ``variant`` at head dim D: the K/V ring as deep as fits beside
-    the Q blocks (Q: num_wg x 64 x D, each stage one K and one V block of block_n x D)."""
+    the Q blocks (Q: num_wg x 64 x D, each stage one K and one V block of block_n x D). In FP8
+    (1-byte Q, K, V) the bf16 output needs its own buffer: num_wg x 64 x D x 2 bytes."""
     v = VARIANTS[variant]
     if D not in v.head_dims:
         raise ValueError(f"variant {variant!r} is for head dims {v.head_dims}, not {D}")
-    q_bytes = v.num_wg * BLOCK_M * D * elem_bytes
+    elem_bytes = 1 if fp8 else 2
+    q_bytes = v.num_wg * BLOCK_M * D * (elem_bytes + (2 if fp8 else 0))
     stages = min(MAX_STAGES, (SMEM_BYTES - SMEM_SPARE - q_bytes) // (2 * v.block_n * D * elem_bytes))
     return dict(BLOCK_M=BLOCK_M, BLOCK_N=v.block_n, HEAD_D=D, NUM_WG=v.num_wg, STAGES=stages,
                 OVERLAP=v.overlap, PINGPONG=v.pingpong and v.num_wg > 1,
-                CONSUMER_REGS=v.regs or 240)
+                CONSUMER_REGS=v.regs or 240, FP8=fp8)
 
 
 def launch_options(variant: str) -> dict:
@@ -128,8 +130,9 @@ if _GLUON:
     def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
                   v_empty, off_b, off_h, off_hkv, start_m, n_blocks,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_WG: gl.constexpr,
-                  STAGES: gl.constexpr):
-        """One warp: TMA loads of each consumer's Q rows, then K and V block by block into the ring."""
+                  STAGES: gl.constexpr, FP8: gl.constexpr):
+        """One warp: TMA loads of each consumer's Q rows, then K and V block by block into the ring
+        (in FP8, V^T's blocks: (D, BLOCK_N) tiles of the transposed copy)."""
         for w in gl.static_range(NUM_WG):
             mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [off_b, off_h, start_m + w * BLOCK_M, 0],
@@ -144,8 +147,12 @@ if _GLUON:
                                             k_ready.index(s), k_smem.index(s))
             mbarrier.wait(v_empty.index(s), phase ^ 1)
             mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [off_b, off_hkv, j * BLOCK_N, 0],
-                                            v_ready.index(s), v_smem.index(s))
+            if FP8:
+                tma.async_copy_global_to_shared(v_desc, [off_b, off_hkv, 0, j * BLOCK_N],
+                                                v_ready.index(s), v_smem.index(s))
+            else:
+                tma.async_copy_global_to_shared(v_desc, [off_b, off_hkv, j * BLOCK_N, 0],
+                                                v_ready.index(s), v_smem.index(s))
 
     @gluon.jit
     def _mask_scores(s, j, n_full, row0, Nq, Nk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -162,19 +169,22 @@ if _GLUON:
         return s
 
     @gluon.jit
-    def _softmax_step(s, m_i, l_i, p_layout: gl.constexpr, dtype: gl.constexpr):
+    def _softmax_step(s, m_i, l_i):
         """Online softmax on one block of scaled, masked scores s (BM, BN), base 2. Returns the new
-        max, the new sum, alpha (the old state's rescale factor) and P in the PV wgmma's A-operand
-        layout."""
+        max, the new sum, alpha (the old state's rescale factor) and P (float32, S's layout)."""
         m_new = gl.maximum(m_i, gl.max(s, 1))
         # a row that has seen only masked keys keeps m = -inf; exp2(-inf - -inf) would be NaN
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_safe)
         p = gl.exp2(s - gl.expand_dims(m_safe, 1))
         l_i = l_i * alpha + gl.sum(p, 1)
-        # P stays in registers: the S accumulator's fragments are the A operand's (k_width 2)
-        p = gl.convert_layout(p.to(dtype), p_layout)
         return m_new, l_i, alpha, p
+
+    @gluon.jit
+    def _p_operand(p, p_layout: gl.constexpr, dtype: gl.constexpr):
+        """P as the PV wgmma's A operand, in registers: for 16-bit types the S accumulator's
+        fragments are the operand's (k_width 2, no data moves); 8-bit packs 4 per 32 bits."""
+        return gl.convert_layout(p.to(dtype), p_layout)
 
     @gluon.jit
     def _rescale(acc, alpha, o_layout: gl.constexpr):
@@ -182,21 +192,35 @@ if _GLUON:
         return acc * gl.expand_dims(alpha, 1)
 
     @gluon.jit
-    def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
-                  v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv, start_m, n_blocks,
-                  Nq, Nk, lse_row0, qk_scale,
+    def _v_operand(v_smem, st, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, FP8: gl.constexpr):
+        """Stage st's V block as the PV wgmma's B operand (BLOCK_N, HEAD_D). 8-bit wgmma reads B
+        only K-major (the reduction dim, keys, contiguous): FP8 stages hold V^T's (HEAD_D, BLOCK_N)
+        tiles, viewed transposed; 16-bit stages hold V's rows as they are."""
+        if FP8:
+            return v_smem.index(st).reshape([HEAD_D, BLOCK_N]).permute((1, 0))
+        else:
+            return v_smem.index(st).reshape([BLOCK_N, HEAD_D])
+
+    @gluon.jit
+    def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars, k_ready,
+                  k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv, start_m, n_blocks,
+                  Nq, Nk, lse_row0, qk_scale, v_scale,
                   WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                   NUM_WG: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                  OVERLAP: gl.constexpr, PINGPONG: gl.constexpr):
+                  OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FP8: gl.constexpr):
         """One warpgroup: rows [row0, row0 + BLOCK_M) of the CTA's query block against n_blocks
-        key blocks; writes out (TMA store, clipped at Nq) and lse (masked store)."""
+        key blocks; writes out (TMA store from o_smem, clipped at Nq) and lse (masked store).
+        qk_scale holds the softmax scale, log2(e) and (FP8) Q's and K's descales; v_scale V's."""
         dtype: gl.constexpr = q_desc.dtype
         # wgmma layouts: 4 warps along M (16 rows each), N the whole tile, K 16 for 16-bit types
+        # and 32 for 8-bit ones; P, the A operand from registers, packs 32 bits per k step
+        INSTR_K: gl.constexpr = 32 if FP8 else 16
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
+                                                           instr_shape=[16, BLOCK_N, INSTR_K])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, HEAD_D, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+                                                           instr_shape=[16, HEAD_D, INSTR_K])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                     k_width=4 if FP8 else 2)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
         row0 = start_m + WG * BLOCK_M
@@ -225,7 +249,8 @@ if _GLUON:
                 mbarrier.arrive(k_empty.index(0))
                 s = _mask_scores(s * qk_scale, 0, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL,
                                  s_layout)
-                m_i, l_i, alpha, p = _softmax_step(s, m_i, l_i, p_layout, dtype)
+                m_i, l_i, alpha, p = _softmax_step(s, m_i, l_i)
+                p = _p_operand(p, p_layout, dtype)
                 for j in range(1, n_blocks):
                     st = j % STAGES
                     prev = (j - 1) % STAGES
@@ -237,7 +262,7 @@ if _GLUON:
                     s = warpgroup_mma(q, k, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
                                       use_acc=False, is_async=True)
                     mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-                    v = v_smem.index(prev).reshape([BLOCK_N, HEAD_D])
+                    v = _v_operand(v_smem, prev, BLOCK_N, HEAD_D, FP8)
                     acc = warpgroup_mma(p, v, acc, is_async=True)
                     if PINGPONG:   # both issued: pass the turn to the next consumer
                         mbarrier.arrive(turn_bars.index((WG + 1) % NUM_WG))
@@ -245,16 +270,21 @@ if _GLUON:
                     mbarrier.arrive(k_empty.index(st))
                     s = _mask_scores(s * qk_scale, j, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N,
                                      CAUSAL, s_layout)
-                    m_i, l_i, alpha, p_next = _softmax_step(s, m_i, l_i, p_layout, dtype)
-                    # P_{j-1} stays a dependency until its wgmma is done: its registers are read
-                    # asynchronously, P_j must not land on them
-                    acc, p = warpgroup_mma_wait(0, deps=(acc, p))
+                    m_i, l_i, alpha, p_next = _softmax_step(s, m_i, l_i)
+                    if FP8:   # Triton 3.6 takes no 8-bit wait dependencies: P_j is made after the wait
+                        acc = warpgroup_mma_wait(0, deps=(acc, ))
+                        p_next = _p_operand(p_next, p_layout, dtype)
+                    else:
+                        # P_{j-1} stays a dependency until its wgmma is done: its registers are
+                        # read asynchronously, P_j must not land on them
+                        p_next = _p_operand(p_next, p_layout, dtype)
+                        acc, p = warpgroup_mma_wait(0, deps=(acc, p))
                     mbarrier.arrive(v_empty.index(prev))
                     acc = _rescale(acc, alpha, o_layout)
                     p = p_next
                 last = (n_blocks - 1) % STAGES
                 mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
-                v = v_smem.index(last).reshape([BLOCK_N, HEAD_D])
+                v = _v_operand(v_smem, last, BLOCK_N, HEAD_D, FP8)
                 acc = warpgroup_mma(p, v, acc, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=(acc, ))
                 mbarrier.arrive(v_empty.index(last))
@@ -270,10 +300,11 @@ if _GLUON:
                 mbarrier.arrive(k_empty.index(st))
                 s = _mask_scores(s * qk_scale, j, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL,
                                  s_layout)
-                m_i, l_i, alpha, p = _softmax_step(s, m_i, l_i, p_layout, dtype)
+                m_i, l_i, alpha, p = _softmax_step(s, m_i, l_i)
+                p = _p_operand(p, p_layout, dtype)
                 acc = _rescale(acc, alpha, o_layout)
                 mbarrier.wait(v_ready.index(st), phase)
-                v = v_smem.index(st).reshape([BLOCK_N, HEAD_D])
+                v = _v_operand(v_smem, st, BLOCK_N, HEAD_D, FP8)
                 acc = warpgroup_mma(p, v, acc, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=(acc, ))
                 mbarrier.arrive(v_empty.index(st))
@@ -282,22 +313,27 @@ if _GLUON:
         empty = l_i == 0.0
         l_safe = gl.where(empty, 1.0, l_i)
         lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)  # x ln 2
-        out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
+        out_scale = v_scale / l_safe
+        out = acc * gl.expand_dims(gl.convert_layout(out_scale, gl.SliceLayout(1, o_layout)), 1)
         rows = row0 + gl.arange(0, BLOCK_M, layout=row_layout)
         gl.store(Lse + lse_row0 + rows, lse, mask=rows < Nq)
-        # out through the Q buffer (every wgmma reading Q has completed) and one TMA store,
-        # which drops the rows past Nq
-        q.store(out.to(dtype))
+        # out through o_smem (16-bit: the Q buffer, every wgmma reading Q has completed; FP8: a
+        # bf16 buffer of its own) and one TMA store, which drops the rows past Nq
+        o_view = o_smem.index(WG)
+        o_view.reshape([BLOCK_M, HEAD_D]).store(out.to(o_desc.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row0, 0], q_view)
+        tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row0, 0], o_view)
         tma.store_wait(0)
 
     # sizes are not specialised (on being 1 or multiples of 16): one compile per configuration
-    @gluon.jit(do_not_specialize=["Hq", "Nq", "Nk", "GROUP"])
-    def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Lse, Hq, Nq, Nk, qk_scale, GROUP,
+    @gluon.jit(do_not_specialize=["Hq", "Nq", "Nk", "GROUP", "n_descale"])
+    def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Lse, Descale, Hq, Nq, Nk, qk_scale, GROUP,
+                        n_descale,
                         CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         HEAD_D: gl.constexpr, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
-                        OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                        OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                        FP8: gl.constexpr):
+        # Descale (FP8 only): float32 (3, B, Hkv), Q's, K's and V's factors, n_descale = B * Hkv
         # one flat grid axis as in fa2_fwd: query blocks of one (batch, head) adjacent (K/V shared
         # in L2); causal: the heaviest (last) query blocks first
         CTA_M: gl.constexpr = BLOCK_M * NUM_WG
@@ -317,9 +353,20 @@ if _GLUON:
             hi = Nk
         n_blocks = gl.cdiv(hi, BLOCK_N)
         lse_row0 = off_bh.to(gl.int64) * Nq
+        if FP8:   # S = (Q8 K8^T) dq dk, O = (P V8) dv: the descales join the scales
+            at = off_b * (Hq // GROUP) + off_hkv
+            qk_scale = qk_scale * gl.load(Descale + at) * gl.load(Descale + n_descale + at)
+            v_scale = gl.load(Descale + 2 * n_descale + at)
+        else:
+            v_scale = 1.0
 
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [NUM_WG] + q_desc.block_type.shape, q_desc.layout)
+        if FP8:
+            o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG] + o_desc.block_type.shape,
+                                               o_desc.layout)
+        else:
+            o_smem = q_smem
         k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
         q_bars = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
@@ -343,28 +390,28 @@ if _GLUON:
         # 24 (setmaxnreg); the default partition (consumer 0) gets what is left of the 64K.
         if NUM_WG == 1:
             gl.warp_specialize([
-                (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bars, k_ready,
-                             k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv, start_m,
-                             n_blocks, Nq, Nk, lse_row0, qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_D,
-                             NUM_WG, STAGES, CAUSAL, OVERLAP, False)),
+                (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars,
+                             k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv,
+                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, 0, BLOCK_M, BLOCK_N, HEAD_D,
+                             NUM_WG, STAGES, CAUSAL, OVERLAP, False, FP8)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                              v_ready, v_empty, off_b, off_h, off_hkv, start_m, n_blocks,
-                             BLOCK_M, BLOCK_N, NUM_WG, STAGES)),
+                             BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
             ], [1], [24])
         else:
             gl.static_assert(NUM_WG == 2, "1 or 2 consumer warpgroups")
             gl.warp_specialize([
-                (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bars, k_ready,
-                             k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv, start_m,
-                             n_blocks, Nq, Nk, lse_row0, qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_D,
-                             NUM_WG, STAGES, CAUSAL, OVERLAP, PINGPONG)),
-                (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bars, k_ready,
-                             k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv, start_m,
-                             n_blocks, Nq, Nk, lse_row0, qk_scale, 1, BLOCK_M, BLOCK_N, HEAD_D,
-                             NUM_WG, STAGES, CAUSAL, OVERLAP, PINGPONG)),
+                (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars,
+                             k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv,
+                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, 0, BLOCK_M, BLOCK_N, HEAD_D,
+                             NUM_WG, STAGES, CAUSAL, OVERLAP, PINGPONG, FP8)),
+                (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars,
+                             k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv,
+                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, 1, BLOCK_M, BLOCK_N, HEAD_D,
+                             NUM_WG, STAGES, CAUSAL, OVERLAP, PINGPONG, FP8)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                              v_ready, v_empty, off_b, off_h, off_hkv, start_m, n_blocks,
-                             BLOCK_M, BLOCK_N, NUM_WG, STAGES)),
+                             BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
             ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -410,10 +457,13 @@ def _smem_layout(dtype, block):
     return gl.NVMMASharedLayout.get_default_for(list(block), dtype)
 
 
-def _descriptor(t, block):
-    """A 4-D TMA descriptor of t (batch, head, row, dim) moving blocks of ``block``."""
-    gdtype = gl.float16 if t.dtype == torch.float16 else gl.bfloat16
-    return TensorDescriptor(t, list(t.shape), _strides(t), list(block), _smem_layout(gdtype, tuple(block)))
+def _descriptor(t, block, shape=None):
+    """A 4-D TMA descriptor of t (batch, head, row, dim) moving blocks of ``block``; ``shape``:
+    the bounds TMA clips at and zero-fills past, when they are smaller than t's."""
+    gdtype = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16,
+              torch.float8_e4m3fn: gl.float8e4nv}[t.dtype]
+    return TensorDescriptor(t, list(shape or t.shape), _strides(t), list(block),
+                            _smem_layout(gdtype, tuple(block)))
 
 
 def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None):
@@ -439,11 +489,65 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None):
         return out.zero_(), lse.fill_(float("-inf"))
     variant = variant or DEFAULT_VARIANT[D]
     config = kernel_config(variant, D)
+    v_desc = _descriptor(v, (1, 1, config["BLOCK_N"], D))
+    _launch(q, k, v_desc, out, lse, causal, scale, None, variant, config)
+    return out, lse
+
+
+def _launch(q, k, v_desc, out, lse, causal, scale, descale, variant, config):
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
     q_desc = _descriptor(q, (1, 1, BLOCK_M, D))
     k_desc = _descriptor(k, (1, 1, config["BLOCK_N"], D))
-    v_desc = _descriptor(v, (1, 1, config["BLOCK_N"], D))
     o_desc = _descriptor(out, (1, 1, BLOCK_M, D))
     grid = (-(-Nq // (BLOCK_M * config["NUM_WG"])) * B * Hq,)   # query blocks x (batch, head)
-    _fa3_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, Hq, Nq, Nk, scale * LOG2E, Hq // Hkv,
+    _fa3_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, lse if descale is None else descale,
+                          Hq, Nq, Nk, scale * LOG2E, Hq // Hkv, B * Hkv,
                           CAUSAL=bool(causal), **config, **launch_options(variant))
+
+
+def supported_fp8(q, k, v) -> bool:
+    """Whether ``fa3_forward_fp8`` can run these inputs: as ``supported``, with float8_e4m3fn
+    q, k, v (V is copied transposed by the launcher, so only q's and k's layout matter)."""
+    if not _GLUON or runtime.INTERPRET:
+        return False
+    ts = (q, k, v)
+    if any(not isinstance(t, torch.Tensor) or t.device.type != "cuda" or t.ndim != 4 for t in ts):
+        return False
+    if any(t.dtype != torch.float8_e4m3fn for t in ts):
+        return False
+    if runtime.capability(q.device)[0] != 9 or q.shape[-1] not in HEAD_DIMS:
+        return False
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
+        return False
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
+        return False
+    return _tma_ok(q) and _tma_ok(k)
+
+
+def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None):
+    """FA3's FP8 forward (section 3.3): float8_e4m3fn q, k, v, float32 ``descale`` (3, B, Hkv)
+    holding Q's, K's and V's per-(batch, kv-head) factors (x = x8 * descale). Returns
+    ``(out, lse)``: out bfloat16 like q's shape, lse as ``fa3_forward``'s.
+
+    S = Q8 K8^T runs on FP8 tensor cores at twice the 16-bit rate; P is rounded to e4m3 for
+    O = P V8, whose B operand 8-bit wgmma reads only K-major: the launcher copies V transposed,
+    (B, Hkv, D, Nk) with rows padded to 16 bytes (about 1/(2 Nq) of the kernel's bytes moved)."""
+    if not supported_fp8(q, k, v):
+        raise ValueError("fa3_forward_fp8: unsupported inputs (see fa3_fwd.supported_fp8)")
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    scale = resolve_scale(scale, D)
+    out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
+    if Nq == 0 or B * Hq == 0:
+        return out, lse
+    if Nk == 0:
+        return out.zero_(), lse.fill_(float("-inf"))
+    variant = variant or DEFAULT_VARIANT[D]
+    config = kernel_config(variant, D, fp8=True)
+    v_t = torch.empty((B, Hkv, D, -(-Nk // 16) * 16), dtype=v.dtype, device=v.device)
+    v_t[..., :Nk].copy_(v.transpose(2, 3))      # columns past Nk: outside the descriptor's bounds
+    v_desc = _descriptor(v_t, (1, 1, D, config["BLOCK_N"]), shape=(B, Hkv, D, Nk))
+    _launch(q, k, v_desc, out, lse, causal, scale, descale.contiguous(), variant, config)
     return out, lse

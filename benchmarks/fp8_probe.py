@@ -1,0 +1,46 @@
+"""Time the FP8 forward's variants (kernels/fa3_fwd.fa3_forward_fp8) beside SDPA cuDNN's fp16.
+
+Each variant is first checked on the timed inputs' first batch element and two heads: its RMS
+error against the float64 oracle on the dequantised inputs must be within 3x the P-rounding
+model's (tests/test_fp8.py explains the model). Shapes: the forward suite's (fp16 inputs, then
+quantised per (batch, kv-head)).
+
+    FLASHLIB_AUTOTUNE=0 python benchmarks/fp8_probe.py > fp8_probe.log
+"""
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from test_fp8 import p_rounding_model, rms  # noqa: E402
+
+from flashlib import fp8  # noqa: E402
+from flashlib.bench.harness import FORWARD_SHAPES, _sdpa, _time, make_inputs, shape_for  # noqa: E402
+from flashlib.kernels import fa3_fwd  # noqa: E402
+from flashlib.kernels.versions import attention_flops  # noqa: E402
+from flashlib.reference import attention_ref  # noqa: E402
+
+print(f"{'shape':<24} {'impl':<16} {'ms':>7} {'TFLOP/s':>8} {'vs cuDNN':>8} {'rms err / model':>16}")
+for D, N, causal in FORWARD_SHAPES:
+    s = shape_for(D, N)
+    B, H = s["B"], s["Hq"]
+    q, k, v = make_inputs(B, H, H, N, N, D, torch.float16, "cuda")
+    (q8, qd), (k8, kd), (v8, vd) = (fp8.quantize(t, H) for t in (q, k, v))
+    descale = torch.stack([qd, kd, vd])
+    deq = [fp8.dequantize(a[:1, :2], b[:1]) for a, b in ((q8, qd), (k8, kd), (v8, vd))]
+    ref, _ = attention_ref(*deq, causal=causal)
+    model = rms(p_rounding_model(*deq, causal=causal) - ref)
+    flops = attention_flops(B, H, N, N, D, causal=causal)
+    tag = f"B{B} H{H} N{N} d{D}{' c' if causal else ''}"
+    cudnn = _sdpa("sdpa_cudnn")
+    base = _time(lambda: cudnn(q, k, v, causal))
+    print(f"{tag:<24} {'cudnn fp16':<16} {base:>7.3f} {flops / base / 1e9:>8.1f} {1:>8.2f}")
+    for name, variant in fa3_fwd.VARIANTS.items():
+        if D not in variant.head_dims:
+            continue
+        run = lambda: fa3_fwd.fa3_forward_fp8(q8, k8, v8, descale, causal=causal, variant=name)
+        err = rms(run()[0][:1, :2].double() - ref) / model
+        ms = _time(run) if err <= 3 else float("nan")
+        print(f"{tag:<24} {name:<16} {ms:>7.3f} {flops / ms / 1e9:>8.1f} {base / ms:>8.2f} {err:>16.2f}")
+    sys.stdout.flush()

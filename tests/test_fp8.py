@@ -1,0 +1,186 @@
+"""FP8 attention (flashlib.fp8, kernels/fa3_fwd.fa3_forward_fp8): quantisation, incoherent
+processing and the input checks on the CPU; the Hopper kernel against the float64 oracle on a GPU.
+
+The kernel's error has a known source: P is rounded to e4m3 (3 mantissa bits) before O = P V.
+``p_rounding_model`` computes attention on the dequantised inputs in float64 with only that
+rounding, and the kernel's error against the oracle must stay within a small multiple of the
+model's (the kernel rounds P at its running maximum, the model at the row's final one: the same
+relative precision, different roundings). A wrong mask, head or scale gives errors far larger.
+"""
+import math
+
+import pytest
+import torch
+
+import flashlib
+from flashlib import fp8, runtime
+from flashlib.reference import attention_ref, causal_mask
+
+gpu = pytest.mark.skipif(runtime.DEVICE.type != "cuda", reason="needs a CUDA GPU")
+
+
+def p_rounding_model(q, k, v, causal=False):
+    """Attention in float64 with P = exp(S - max) rounded to e4m3, normalised by the exact sum;
+    q, k, v float (B, H, N, D), k and v with Hkv heads."""
+    q, k, v = (t.double() for t in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(g, dim=1) for t in (k, v))
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(~causal_mask(q.shape[2], k.shape[2], s.device), float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(s - m)
+    l = p.sum(-1, keepdim=True)
+    p8 = p.float().to(torch.float8_e4m3fn).double()
+    return torch.where(l > 0, p8 @ v / l.clamp_min(1e-300), torch.zeros_like(q))
+
+
+def quantized(q, k, v):
+    Hkv = k.shape[1]
+    return [fp8.quantize(t, Hkv) for t in (q, k, v)]
+
+
+def rms(x):
+    return x.double().pow(2).mean().sqrt().item()
+
+
+def test_quantize_round_trip_and_scales():
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 33, 40) * torch.tensor([0.01, 1, 100]).repeat(2)[None, :, None, None]
+    x8, descale = fp8.quantize(x, 3)                 # groups of two heads share a scale
+    assert x8.dtype == torch.float8_e4m3fn and descale.shape == (2, 3) and descale.dtype == torch.float32
+    groups = x.reshape(2, 3, -1)
+    torch.testing.assert_close(descale, groups.abs().amax(-1) / fp8.E4M3_MAX)
+    back = fp8.dequantize(x8, descale)
+    # e4m3: 3 mantissa bits, so a normal number is off by at most 1/16 of itself; below 2^-6
+    # (subnormals) by at most half a step of 2^-9, in units of the group's descale
+    step = descale.repeat_interleave(2, 1)[:, :, None, None]
+    assert bool(((back - x).abs() <= x.abs() / 16 + step * 2.0 ** -10).all())
+    assert (back.abs().amax() - x.abs().amax()).abs() <= 1e-6 * x.abs().amax()   # 448 is exact
+
+
+def test_quantize_zeros_and_empty_and_bad_arguments():
+    x8, descale = fp8.quantize(torch.zeros(1, 2, 5, 8), 2)
+    assert descale.tolist() == [[1.0, 1.0]] and not x8.float().any()
+    x8, descale = fp8.quantize(torch.zeros(1, 2, 0, 8), 1)
+    assert x8.shape == (1, 2, 0, 8) and descale.tolist() == [[1.0]]
+    with pytest.raises(ValueError, match="heads_kv"):
+        fp8.quantize(torch.zeros(1, 4, 5, 8), 3)
+    with pytest.raises(ValueError, match="x must be"):
+        fp8.quantize(torch.zeros(4, 5, 8), 1)
+
+
+def test_hadamard_rotation_is_orthogonal_and_keeps_scores():
+    for D in (1, 2, 64, 128):
+        R = fp8.hadamard_rotation(D, seed=3).double()
+        torch.testing.assert_close(R @ R.T, torch.eye(D, dtype=torch.float64), atol=1e-6, rtol=0)
+    q, k = torch.randn(2, 3, 10, 64, dtype=torch.float64), torch.randn(2, 3, 7, 64, dtype=torch.float64)
+    R = fp8.hadamard_rotation(64).double()
+    torch.testing.assert_close((q @ R) @ (k @ R).transpose(-1, -2), q @ k.transpose(-1, -2))
+    assert not torch.equal(fp8.hadamard_rotation(64, seed=1), fp8.hadamard_rotation(64, seed=2))
+    for bad in (0, 48, 2.0):
+        with pytest.raises(ValueError, match="power of two"):
+            fp8.hadamard_rotation(bad)
+
+
+def outlier_inputs(B=1, H=4, N=384, D=128, seed=0, device="cpu"):
+    """q, k with one large channel shared by every token (as trained LLMs have), v plain."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, N, D, generator=g) for _ in range(3))
+    q[..., 5] += 30.0
+    k[..., 5] += 3.0
+    return [t.to(device) for t in (q, k, v)]
+
+
+def test_rotation_cuts_the_fp8_error_on_outlier_features():
+    """The model of the FP8 forward on quantised inputs: the rotation of q and k before
+    quantising cuts the RMS error against the exact result (measured 2.3x here)."""
+    q, k, v = outlier_inputs()
+    ref, _ = attention_ref(q, k, v)
+    R = fp8.hadamard_rotation(q.shape[-1], seed=1)
+
+    def model_error(q, k):
+        deq = [fp8.dequantize(*qt) for qt in quantized(q, k, v)]
+        return rms(p_rounding_model(*deq) - ref)
+
+    plain, rotated = model_error(q, k), model_error(q @ R, k @ R)
+    assert rotated * 1.5 < plain, (plain, rotated)
+
+
+def test_flash_attention_fp8_input_errors():
+    q, k, v = (torch.randn(1, 2, 16, 64) for _ in range(3))
+    (q8, qd), (k8, kd), (v8, vd) = quantized(q, k, v)
+    with pytest.raises(ValueError, match="q_descale is required"):
+        flashlib.flash_attention(q8, k8, v8)
+    with pytest.raises(TypeError, match="float8_e4m3fn q, k and v"):
+        flashlib.flash_attention(q, k, v, q_descale=qd, k_descale=kd, v_descale=vd)
+    with pytest.raises(TypeError, match="got torch.float8_e4m3fn, torch.float8_e4m3fn, torch.float32"):
+        flashlib.flash_attention(q8, k8, v, q_descale=qd, k_descale=kd, v_descale=vd)
+    with pytest.raises(ValueError, match=r"k_descale must be a float32 tensor of shape \(batch, heads_kv\)"):
+        flashlib.flash_attention(q8, k8, v8, q_descale=qd, k_descale=kd[:, :0], v_descale=vd)
+    with pytest.raises(ValueError, match="v_descale must be finite"):
+        flashlib.flash_attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd * float("nan"))
+    with pytest.raises(ValueError, match="softcap"):
+        flashlib.flash_attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, softcap=5.0)
+    if runtime.DEVICE.type != "cuda":
+        with pytest.raises(RuntimeError, match="Hopper GPU"):
+            flashlib.flash_attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)
+
+
+def hopper():
+    from flashlib.kernels import fa3_fwd
+    x = torch.zeros(1, 1, 16, 64, device=runtime.DEVICE).to(torch.float8_e4m3fn)
+    return fa3_fwd.supported_fp8(x, x, x)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 4, 2, 1000, 1531, 128, True), (1, 2, 2, 1, 700, 64, False),
+                                   (1, 4, 1, 777, 300, 64, True), (2, 8, 8, 4096, 4096, 128, False),
+                                   (1, 2, 1, 333, 333, 128, False)])
+@pytest.mark.parametrize("logit_scale", [1.0, 20.0])
+def test_gpu_fp8_forward_against_the_oracle(shape, logit_scale):
+    """The FP8 forward's error against the float64 oracle on the dequantised inputs stays within
+    3x the P-rounding model's (RMS and max), rows with no key give 0 and lse -inf, lse is close."""
+    if not hopper():
+        pytest.skip("FP8 attention needs an sm90 GPU and Triton 3.6's Gluon")
+    B, Hq, Hkv, Nq, Nk, D, causal = shape
+    g = torch.Generator(device="cuda").manual_seed(Nq + Nk)
+    q = torch.randn(B, Hq, Nq, D, device="cuda", generator=g) * logit_scale
+    k, v = (torch.randn(B, Hkv, Nk, D, device="cuda", generator=g) for _ in range(2))
+    (q8, qd), (k8, kd), (v8, vd) = quantized(q, k, v)
+    out, lse = flashlib.flash_attention(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd,
+                                        v_descale=vd, return_lse=True)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape and lse.shape == q.shape[:3]
+    deq = [fp8.dequantize(q8, qd), fp8.dequantize(k8, kd), fp8.dequantize(v8, vd)]
+    ref, ref_lse = attention_ref(*deq, causal=causal)
+    model = p_rounding_model(*deq, causal=causal)
+    err, model_err = (out.double() - ref), (model - ref)
+    assert not out.isnan().any()
+    assert rms(err) <= 3 * rms(model_err) + 1e-4, (rms(err), rms(model_err))
+    assert err.abs().max() <= 3 * model_err.abs().max() + 2e-3, (err.abs().max(), model_err.abs().max())
+    empty = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse), empty) and not out[empty].any()
+    # FP8 wgmma accumulates S with fewer bits than float32: relative lse differences up to 8.1e-4
+    # at scores near 70 (q x 20) on an H100
+    torch.testing.assert_close(lse[~empty].double(), ref_lse[~empty], atol=2e-3, rtol=2e-3)
+    print(f"{shape} x{logit_scale}: rms error {rms(err):.2e} (P-rounding model {rms(model_err):.2e})")
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_fp8_rotation_cuts_the_kernel_error_on_outlier_features():
+    if not hopper():
+        pytest.skip("FP8 attention needs an sm90 GPU and Triton 3.6's Gluon")
+    q, k, v = outlier_inputs(B=2, N=1024, device="cuda")
+    ref, _ = attention_ref(q, k, v)
+    R = fp8.hadamard_rotation(q.shape[-1], seed=1, device="cuda")
+    errors = []
+    for qr, kr in ((q, k), (q @ R, k @ R)):
+        (q8, qd), (k8, kd), (v8, vd) = quantized(qr, kr, v)
+        out = flashlib.flash_attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)
+        errors.append(rms(out.double() - ref))
+    fp16 = rms(flashlib.flash_attention(q.half(), k.half(), v.half()).double() - ref)
+    print(f"rms error: fp8 {errors[0]:.2e}, fp8 rotated {errors[1]:.2e}, fp16 {fp16:.2e}")
+    assert errors[1] * 1.5 < errors[0], errors
