@@ -5,14 +5,16 @@ error against the float64 oracle on the dequantised inputs must be within 3x the
 model's (tests/test_fp8.py explains the model). Shapes: the forward suite's (fp16 inputs, then
 quantised per (batch, kv-head)).
 
-    FLASHLIB_AUTOTUNE=0 python benchmarks/fp8_probe.py > fp8_probe.log
+    FLASHLIB_AUTOTUNE=0 python benchmarks/fp8_probe.py [--d 64 128] [--variants simple 2wg] > fp8_probe.log
 """
+import argparse
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from test_fp8 import p_rounding_model, rms  # noqa: E402
 
 from flashlib import fp8  # noqa: E402
@@ -21,14 +23,18 @@ from flashlib.kernels import fa3_fwd  # noqa: E402
 from flashlib.kernels.versions import attention_flops  # noqa: E402
 from flashlib.reference import attention_ref  # noqa: E402
 
+parser = argparse.ArgumentParser()
+parser.add_argument("--d", type=int, nargs="+", default=[64, 128])
+parser.add_argument("--variants", nargs="+", default=list(fa3_fwd.VARIANTS))
+args = parser.parse_args()
 print(f"{'shape':<24} {'impl':<16} {'ms':>7} {'TFLOP/s':>8} {'vs cuDNN':>8} {'rms err / model':>16}")
-for D, N, causal in FORWARD_SHAPES:
+for D, N, causal in [shape for shape in FORWARD_SHAPES if shape[0] in args.d]:
     s = shape_for(D, N)
     B, H = s["B"], s["Hq"]
     q, k, v = make_inputs(B, H, H, N, N, D, torch.float16, "cuda")
     (q8, qd), (k8, kd), (v8, vd) = (fp8.quantize(t, H) for t in (q, k, v))
     descale = torch.stack([qd, kd, vd])
-    deq = [fp8.dequantize(a[:1, :2], b[:1]) for a, b in ((q8, qd), (k8, kd), (v8, vd))]
+    deq = [fp8.dequantize(a[:1, :2], b[:1, :2]) for a, b in ((q8, qd), (k8, kd), (v8, vd))]
     ref, _ = attention_ref(*deq, causal=causal)
     model = rms(p_rounding_model(*deq, causal=causal) - ref)
     flops = attention_flops(B, H, N, N, D, causal=causal)
@@ -37,7 +43,7 @@ for D, N, causal in FORWARD_SHAPES:
     base = _time(lambda: cudnn(q, k, v, causal))
     print(f"{tag:<24} {'cudnn fp16':<16} {base:>7.3f} {flops / base / 1e9:>8.1f} {1:>8.2f}")
     for name, variant in fa3_fwd.VARIANTS.items():
-        if D not in variant.head_dims:
+        if D not in variant.head_dims or name not in args.variants:
             continue
         run = lambda: fa3_fwd.fa3_forward_fp8(q8, k8, v8, descale, causal=causal, variant=name)
         err = rms(run()[0][:1, :2].double() - ref) / model

@@ -43,8 +43,23 @@ def attention_forward(q, k, v, causal, scale, mod, cu_seqlens=None, max_seqlen=N
                        max_seqlen=max_seqlen)
 
 
+def attention_backward(q, k, v, out, lse, dout, causal, scale, mod, cu_seqlens=None, max_seqlen=None):
+    """The backward kernels for these inputs, chosen as ``attention_forward`` chooses: FA3's
+    (kernels/fa3_bwd.py) on Hopper for large dense problems without a score modifier, FA2's
+    otherwise. Returns (dq, dk, dv)."""
+    from .kernels import fa3_bwd
+    from .kernels.fa2_bwd import fa2_backward
+    if FA3_ENABLED and cu_seqlens is None and mod.fn is score_mod.identity \
+            and 4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3] >= FA3_FROM_FLOPS \
+            and fa3_bwd.supported(q, k, v, out, lse, dout):
+        return fa3_bwd.fa3_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
+    return fa2_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=mod,
+                        cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+
+
 class FlashAttention(torch.autograd.Function):
-    """FA2 forward and backward as one autograd node; saves q, k, v, out, lse (O(N) memory)."""
+    """The forward and backward kernels as one autograd node (FA2's, or FA3's on Hopper: see
+    ``attention_forward``); saves q, k, v, out, lse (O(N) memory)."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, mod, packed=None):
@@ -59,13 +74,12 @@ class FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        from .kernels.fa2_bwd import fa2_backward
         q, k, v, out, lse = ctx.saved_tensors
         if dout is None:   # out took no part in the loss
             return None, None, None, None, None, None, None
         cu_seqlens, max_seqlen = ctx.packed or (None, None)
-        dq, dk, dv = fa2_backward(q, k, v, out, lse, dout, causal=ctx.causal, scale=ctx.scale,
-                                  score_mod=ctx.mod, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+        dq, dk, dv = attention_backward(q, k, v, out, lse, dout, ctx.causal, ctx.scale, ctx.mod,
+                                        cu_seqlens, max_seqlen)
         return dq, dk, dv, None, None, None, None
 
 
@@ -92,9 +106,8 @@ def _fa2_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
                      lse: torch.Tensor, dout: torch.Tensor, causal: bool, scale: float,
                      softcap: Optional[float], alibi_slopes: Optional[torch.Tensor]
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from .kernels.fa2_bwd import fa2_backward
-    return fa2_backward(q, k, v, out, lse, dout, causal=causal, scale=scale,
-                        score_mod=score_mod.make(q, softcap, alibi_slopes))
+    return attention_backward(q, k, v, out, lse, dout, causal, scale,
+                              score_mod.make(q, softcap, alibi_slopes))
 
 
 @_fa2_backward_op.register_fake

@@ -243,6 +243,26 @@ def test_gpu_hopper_forward_is_picked_where_it_runs(monkeypatch):
     assert 4 * 2 * 8 * 4096 * 4096 * 128 >= ops.FA3_FROM_FLOPS > 4 * 2 * 300 * 300 * 128
 
 
+@gpu
+@pytest.mark.gpu
+def test_gpu_hopper_backward_is_picked_and_right(monkeypatch):
+    """flash_attention's backward runs kernels/fa3_bwd.py where its forward runs FA3 (sm90, large,
+    no modifier), FA2's kernels elsewhere, and its gradients pass the oracle's tolerance, ragged
+    and grouped, causal with rows that see no key."""
+    from flashlib import ops
+    from flashlib.kernels import fa3_bwd
+    monkeypatch.setattr(ops, "FA3_ENABLED", True)
+    calls = []
+    real = fa3_bwd.fa3_backward
+    monkeypatch.setattr(fa3_bwd, "fa3_backward", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    run_and_check(1, 8, 2, 4000, 3001, 128, True, torch.bfloat16)    # ragged, grouped, rows past keys
+    run_and_check(3, 4, 4, 3000, 4100, 64, False, torch.float16)
+    hopper = fa3_bwd.supported(*(rand(1, 8, 64, 128, dtype=torch.bfloat16) for _ in range(3)))
+    assert calls == ([(1, 8, 4000, 128), (3, 4, 3000, 64)] if hopper else []), (runtime.gpu_name(), calls)
+    run_and_check(1, 2, 2, 300, 300, 128, True, torch.bfloat16)      # small: FA2's kernels
+    assert len(calls) == (2 if hopper else 0)
+
+
 @pytest.mark.skipif(runtime.DEVICE.type == "cuda", reason="CPU-only check")
 def test_triton_imported_first_gives_a_clear_error():
     import subprocess

@@ -100,6 +100,10 @@ VARIANTS = {
     # at d64 against 2wg_pingpong's 0.89x-0.97x on one H100 (h100/hopper_probe.log): removed
 }
 DEFAULT_VARIANT = {64: "2wg_pingpong", 128: "2wg_pingpong"}   # H100 probe: h100/hopper_probe.log
+# FP8 (H200, h200/fp8_probe_d64.log, _d128.log): overlap and ping-pong lose (0.76x-0.83x cuDNN's
+# fp16 at d64), two consumers without them reach 0.90x-0.99x at d64 and 0.99x-1.25x at d128. One
+# consumer (0.98x-1.09x at d64) did not finish d64 causal 4k in two runs (h200/fp8_bench_hang.log)
+DEFAULT_VARIANT_FP8 = {64: "2wg", 128: "2wg"}
 
 
 def kernel_config(variant: str, D: int, fp8: bool = False) -> dict:
@@ -271,13 +275,15 @@ if _GLUON:
                     s = _mask_scores(s * qk_scale, j, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N,
                                      CAUSAL, s_layout)
                     m_i, l_i, alpha, p_next = _softmax_step(s, m_i, l_i)
-                    if FP8:   # Triton 3.6 takes no 8-bit wait dependencies: P_j is made after the wait
+                    p_next = _p_operand(p_next, p_layout, dtype)
+                    # P_{j-1} stays a dependency until its wgmma is done: its registers are read
+                    # asynchronously, P_j must not land on them. Triton 3.6 takes no 8-bit
+                    # dependencies; there ptxas, which allocates the registers and knows that
+                    # wgmma reads them until wait_group, keeps them apart (it warns where it
+                    # cannot, serialising instead: hopper_compile_check reports that)
+                    if FP8:
                         acc = warpgroup_mma_wait(0, deps=(acc, ))
-                        p_next = _p_operand(p_next, p_layout, dtype)
                     else:
-                        # P_{j-1} stays a dependency until its wgmma is done: its registers are
-                        # read asynchronously, P_j must not land on them
-                        p_next = _p_operand(p_next, p_layout, dtype)
                         acc, p = warpgroup_mma_wait(0, deps=(acc, p))
                     mbarrier.arrive(v_empty.index(prev))
                     acc = _rescale(acc, alpha, o_layout)
@@ -460,7 +466,7 @@ def _smem_layout(dtype, block):
 def _descriptor(t, block, shape=None):
     """A 4-D TMA descriptor of t (batch, head, row, dim) moving blocks of ``block``; ``shape``:
     the bounds TMA clips at and zero-fills past, when they are smaller than t's."""
-    gdtype = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16,
+    gdtype = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32,
               torch.float8_e4m3fn: gl.float8e4nv}[t.dtype]
     return TensorDescriptor(t, list(shape or t.shape), _strides(t), list(block),
                             _smem_layout(gdtype, tuple(block)))
@@ -544,7 +550,7 @@ def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None)
         return out, lse
     if Nk == 0:
         return out.zero_(), lse.fill_(float("-inf"))
-    variant = variant or DEFAULT_VARIANT[D]
+    variant = variant or DEFAULT_VARIANT_FP8[D]
     config = kernel_config(variant, D, fp8=True)
     v_t = torch.empty((B, Hkv, D, -(-Nk // 16) * 16), dtype=v.dtype, device=v.device)
     v_t[..., :Nk].copy_(v.transpose(2, 3))      # columns past Nk: outside the descriptor's bounds

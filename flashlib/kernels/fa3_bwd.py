@@ -1,0 +1,542 @@
+"""FlashAttention-3 backward for Hopper (sm90) in Gluon: TMA, warp specialisation, async wgmma.
+
+Follows Shah et al., "FlashAttention-3" (2024), section 3 and its appendix on the backward pass
+(Algorithm 3), with flashlib's FA2 contract (``fa2_bwd.fa2_backward``: same inputs and outputs,
+bottom-right causal, grouped heads):
+
+- one CTA per (key block, batch, kv head). Its K and V blocks stay in shared memory (one TMA load
+  each); a *producer* partition (one warp) streams the Q and dO blocks of every query block that
+  sees those keys, for each query head of the K/V head's group, through a ring of STAGES stages;
+- *consumer* warpgroups (4 warps each, NUM_WG per CTA) each own 64 keys of the block (a wgmma's M)
+  and, per query block (BLOCK_M rows), compute with async wgmma (written here as FA2's dK/dV
+  kernel's transposed tiles): S^T = K Q^T and dP^T = V dO^T (issued back to back), P^T = exp2(S^T * scale log2e - lse log2e),
+  dV += P^T dO, dS^T = P^T * (dP^T - delta), dK += dS^T Q, then dQ_partial = dS K in column
+  slices of DQ_N (its accumulator beside dK and dV). KEYS_M keeps P^T in registers (the A
+  operand of dV); otherwise S and dP have the query rows along M (FA3's layout: lse and delta 2
+  registers a thread) and P goes through shared memory. dS always does (dK and dQ read it);
+- dQ as FA3 accumulates it: the float32 partial goes to shared memory and one TMA reduce-add
+  (``cp.reduce.async.bulk.tensor``, clipped at Nq) adds it into a float32 ``dq_accum``
+  (DQ_TMA; otherwise ``atomic_add`` from registers); a last small kernel scales it and casts it.
+  A first one computes delta = rowsum(dO * O) and lse in base 2, padded to whole query blocks.
+
+dK and dV (scaled, cast) leave through the K and V buffers and TMA stores clipped at Nk. Q, dO,
+K, V, dK, dV and dq_accum move through 4-D descriptors (batch, head, row, dim): TMA zero-fills
+rows past a head's length, so ragged tails never touch the next head. Padded query rows have
+lse = +inf (P = 0) and delta = 0; a row with no visible key has lse = -inf, read as +inf: its P,
+and so its gradients, are 0, never NaN. Keys past Nk and the causal band are masked (P = 0).
+
+One CTA, producer and 2 consumers (t: step over (query head, query block); s = t % STAGES)::
+
+    producer   | TMA K_w,V_w | wait empty[s], TMA Q_t -> q_ready[s], TMA dO_t -> do_ready[s] | ...
+    consumer w | wait kv | wait q_ready: S | wait do_ready: dP | P | dV | dS | dK | arrive empty[s]
+               | dQ slices -> smem, TMA reduce-add | next step ... | dK, dV -> smem, TMA store
+
+    kv_bar           TMA -> consumers        (count 1 + K's and V's bytes)
+    q_ready/do_ready TMA -> consumers        (count 1 + the block's bytes)
+    empty            consumers -> producer   (count NUM_WG: each once its last wgmma reading
+                                              the stage, dK += dS^T Q, has completed)
+
+Phases as in fa3_fwd: the t-th step waits ``ready`` with parity (t // STAGES) & 1, the producer
+``empty`` with the opposite parity (a fresh barrier passes it: the first STAGES loads go ahead).
+Every partition runs the same number of steps, so no barrier gets two phases ahead.
+
+``VARIANTS`` names the combinations; ``benchmarks/hopper_bwd_probe.py`` checks and times them,
+``benchmarks/hopper_bwd_compile_check.py`` compiles them without a GPU and models the protocol.
+Written for Triton 3.6's ``triton.experimental.gluon`` (its TMA reduce is reached through the
+builder, Gluon 3.6 has no Python wrapper for it). Importing never fails: on another Triton, or
+without Gluon's Hopper module, the kernels are not defined and ``supported`` is False.
+"""
+import functools
+from typing import NamedTuple
+
+import torch
+
+from .. import runtime
+from ..inputs import resolve_scale
+from .fa3_fwd import _descriptor, _tma_ok
+from .tile import LOG2E
+
+TESTED_TRITON = ("3.6.",)   # Gluon's API as this file uses it; other releases fall back to FA2
+
+try:   # Gluon's Hopper API; absent or different elsewhere: fall back to FA2
+    import triton
+    import triton.language as tl
+    from triton._C.libtriton import ir as _ir
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language._core import builtin as _builtin
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                   warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    _GLUON = triton.__version__.startswith(TESTED_TRITON) and hasattr(_ir, "DESCRIPTOR_REDUCE_KIND")
+except Exception:   # noqa: BLE001  (ImportError, or a renamed symbol in another release)
+    _GLUON = False
+
+HEAD_DIMS = (64, 128)
+BLOCK_N = 64            # keys per consumer warpgroup: 4 warps x 16 rows, wgmma's M per warpgroup
+SMEM_BYTES = 232448     # H100/H200 shared memory per block (227 KiB)
+SMEM_SPARE = 8192       # kept for the barriers and the compiler's own scratch
+MAX_STAGES = 4
+DQ_N = 64               # dQ = dS K in column slices this wide (the accumulator's registers)
+
+
+class Variant(NamedTuple):
+    """One way to run the kernel. num_wg: consumer warpgroups (the CTA's key block is num_wg x 64
+    keys); block_m: query rows per step; keys_m: keys along wgmma's M in S^T and dP^T (P^T stays
+    in registers; lse and delta cost 2 x block_m / 4 registers a thread) or, False, query rows
+    (FA3's layout: P through shared memory, lse and delta 2 registers each); dq_tma: dQ partials
+    through shared memory and a TMA reduce-add (else atomic_add from registers); regs: registers
+    per consumer thread (setmaxnreg) with several consumers; head_dims: where it compiles
+    without spills (hopper_bwd_compile_check)."""
+    num_wg: int
+    block_m: int
+    keys_m: bool
+    dq_tma: bool
+    regs: int
+    head_dims: tuple
+    about: str
+
+
+VARIANTS = {
+    "simple": Variant(1, 64, False, False, 0, (64, 128), "producer + 1 consumer (64 keys), dQ atomics"),
+    "1wg": Variant(1, 64, False, True, 0, (64, 128), "producer + 1 consumer (64 keys), dQ TMA reduce"),
+    "1wg_keys_m": Variant(1, 64, True, True, 0, (64,), "as 1wg, keys along M (P^T in registers)"),
+    "2wg": Variant(2, 64, False, True, 240, (64, 128), "2 consumers (128 keys), dQ TMA reduce"),
+    "2wg_atomic": Variant(2, 64, False, False, 240, (64, 128), "2 consumers (128 keys), dQ atomics"),
+    "2wg_keys_m": Variant(2, 64, True, True, 240, (64,), "as 2wg, keys along M (P^T in registers)"),
+    # 128 query rows a step (FA3's d64 tile) spilled over 1 KB a thread at d64 under Triton 3.6
+    # (S and dP 64 registers each beside dK, dV): removed until it is restructured
+}
+# H200 probe (h200/fa3_bwd_probe/table.txt): 2wg 0.76x-0.87x SDPA cuDNN's backward, 2wg_keys_m
+# 0.78x-0.82x at d64, FA2's kernels 0.64x-0.73x
+DEFAULT_VARIANT = {64: "2wg", 128: "2wg"}
+
+
+def kernel_config(variant: str, D: int, elem_bytes: int = 2) -> dict:
+    """The kernel's constexprs for ``variant`` at head dim D: the Q/dO ring as deep as fits beside
+    K and V (num_wg x 64 x D each), dS (and P unless keys_m; num_wg x 64 x block_m each) and, with
+    dq_tma, a float32 dQ slice per consumer (block_m x min(D, DQ_N))."""
+    v = VARIANTS[variant]
+    if D not in v.head_dims:
+        raise ValueError(f"variant {variant!r} is for head dims {v.head_dims}, not {D}")
+    fixed = (2 * D + (1 if v.keys_m else 2) * v.block_m) * v.num_wg * BLOCK_N * elem_bytes
+    if v.dq_tma:
+        fixed += v.num_wg * v.block_m * min(D, DQ_N) * 4
+    stages = min(MAX_STAGES, (SMEM_BYTES - SMEM_SPARE - fixed) // (2 * v.block_m * D * elem_bytes))
+    if stages < 1:
+        raise ValueError(f"variant {variant!r} does not fit shared memory at head dim {D}")
+    return dict(BLOCK_M=v.block_m, BLOCK_N=BLOCK_N, HEAD_D=D, NUM_WG=v.num_wg, STAGES=stages,
+                DQ_TMA=v.dq_tma, KEYS_M=v.keys_m, DQ_N=min(D, DQ_N), CONSUMER_REGS=v.regs or 240)
+
+
+def launch_options(variant: str) -> dict:
+    """4 warps (the default partition is consumer 0); with one consumer a launch register count
+    that setmaxnreg moves to it from the producer, as in fa3_fwd."""
+    return dict(num_warps=4, **({"maxnreg": 128} if VARIANTS[variant].num_wg == 1 else {}))
+
+
+if _GLUON:
+    @_builtin
+    def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+        """cp.reduce.async.bulk.tensor .add of the shared-memory block ``src`` into the global
+        block at ``coord`` (clipped at the tensor's bounds); completes like a TMA store
+        (``tma.store_wait``). Gluon 3.6 builds the op but exports no wrapper."""
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle,
+                                                  coord, src.handle)
+
+    @triton.jit
+    def _preprocess_kernel(Out, dOut, Lse, Lse2, Delta, stride_ob, stride_oh, stride_om,
+                           stride_dob, stride_doh, stride_dom, Hq, Nq, Nq_pad,
+                           HEAD_D: tl.constexpr, ROWS: tl.constexpr):
+        """delta = rowsum(dO * O) and lse * log2(e) (-inf -> +inf) into (B * Hq, Nq_pad) buffers;
+        rows Nq..Nq_pad: delta 0, lse +inf (their P is 0)."""
+        bh = tl.program_id(1)
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        cols = tl.arange(0, HEAD_D)
+        ok = rows < Nq
+        b, h = bh // Hq, bh % Hq
+        o = tl.load(Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+                    + rows[:, None] * stride_om + cols[None, :], mask=ok[:, None], other=0.0)
+        do = tl.load(dOut + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+                     + rows[:, None] * stride_dom + cols[None, :], mask=ok[:, None], other=0.0)
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+        lse = tl.load(Lse + bh.to(tl.int64) * Nq + rows, mask=ok, other=float("-inf"))
+        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+        out_rows = bh.to(tl.int64) * Nq_pad + rows
+        tl.store(Delta + out_rows, delta, mask=rows < Nq_pad)
+        tl.store(Lse2 + out_rows, lse2, mask=rows < Nq_pad)
+
+    @triton.jit
+    def _convert_dq_kernel(DqAccum, dQ, stride_qb, stride_qh, stride_qm, Hq, Nq, scale,
+                           HEAD_D: tl.constexpr, ROWS: tl.constexpr):
+        """dQ = scale * dq_accum, cast to dQ's dtype."""
+        bh = tl.program_id(1)
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        cols = tl.arange(0, HEAD_D)
+        ok = rows[:, None] < Nq
+        acc = tl.load(DqAccum + (bh.to(tl.int64) * Nq + rows[:, None]) * HEAD_D + cols[None, :], mask=ok)
+        b, h = bh // Hq, bh % Hq
+        tl.store(dQ + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + rows[:, None] * stride_qm
+                 + cols[None, :], (acc * scale).to(dQ.dtype.element_ty), mask=ok)
+
+    @gluon.jit
+    def _producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, q_ready,
+                  do_ready, empty, off_b, off_hkv, start_n, m_lo, n_mb, n_steps, GROUP,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_WG: gl.constexpr,
+                  STAGES: gl.constexpr):
+        """One warp: TMA loads of each consumer's K and V rows, then Q and dO step by step."""
+        mbarrier.expect(kv_bar, NUM_WG * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
+        for w in gl.static_range(NUM_WG):
+            tma.async_copy_global_to_shared(k_desc, [off_b, off_hkv, start_n + w * BLOCK_N, 0], kv_bar,
+                                            k_smem.index(w))
+            tma.async_copy_global_to_shared(v_desc, [off_b, off_hkv, start_n + w * BLOCK_N, 0], kv_bar,
+                                            v_smem.index(w))
+        for t in range(n_steps):
+            s = t % STAGES
+            g = t // n_mb
+            row0 = (m_lo + t - g * n_mb) * BLOCK_M
+            off_h = off_hkv * GROUP + g
+            mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
+            mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [off_b, off_h, row0, 0], q_ready.index(s),
+                                            q_smem.index(s))
+            mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(do_desc, [off_b, off_h, row0, 0], do_ready.index(s),
+                                            do_smem.index(s))
+
+    @gluon.jit
+    def _step_keys_m(k, v, q_smem, do_smem, q_bar, do_bar, phase, ds_view, dk, dv, lse2_ptr, delta_ptr,
+                     row0, n0, full_row, causal_offset, Nk, qk_scale, BLOCK_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, CAUSAL: gl.constexpr):
+        """One query block, keys along wgmma's M (FA2's dK/dV tiles): S^T = K Q^T, dP^T = V dO^T;
+        P^T stays in registers (the A operand of dV += P^T dO); dS^T goes to shared memory for
+        dK += dS^T Q and dQ = dS K (read transposed). Returns (dk, dv, dq)."""
+        dtype: gl.constexpr = k.dtype
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, BLOCK_M, 16])
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, HEAD_D, 16])
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))       # query rows
+        lse2 = gl.load(lse2_ptr + cols)                                         # padded: no bounds
+        delta = gl.load(delta_ptr + cols)
+        mbarrier.wait(q_bar, phase)
+        q = q_smem.reshape([BLOCK_M, HEAD_D])
+        st = warpgroup_mma(k, q.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
+                           use_acc=False, is_async=True)
+        mbarrier.wait(do_bar, phase)
+        do = do_smem.reshape([BLOCK_M, HEAD_D])
+        dpt = warpgroup_mma(v, do.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
+                            use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(1, deps=(st, ))                      # S^T done, dP^T may run on
+        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
+        if row0 < full_row:   # uniform branch: the causal band or the ragged key tail
+            # key n0 + j, query row0 + i: visible iff n0 + j < Nk and (causal) n0 + j <= row0 + i +
+            # Nk - Nq. The query positions are computed here, from row0: loop-invariant key or
+            # query vectors would be hoisted out of the loop and held in registers throughout
+            keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))    # 2 a thread
+            visible = gl.expand_dims(keys < Nk, 1)
+            if CAUSAL:
+                visible = visible & (gl.expand_dims(keys - causal_offset, 1) <= gl.expand_dims(row0 + cols, 0))
+            pt = gl.where(visible, pt, 0.0)
+        p_op = gl.convert_layout(pt.to(dtype), op_layout)
+        dv = warpgroup_mma(p_op, do, dv, is_async=True)
+        dpt = warpgroup_mma_wait(1, deps=(dpt, ))                    # dP^T done, dV may run on
+        dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
+        ds_view.store(dst)
+        fence_async_shared()
+        dk = warpgroup_mma(ds_view, q, dk, is_async=True)
+        dv, dk, p_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op))
+        return dk, dv
+
+    @gluon.jit
+    def _step_rows_m(k, v, q_smem, do_smem, q_bar, do_bar, phase, ds_view, p_view, dk, dv, lse2_ptr,
+                     delta_ptr, row0, n0, full_row, causal_offset, Nk, qk_scale, BLOCK_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, CAUSAL: gl.constexpr):
+        """One query block, query rows along wgmma's M (FA3's SdP without swapAB): S = Q K^T,
+        dP = dO V^T, lse and delta two registers a thread; P and dS go to shared memory, read
+        transposed by dV += P^T dO and dK += dS^T Q, and as is by dQ = dS K. Returns (dk, dv, dq)."""
+        dtype: gl.constexpr = k.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, HEAD_D, 16])
+        rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        lse2 = gl.load(lse2_ptr + rows)                                         # padded: no bounds
+        delta = gl.load(delta_ptr + rows)
+        mbarrier.wait(q_bar, phase)
+        q = q_smem.reshape([BLOCK_M, HEAD_D])
+        s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                          use_acc=False, is_async=True)
+        mbarrier.wait(do_bar, phase)
+        do = do_smem.reshape([BLOCK_M, HEAD_D])
+        dp = warpgroup_mma(do, v.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                           use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s, ))                        # S done, dP may run on
+        p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
+        if row0 < full_row:   # uniform branch: the causal band or the ragged key tail
+            # key n0 + j, query row0 + i: visible iff j < Nk - n0 and (causal) j <= row0 + i +
+            # Nk - Nq - n0; both sides shifted by row0 so that the key vector (16 values a thread)
+            # depends on the step: a loop-invariant one would be hoisted out of the loop and held
+            # in registers throughout (it spilled at d128)
+            keys = row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))   # j + row0
+            last = Nk - 1 - n0 + row0
+            if CAUSAL:
+                lim = gl.minimum(rows + (2 * row0 + causal_offset - n0), last)
+                visible = gl.expand_dims(keys, 0) <= gl.expand_dims(lim, 1)
+            else:
+                visible = gl.expand_dims(keys <= last, 0)
+            p = gl.where(visible, p, 0.0)
+        p_view.store(p.to(dtype))
+        fence_async_shared()
+        dv = warpgroup_mma(p_view.permute((1, 0)), do, dv, is_async=True)
+        dp = warpgroup_mma_wait(1, deps=(dp, ))                      # dP done, dV may run on
+        ds_view.store((p * (dp - gl.expand_dims(delta, 1))).to(dtype))
+        fence_async_shared()
+        dk = warpgroup_mma(ds_view.permute((1, 0)), q, dk, is_async=True)
+        dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
+        return dk, dv
+
+    @gluon.jit
+    def _consumer(dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem,
+                  dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum, off_b, off_hkv,
+                  start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk, Nq_pad, scale, qk_scale,
+                  WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                  DQ_TMA: gl.constexpr, KEYS_M: gl.constexpr, DQ_N: gl.constexpr):
+        """One warpgroup: dK, dV of keys [n0, n0 + 64) over every step; dQ partials out."""
+        dtype: gl.constexpr = dk_desc.dtype
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, HEAD_D, 16])
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, DQ_N, 16])
+        n0 = start_n + WG * BLOCK_N
+        causal_offset = Nk - Nq
+        # steps whose query block starts at or after full_row see all 64 keys: no mask there
+        # (keys past Nk always need one: their K rows are zeros, but P = exp2(-lse) may overflow)
+        if n0 + BLOCK_N > Nk:
+            full_row = Nq + BLOCK_M
+        elif CAUSAL:
+            full_row = n0 + BLOCK_N - 1 - causal_offset
+        else:
+            full_row = 0
+
+        dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, acc_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, acc_layout)
+        k = k_smem.index(WG).reshape([BLOCK_N, HEAD_D])
+        v = v_smem.index(WG).reshape([BLOCK_N, HEAD_D])
+        mbarrier.wait(kv_bar, 0)            # always: dK and dV leave through these buffers
+        for t in range(n_steps):
+            s = t % STAGES
+            g = t // n_mb
+            row0 = (m_lo + t - g * n_mb) * BLOCK_M
+            off_h = off_hkv * GROUP + g
+            stat_row = (off_b * Hq + off_h).to(gl.int64) * Nq_pad + row0
+            if KEYS_M:
+                dk, dv = _step_keys_m(k, v, q_smem.index(s), do_smem.index(s), q_ready.index(s),
+                                      do_ready.index(s), (t // STAGES) & 1, ds_smem.index(WG), dk, dv,
+                                      Lse2 + stat_row, Delta + stat_row, row0, n0, full_row,
+                                      causal_offset, Nk, qk_scale, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL)
+                ds = ds_smem.index(WG).permute((1, 0))              # dS (BLOCK_M, 64)
+            else:
+                dk, dv = _step_rows_m(k, v, q_smem.index(s), do_smem.index(s), q_ready.index(s),
+                                      do_ready.index(s), (t // STAGES) & 1, ds_smem.index(WG),
+                                      p_smem.index(WG), dk, dv, Lse2 + stat_row, Delta + stat_row,
+                                      row0, n0, full_row, causal_offset, Nk, qk_scale, BLOCK_M,
+                                      BLOCK_N, HEAD_D, CAUSAL)
+                ds = ds_smem.index(WG)
+            mbarrier.arrive(empty.index(s))   # dK += dS^T Q was the stage's last reader
+            # dQ = dS K in column slices of DQ_N: an accumulator of BLOCK_M x DQ_N beside dK and
+            # dV (all of D at once spilled at d128)
+            for part in gl.static_range(HEAD_D // DQ_N):
+                dq = warpgroup_mma(ds, k.slice(part * DQ_N, DQ_N, dim=1),
+                                   gl.zeros([BLOCK_M, DQ_N], gl.float32, dq_layout),
+                                   use_acc=False, is_async=True)
+                dq = warpgroup_mma_wait(0, deps=(dq, ))
+                if DQ_TMA:   # through a (BLOCK_M, DQ_N) float32 buffer and a TMA reduce-add
+                    tma.store_wait(0)         # the previous reduce has read the buffer
+                    dq_smem.index(WG).reshape([BLOCK_M, DQ_N]).store(dq)
+                    fence_async_shared()
+                    _tma_reduce_add(dqa_desc, [off_b, off_h, row0, part * DQ_N], dq_smem.index(WG))
+                else:
+                    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+                    dcols = part * DQ_N + gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_layout))
+                    ptrs = (DqAccum + (off_b * Hq + off_h).to(gl.int64) * Nq * HEAD_D
+                            + gl.expand_dims(rows * HEAD_D, 1) + gl.expand_dims(dcols, 0))
+                    gl.atomic_add(ptrs, dq, mask=gl.expand_dims(rows < Nq, 1), sem="relaxed")
+
+        # dK, dV out through the K and V buffers (every wgmma reading them has completed) and TMA
+        # stores, which drop the rows past Nk
+        k.store((dk * scale).to(dtype))
+        v.store(dv.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(dk_desc, [off_b, off_hkv, n0, 0], k_smem.index(WG))
+        tma.async_copy_shared_to_global(dv_desc, [off_b, off_hkv, n0, 0], v_smem.index(WG))
+        tma.store_wait(0)
+
+    # sizes are not specialised (on being 1 or multiples of 16): one compile per configuration
+    @gluon.jit(do_not_specialize=["Hq", "Hkv", "Nq", "Nk", "Nq_pad", "GROUP"])
+    def _fa3_bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, Lse2, Delta,
+                        DqAccum, Hq, Hkv, Nq, Nk, Nq_pad, scale, qk_scale, GROUP,
+                        CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        HEAD_D: gl.constexpr, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
+                        DQ_TMA: gl.constexpr, KEYS_M: gl.constexpr, DQ_N: gl.constexpr,
+                        CONSUMER_REGS: gl.constexpr):
+        # one flat grid axis: the key blocks of one (batch, kv head) adjacent; causal: the first
+        # key blocks (seen by the most query rows) are the heaviest and go first
+        CTA_N: gl.constexpr = BLOCK_N * NUM_WG
+        n_n = gl.cdiv(Nk, CTA_N)
+        pid_n = gl.program_id(0) % n_n
+        off_bkv = gl.program_id(0) // n_n
+        off_b = off_bkv // Hkv
+        off_hkv = off_bkv % Hkv
+        start_n = pid_n * CTA_N
+        # query blocks that see a key of this CTA: [m_lo, n_m) of each query head of the group
+        n_m = gl.cdiv(Nq, BLOCK_M)
+        if CAUSAL:
+            lo_row = gl.maximum(start_n - (Nk - Nq), 0)
+            m_lo = gl.minimum(lo_row // BLOCK_M, n_m)
+        else:
+            m_lo = 0
+        n_mb = n_m - m_lo
+        n_steps = GROUP * n_mb
+        n_mb = gl.maximum(n_mb, 1)      # a divisor in the partitions (unused when n_steps == 0)
+
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [NUM_WG] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [NUM_WG] + v_desc.block_type.shape, v_desc.layout)
+        if KEYS_M:   # dS^T (keys, rows); P^T stays in registers
+            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+            ds_smem = gl.allocate_shared_memory(dtype, [NUM_WG, BLOCK_N, BLOCK_M], ds_layout)
+            p_smem = ds_smem     # unused
+        else:        # dS and P (rows, keys)
+            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
+            ds_smem = gl.allocate_shared_memory(dtype, [NUM_WG, BLOCK_M, BLOCK_N], ds_layout)
+            p_smem = gl.allocate_shared_memory(dtype, [NUM_WG, BLOCK_M, BLOCK_N], ds_layout)
+        if DQ_TMA:
+            dq_smem = gl.allocate_shared_memory(gl.float32, [NUM_WG] + dqa_desc.block_type.shape,
+                                                dqa_desc.layout)
+        else:
+            dq_smem = ds_smem        # unused
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)                       # the producer's expect + TMA bytes
+        for i in gl.static_range(STAGES):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(do_ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=NUM_WG)      # one arrival per consumer
+
+        # constexprs written out in each call so that they stay constexprs (see fa3_fwd)
+        if NUM_WG == 1:
+            gl.warp_specialize([
+                (_consumer, (dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem, ds_smem,
+                             p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum, off_b,
+                             off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk, Nq_pad, scale,
+                             qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA, KEYS_M,
+                             DQ_N)),
+                (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
+                             q_ready, do_ready, empty, off_b, off_hkv, start_n, m_lo, n_mb, n_steps,
+                             GROUP, BLOCK_M, BLOCK_N, NUM_WG, STAGES)),
+            ], [1], [24])
+        else:
+            gl.static_assert(NUM_WG == 2, "1 or 2 consumer warpgroups")
+            gl.warp_specialize([
+                (_consumer, (dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem, ds_smem,
+                             p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum, off_b,
+                             off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk, Nq_pad, scale,
+                             qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA, KEYS_M,
+                             DQ_N)),
+                (_consumer, (dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem, ds_smem,
+                             p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum, off_b,
+                             off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk, Nq_pad, scale,
+                             qk_scale, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA, KEYS_M,
+                             DQ_N)),
+                (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
+                             q_ready, do_ready, empty, off_b, off_hkv, start_n, m_lo, n_mb, n_steps,
+                             GROUP, BLOCK_M, BLOCK_N, NUM_WG, STAGES)),
+            ], [4, 1], [CONSUMER_REGS, 24])
+
+
+def supported(q, k, v, out=None, lse=None, dout=None) -> bool:
+    """Whether ``fa3_backward`` can run these inputs: Triton 3.6's Gluon, an sm90 CUDA device,
+    float16/bfloat16, head dim 64 or 128, q/k/v TMA-ready (last dim contiguous, 16-byte aligned
+    strides and bases; dout is copied when it is not). Otherwise use ``fa2_backward``."""
+    if not _GLUON or runtime.INTERPRET:
+        return False
+    ts = (q, k, v)
+    if any(not isinstance(t, torch.Tensor) or t.device.type != "cuda" or t.ndim != 4 for t in ts):
+        return False
+    if q.dtype not in (torch.float16, torch.bfloat16) or any(t.dtype != q.dtype for t in ts):
+        return False
+    if runtime.capability(q.device)[0] != 9 or q.shape[-1] not in HEAD_DIMS:
+        return False
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
+        return False
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
+        return False
+    for t in (out, dout):
+        if t is not None and (not isinstance(t, torch.Tensor) or t.shape != q.shape):
+            return False
+    if lse is not None and (not isinstance(lse, torch.Tensor) or lse.shape != q.shape[:3]):
+        return False
+    return all(_tma_ok(t) for t in ts)
+
+
+def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=None):
+    """Gradients of attention from the saved (q, k, v, out, lse), as ``fa2_backward``.
+
+    q, out, dout: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D), float16/bfloat16, D in (64, 128), on an
+    sm90 GPU (check ``supported`` first); lse (B, Hq, Nq) float32 natural log (-inf: a row with no
+    key). Returns ``(dq, dk, dv)`` in q's dtype; dk, dv summed over each group of query heads.
+    variant: a key of ``VARIANTS`` (default ``DEFAULT_VARIANT[D]``).
+    """
+    if not supported(q, k, v, out, lse, dout):
+        raise ValueError("fa3_backward: unsupported inputs (see fa3_bwd.supported); use fa2_backward")
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    scale = resolve_scale(scale, D)
+    dout = dout.to(q.dtype)
+    if not _tma_ok(dout):             # e.g. the expanded (stride 0) gradient of a sum
+        dout = dout.contiguous()
+        if not _tma_ok(dout):
+            dout = dout.clone()
+    if out.stride(-1) != 1:
+        out = out.contiguous()
+    # laid out as ops._fake_grads says (torch.compile relies on it): like the inputs
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    if not (_tma_ok(dk) and _tma_ok(dv)):
+        dk, dv = torch.empty(k.shape, dtype=k.dtype, device=k.device), torch.empty_like(dk)
+    if B * Hq == 0:
+        return dq, dk, dv
+    if Nq == 0 or Nk == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    variant = variant or DEFAULT_VARIANT[D]
+    config = kernel_config(variant, D)
+    BM = config["BLOCK_M"]
+    nq_pad = -(-Nq // BM) * BM
+    lse2 = torch.empty((B * Hq, nq_pad), dtype=torch.float32, device=q.device)
+    delta = torch.empty_like(lse2)
+    lse = lse.contiguous()
+    rows = 64
+    _preprocess_kernel[(-(-nq_pad // rows), B * Hq)](
+        out, dout, lse, lse2, delta, *out.stride()[:3], *dout.stride()[:3], Hq, Nq, nq_pad,
+        HEAD_D=D, ROWS=rows, num_warps=4)
+    dq_accum = torch.zeros((B, Hq, Nq, D), dtype=torch.float32, device=q.device)
+    block_q = (1, 1, BM, D)
+    block_k = (1, 1, config["BLOCK_N"], D)
+    block_dq = (1, 1, BM, config["DQ_N"])
+    descs = (_descriptor(q, block_q), _descriptor(dout, block_q), _descriptor(k, block_k),
+             _descriptor(v, block_k), _descriptor(dk, block_k), _descriptor(dv, block_k),
+             _descriptor(dq_accum, block_dq))
+    cta_n = config["BLOCK_N"] * config["NUM_WG"]
+    grid = (-(-Nk // cta_n) * B * Hkv,)
+    _fa3_bwd_kernel[grid](*descs, lse2, delta, dq_accum, Hq, Hkv, Nq, Nk, nq_pad, scale, scale * LOG2E,
+                          Hq // Hkv, CAUSAL=bool(causal), **config, **launch_options(variant))
+    _convert_dq_kernel[(-(-Nq // rows), B * Hq)](dq_accum, dq, *dq.stride()[:3], Hq, Nq, scale,
+                                                 HEAD_D=D, ROWS=rows, num_warps=4)
+    return dq, dk, dv
