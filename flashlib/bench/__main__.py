@@ -1,6 +1,6 @@
 """``python -m flashlib.bench [--suite ...]``: run benchmark suites, write JSON and PNG results.
 
-The suites live beside this file: ``harness`` (forward, backward, paper, memory), ``short``, ``fp8``,
+The suites live beside this file: ``harness`` (forward, backward, paper, memory), ``short``, ``fp8``, ``production``,
 ``decode`` and ``sparse``; ``flashlib.bench``'s docstring says how each measures.
 """
 import argparse
@@ -20,7 +20,7 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", nargs="+", default=["forward", "backward", "paper", "memory"],
                         choices=["forward", "backward", "paper", "memory", "short", "block_sparse",
-                                 "decode", "fp8"])
+                                 "decode", "fp8", "production"])
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     parser.add_argument("--impl", nargs="+", default=None, help="only these implementations")
     parser.add_argument("--quick", action="store_true", help="three forward shapes only")
@@ -65,6 +65,10 @@ def main(argv=None):
         if suite == "decode":  # TB/s of K/V cache read: see flashlib.bench.decode
             from . import decode as bench_decode
             bench_decode.run_suite(dtype, out_dir, names=args.impl, quick=args.quick)
+            continue
+        if suite == "production":  # varlen, paged decode, softcap/ALiBi: see flashlib.bench.production
+            from . import production
+            production.run_suite(dtype, out_dir, quick=args.quick, impls=args.impl, progress=tqdm)
             continue
         cases = suite_cases(suite, args.quick)
         impls = implementations(args.impl)
