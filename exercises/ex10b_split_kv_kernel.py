@@ -1,0 +1,141 @@
+"""Exercise 10b (lesson 10): Flash-Decoding's split-KV kernel, in Triton.
+
+Exercise 10 merged the splits' partial results; here you write the kernel that makes them
+(Dao, Haziza, Massa and Sizov, "Flash-Decoding for long-context inference", 2023). A decoding
+step has a few new query tokens per sequence and a long KV cache: one program per (sequence,
+K/V head) would leave most of a GPU idle, so each sequence's keys are also cut into
+``num_splits`` parts, and one program attends to one part. flashlib's own version is
+``_decode_partial_kernel`` in ``flashlib/kernels/decode.py`` (write yours before reading it: it
+also merges in the same launch and splits its loop in two for speed; you need not).
+
+The grid (``split_kv_partials`` below launches it, you do not write it) is
+``(num_splits, B * Hkv)``: program (split, bkv) owns split ``split`` of batch entry bkv // Hkv,
+K/V head bkv % Hkv.
+
+What one program computes (the contract):
+
+- **rows**: the GROUP query heads that share this K/V head (grouped-query attention: heads
+  hkv * GROUP + g, g = 0 .. GROUP - 1) times the Nq new tokens are the GROUP * Nq rows of one
+  tile, row r = g * Nq + i, so each key block is loaded once for all of them (BLOCK_M, a power
+  of two >= GROUP * Nq, is the launcher's; rows past GROUP * Nq are padding).
+- **which keys**: sequence b has L = Seqlens[b] valid cache positions, 0 <= L <= the cache's
+  length; positions >= L hold stale data and must not be read. The new tokens are the last Nq of
+  the L positions: token i sees position j iff j <= i + L - Nq (bottom-right causal; with
+  Nq = 1 every valid key). The ``num_splits`` programs of a sequence cut [0, L) into disjoint
+  parts J_0, ..., J_{S-1} that together cover it, each key in exactly one part, and share the
+  work: no part holds more than cdiv(cdiv(L, S), BLOCK_N) * BLOCK_N keys. How you cut is yours
+  (contiguous runs of whole key blocks is the usual; a part may be empty, e.g. when there are
+  more splits than blocks, or L = 0).
+- **what it writes**: for each row, the attention of that row over the keys of its part that it
+  sees, with scores s_j = scale * q.k_j: the partial output, normalised over those keys alone,
+
+      o_part = sum_j exp(s_j) v_j / sum_j exp(s_j)        (D,)
+      lse_part = log(sum_j exp(s_j))                      natural log
+
+  so that exercise 10's combine of the S parts gives attention over all the keys. A row that sees
+  no key of its part (an empty part, or a token that sees no key at all) gets o_part = 0 and
+  lse_part = -inf, never NaN. Scores can be in the hundreds: compute them safely (online softmax:
+  a running max and sum over the key blocks, the exponentials in base 2 with ``exp2``, as in
+  lesson 07; qk_scale = scale * log2(e) comes from the launcher).
+- **layout**: Q (B, Hq, Nq, D), K and V (B, Hkv, Lmax, D): element [b, h, n, d] at ``Q + b *
+  stride_qb + h * stride_qh + n * stride_qm + d`` (the last dim is contiguous; K and V have their
+  own strides); batch and head offsets in int64, as in exercise 07b. D is padded to BLOCK_D (a
+  power of two >= 16): mask the head dims past D on every load and store. OPart is a contiguous
+  float32 (B, Hq, Nq, S, D), LsePart a contiguous float32 (B, Hq, Nq, S): this program writes
+  entries [b, hkv * GROUP + g, i, split] of both, for its real rows, and nothing else.
+
+Triton notes: ``tl.program_id``, ``tl.arange``, ``tl.load(ptrs, mask=..., other=0.0)``,
+``tl.store(ptrs, x, mask=...)``, ``tl.dot(a, b, input_precision=DOT_PRECISION)`` (a (M, K)
+times b (K, N); ``tl.trans(x)`` transposes; cast p to v's dtype first: ``p.to(v.dtype)``),
+``tl.max(x, 1)``, ``tl.sum(x, 1)``, ``tl.maximum``, ``tl.minimum``, ``tl.where``, ``tl.cdiv``,
+``tl.math.exp2``, ``tl.math.log2``; ``for start in range(lo, hi, BLOCK_N):`` runs with bounds
+computed in the kernel. Index a row vector as ``x[:, None]``, a column vector as ``x[None, :]``.
+
+Check it: ``flashlib check ex10b`` (your kernel through Triton's interpreter on a CPU: small
+shapes, a few seconds; on a GPU also compiled at a real size).
+"""
+import math
+
+import flashlib  # noqa: F401  (first: on a machine without a GPU it turns Triton's interpreter on)
+import torch
+import triton
+import triton.language as tl
+
+from flashlib import runtime
+from flashlib.kernels.decode import combine
+
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * LOG2E)
+LN2 = tl.constexpr(0.6931471805599453)    # ln(2): ln(x) = log2(x) * LN2
+
+
+@triton.jit
+def split_kv_kernel(Q, K, V, Seqlens, OPart, LsePart,
+                    stride_qb, stride_qh, stride_qm,
+                    stride_kb, stride_kh, stride_kn,
+                    stride_vb, stride_vh, stride_vn,
+                    Hkv, Nq, Lmax, D, qk_scale, num_splits, GROUP,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr):
+    """Partial attention of split ``tl.program_id(0)`` of (batch, K/V head) ``tl.program_id(1)``.
+
+    Q (B, Hkv * GROUP, Nq, D); K, V (B, Hkv, Lmax, D): pointers to element [0, 0, 0, 0];
+    stride_xb, stride_xh, stride_xm/xn: elements between consecutive batches, heads and rows of
+    tensor x (its last dim is contiguous). Seqlens: int32 (B,), the valid cache positions of
+    each sequence, 0 <= Seqlens[b] <= Lmax (the caches' allocated length). OPart: contiguous
+    float32 (B, Hkv * GROUP, Nq, num_splits, D); LsePart: contiguous float32 (B, Hkv * GROUP,
+    Nq, num_splits), natural log. qk_scale: softmax scale * log2(e). BLOCK_M: a power of two
+    >= GROUP * Nq; BLOCK_D: a power of two >= D. Writes this split's partial output and lse for
+    the group's GROUP * Nq rows (0 and -inf where it sees no key); reads no key or value at
+    positions >= Seqlens[b]; writes nothing else.
+    """
+    raise NotImplementedError('ex10b: your code goes here, then run `flashlib check ex10b`')
+
+
+def split_kv_partials(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=4, scale=None,
+                      block_n=32, num_warps=4, num_stages=2, kernel=split_kv_kernel):
+    """Launch ``kernel`` (yours by default): returns ``(o_part, lse_part)``, one result per split.
+
+    q: (B, Hq, Nq, D) with Hq * Nq / Hkv <= 128 query rows per K/V head; k_cache, v_cache:
+    (B, Hkv, Lmax, D) with Hq % Hkv == 0 and D <= 256, last dim contiguous; cache_seqlens: (B,)
+    ints in [0, Lmax] (None: every sequence has Lmax). o_part: (B, Hq, Nq, num_splits, D)
+    float32; lse_part: (B, Hq, Nq, num_splits) float32, natural log, -inf for an empty split.
+    """
+    B, Hq, Nq, D = q.shape
+    Hkv, Lmax = k_cache.shape[1], k_cache.shape[2]
+    if k_cache.shape != (B, Hkv, Lmax, D) or v_cache.shape != k_cache.shape or Hq % Hkv != 0:
+        raise ValueError(f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, v_cache "
+                         f"{tuple(v_cache.shape)}: expected (B, Hq, Nq, D) and (B, Hkv, Lmax, D) "
+                         "with Hq % Hkv == 0")
+    if any(t.stride(-1) != 1 for t in (q, k_cache, v_cache)):
+        raise ValueError("q, k_cache and v_cache need a contiguous last dim (stride 1)")
+    rows = Hq // Hkv * Nq
+    if rows > 128:
+        raise ValueError(f"{rows} query rows per K/V head (heads_q / heads_kv x Nq): at most 128; "
+                         "use flash_attention for a prefill")
+    if cache_seqlens is None:
+        cache_seqlens = torch.full((B,), Lmax, dtype=torch.int32, device=q.device)
+    seqlens = cache_seqlens.to(device=q.device, dtype=torch.int32)
+    if seqlens.shape != (B,) or (B and (int(seqlens.min()) < 0 or int(seqlens.max()) > Lmax)):
+        raise ValueError(f"cache_seqlens must be {B} ints in [0, {Lmax}]")
+    if B * Hkv > 65535:  # CUDA caps grid axes 1 and 2
+        raise ValueError(f"batch x heads_kv = {B * Hkv} exceeds 65535, the grid's axis-1 limit")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    o_part = torch.empty((B, Hq, Nq, num_splits, D), dtype=torch.float32, device=q.device)
+    lse_part = torch.empty((B, Hq, Nq, num_splits), dtype=torch.float32, device=q.device)
+    kernel[(num_splits, B * Hkv)](
+        q, k_cache, v_cache, seqlens, o_part, lse_part, *q.stride()[:3], *k_cache.stride()[:3],
+        *v_cache.stride()[:3], Hkv, Nq, Lmax, D, scale * math.log2(math.e), num_splits, Hq // Hkv,
+        BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n,
+        BLOCK_D=max(16, triton.next_power_of_2(D)), DOT_PRECISION="ieee",
+        num_warps=num_warps, num_stages=1 if runtime.INTERPRET else num_stages)
+    return o_part, lse_part
+
+
+def split_kv_decode(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=4, scale=None,
+                    block_n=32, kernel=split_kv_kernel):
+    """Flash-Decoding with your split kernel: ``split_kv_partials``, then flashlib's combine
+    (exercise 10's merge, ``flashlib.kernels.decode.combine``). Returns ``(out, lse)``: out like
+    q, lse (B, Hq, Nq) float32, natural log; like ``flashlib.flash_decode(..., return_lse=True)``."""
+    o_part, lse_part = split_kv_partials(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
+                                         scale=scale, block_n=block_n, kernel=kernel)
+    return combine(o_part, lse_part, out_dtype=q.dtype)
