@@ -1,11 +1,14 @@
 """`flashlib grade` against a hostile class: forged output, patched libraries, vandalism, exits,
-a hang, a memory hog, 10 MB of output, borrowed answers (tests/hostile/, one folder per attack).
+a hang, a memory hog, 10 MB of output, borrowed answers, shared memory and forked children past
+the memory limit, a fork bomb, a reply that makes the grader slow, host-level harm, copying
+another student (tests/hostile/, one folder per attack; rooter/ is graded alone, as root).
 
 The class also has two honest students (the reference answers; a known wrong answer), whose rows
 must be exactly what in-process grading (`grading.run_checks`) gives with the same seed, and the
 class folder and the course's folders must be byte for byte unchanged afterwards. Graded on the
-NumPy exercises ex00-ex04 with a 10 s limit on 2 workers: about 20 s, most of it the hanger's
-10 s. Then the Triton route (ex05, ex07: launches with a student's kernel run in the student's
+NumPy exercises ex00-ex04 with a 10 s limit and 1 GB on 2 workers: 52 s before issue 36's last
+attacks were added, 73 s after (2 cores shared with other jobs; the staller takes the limit plus
+the grader's GRACE, the hanger the limit). Then the Triton route (ex05, ex07: launches with a student's kernel run in the student's
 process) against in-process grading, and the command run from another folder (issue 10).
 """
 import ast
@@ -18,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,12 +30,13 @@ import pytest
 import torch
 
 from flashlib import course
-from flashlib.course import checks, classroom, grading, sandbox
+from flashlib.course import checks, classroom, grading, processes, sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = ROOT / "tests" / "hostile"
 NUMPY_EXERCISES = ["ex00", "ex01", "ex02", "ex03", "ex04"]
 TIMEOUT = 10
+MEMORY = 1          # GB (--memory 1, as in issue 36)
 VANDAL_TRACES = [ROOT / "vandal_was_here.txt", Path("/tmp/flashlib_vandal_was_here.txt")]
 
 # (student, exercise): (a regular expression the row's status matches, points; None: all)
@@ -57,6 +62,16 @@ EXPECTED = {
     ("absent", "ex00"): (r"passed$", None),
     ("bomber", "ex01"): (r"crashed \(a reply the grader cannot read .*items once expanded", 0),
     ("expander", "ex01"): (r"crashed \(a reply the grader cannot read .*too large once rebuilt", 0),
+    ("mapper", "ex01"): (r"crashed \(over the memory limit: ", 0),
+    ("forker", "ex01"): (r"crashed \(over the memory limit: ", 0),
+    ("staller", "ex01"): (rf"timeout \(over {TIMEOUT} s, the grader's checks of its replies", 0),
+    ("forkbomb", "ex01"): (r"error: RuntimeError: forked \d+ processes", 0),
+}
+# what confinement adds (unconfined, these get through, as documented)
+CONFINED = {
+    ("host_harm", "ex01"): ((r"error: RuntimeError: got nothing; blocked: core_pattern .*, "
+                             r"mknod .*, pty "), 0),
+    ("peeker", "ex01"): (r"error: RuntimeError: nothing to copy", 0),
 }
 
 
@@ -65,11 +80,22 @@ def _hashes(*paths):
     return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files if p.is_file()}
 
 
-def _hostile_class(folder):
-    """tests/hostile/* plus the honest: ada (reference answers), mia (ex01 with a known bug)."""
-    shutil.copytree(HOSTILE, folder, ignore=shutil.ignore_patterns("conftest.py", "__pycache__"))
-    vandal = folder / "vandal" / "ex01_safe_softmax.py"
-    vandal.write_text(vandal.read_text().replace("@CLASS@", str(folder)))
+def _fill(file, **values):
+    text = file.read_text()
+    for key, value in values.items():
+        text = text.replace(f"@{key}@", str(value))
+    file.write_text(text)
+
+
+def _hostile_class(folder, pty="/nonexistent", token="0"):
+    """tests/hostile/* (but rooter) plus the honest: ada (reference answers), mia (ex01 with a
+    known bug)."""
+    shutil.copytree(HOSTILE, folder, ignore=shutil.ignore_patterns("conftest.py", "__pycache__",
+                                                                     "rooter"))
+    for student in ("vandal", "peeker"):
+        _fill(folder / student / "ex01_safe_softmax.py", CLASS=folder)
+    _fill(folder / "host_harm" / "ex01_safe_softmax.py", PTY=pty)
+    _fill(folder / "forkbomb" / "ex01_safe_softmax.py", TOKEN=token)
     shutil.copy(ROOT / "solutions" / "ex03_online_attention.py", folder / "exiter")
     (folder / "ada").mkdir()
     for name in course.list_exercises(ROOT)[:5]:
@@ -91,31 +117,56 @@ def _in_process(file, name, seed):
     return report.status, passed
 
 
+def _leftovers(token):
+    """Processes still running whose command line holds ``token`` (the fork bomb's sleeps)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if token.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
 def test_hostile_class(tmp_path, grader_seed, capsys):
     cls = tmp_path / "class"
-    _hostile_class(cls)
+    master, terminal = os.openpty()          # stands for the instructor's terminal
+    token = str(time.time_ns())
+    _hostile_class(cls, pty=os.ttyname(terminal), token=token)
     for trace in VANDAL_TRACES:
         trace.unlink(missing_ok=True)
     graded = course.list_exercises(ROOT)[:5]    # (other files may be edited meanwhile)
     course_files = [ROOT / "solutions" / f"{n}.py" for n in graded] + \
-        [ROOT / "tests" / "exercises" / f"test_{n}.py" for n in graded]
+        [ROOT / "tests" / "exercises" / f"test_{n}.py" for n in graded] + \
+        [ROOT / "flashlib" / "testing.py"]
     before, course_before = _hashes(cls), _hashes(*course_files)
-    mode, _ = sandbox.probe(ROOT, [ROOT / "solutions"])
+    mode = sandbox.probe(ROOT, [ROOT / "solutions"])[0]
 
-    rows = classroom.grade(cls, out=tmp_path / "grades.csv", timeout=TIMEOUT, jobs=2,
-                           exercises=NUMPY_EXERCISES, seed=grader_seed, progress=False, memory=2,
-                           unconfined=True)    # the checks below adapt to the mode
+    try:
+        rows = classroom.grade(cls, out=tmp_path / "grades.csv", timeout=TIMEOUT, jobs=2,
+                               exercises=NUMPY_EXERCISES, seed=grader_seed, progress=False,
+                               memory=MEMORY, unconfined=True)   # checks below adapt to the mode
+        os.set_blocking(master, False)
+        try:
+            on_terminal = os.read(master, 4096)
+        except BlockingIOError:
+            on_terminal = b""
+    finally:
+        os.close(master)
+        os.close(terminal)
     printed = capsys.readouterr().out
     got = {(r["student"], r["exercise"][:4]): r for r in rows}
     names = {course.short(n): n for n in course.list_exercises(ROOT)}
 
-    for key, (status, points) in EXPECTED.items():
+    expected = {**EXPECTED, **(CONFINED if mode == "namespaces" else {})}
+    for key, (status, points) in expected.items():
         row = got[key]
         assert re.match(status, row["status"]), (key, row)
         assert row["passed"] == (row["total"] if points is None else points), (key, row)
     for (student, ex), row in got.items():
         assert 0 <= row["passed"] <= row["total"], row
-        if student not in ("ada", "mia") and (student, ex) not in EXPECTED:
+        if student not in ("ada", "mia") and (student, ex) not in {**EXPECTED, **CONFINED}:
             assert row["status"] == "missing", row
     for student in ("ada", "mia"):                   # the honest: as graded in-process
         for ex in NUMPY_EXERCISES:
@@ -125,6 +176,13 @@ def test_hostile_class(tmp_path, grader_seed, capsys):
                 assert (got[student, ex]["status"], got[student, ex]["passed"]) == \
                     (status, passed), (student, ex)
     assert got["mia", "ex01"]["status"] == "failed" and got["ada", "ex04"]["status"] == "passed"
+    # the deadline held though the grader was busy with the staller's reply (GRACE to notice)
+    assert got["staller", "ex01"]["seconds"] < TIMEOUT + processes.GRACE + 3
+    forked = int(re.search(r"forked (\d+)", got["forkbomb", "ex01"]["status"]).group(1))
+    assert not _leftovers(f"600.{token}"), "the fork bomb outlived grading"
+    if mode == "namespaces":
+        assert forked < sandbox.NPROC, forked
+        assert on_terminal == b"", on_terminal
 
     assert _hashes(cls) == before, "a submission changed the class folder"
     assert _hashes(*course_files) == course_before, "a submission changed the course"
@@ -135,8 +193,10 @@ def test_hostile_class(tmp_path, grader_seed, capsys):
     for trace in VANDAL_TRACES:
         trace.unlink(missing_ok=True)
     saved = (tmp_path / "grades.csv").read_text()
-    assert "99" not in saved and "graded 14 students" not in printed
+    assert ",99," not in saved and "graded 14 students" not in printed
     assert f"graded {len({r['student'] for r in rows})} students" in printed
+    assert f"{MEMORY:g} GB of memory for its processes together" in printed
+    assert "not prevented: " in printed
 
 
 def test_no_confinement_is_refused_unless_asked_for(tmp_path, monkeypatch, capsys):
@@ -144,7 +204,8 @@ def test_no_confinement_is_refused_unless_asked_for(tmp_path, monkeypatch, capsy
     (a file would run with the instructor's rights); --unconfined grades anyway, and says so."""
     (tmp_path / "ada").mkdir()
     shutil.copy(ROOT / "solutions" / "ex00_roofline.py", tmp_path / "ada")
-    monkeypatch.setattr(sandbox, "probe", lambda root, hide: ("none", "no Linux namespaces (unshare) here"))
+    monkeypatch.setattr(sandbox, "probe",
+                        lambda root, hide: ("none", "no Linux namespaces (unshare) here", None))
     with pytest.raises(classroom.Unconfined, match=r"no confinement here \(no Linux namespaces.*--unconfined"):
         classroom.grade(tmp_path, out=tmp_path / "g.csv", exercises=["ex00"], progress=False)
     assert not (tmp_path / "g.csv").exists()
@@ -310,7 +371,7 @@ def test_confined_process_has_few_devices_and_a_read_only_proc(tmp_path):
     # issue 36's root-level attacks: /proc/sys writes (core_pattern), disks and loop devices,
     # other users' terminals (/dev/pts). Confined, the student process sees a /dev of a few nodes
     # and /proc read-only; /dev/null and /dev/shm still work. Opening for append writes nothing.
-    mode, why = sandbox.probe(ROOT, [ROOT / "solutions"])
+    mode, why, user = sandbox.probe(ROOT, [ROOT / "solutions"])
     if mode != "namespaces":
         pytest.skip(f"no confinement on this machine: {why}")
     code = ("import os\n"
@@ -325,7 +386,8 @@ def test_confined_process_has_few_devices_and_a_read_only_proc(tmp_path):
             "    return seen\n")
     box = sandbox.Sandbox({"ex01_safe_softmax.py": code.encode()}, "ex01_safe_softmax.py",
                           run_dir=str(tmp_path), deadline=time.monotonic() + 60, confine=True,
-                          hide=[ROOT / "solutions"], protect=[ROOT], root=ROOT, memory=2 << 30)
+                          hide=[ROOT / "solutions"], protect=[ROOT], root=ROOT, memory=2 << 30,
+                          user=user, nproc=sandbox.NPROC)
     try:
         student = sandbox.Student(box, str(tmp_path / "ex01_safe_softmax.py"), code)
         assert student.load([])["status"] == "ok"
@@ -335,5 +397,80 @@ def test_confined_process_has_few_devices_and_a_read_only_proc(tmp_path):
     assert set(seen["dev"]) <= {"fd", "full", "null", "random", "shm", "stderr", "stdin", "stdout",
                                 "urandom", "zero"} | {d for d in seen["dev"] if d.startswith("nvidia")}
     assert "pts" not in seen["dev"] and not any(d.startswith(("loop", "sd", "nvme", "tty")) for d in seen["dev"])
-    assert seen["/proc/sys/kernel/core_pattern"] == "Read-only file system"
+    assert seen["/proc/sys/kernel/core_pattern"] in ("Read-only file system",      # as root
+                                                     "Permission denied")          # as nobody
     assert seen["/dev/null"] == seen["/dev/shm/probe"] == "writable"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root-only attacks (issue 36): the instructor is "
+                    "not root here")
+def test_a_root_instructors_student_is_not_root(tmp_path, grader_seed, capsys):
+    """Issue 36, as root: a student's file reads a file only root may read (its text would land
+    in the CSV), connects to a socket only root may use (a container engine's), takes uid 0
+    back. Its process runs as nobody, in a user namespace of its own: all refused."""
+    import socket
+
+    mode, why, user = sandbox.probe(ROOT, [ROOT / "solutions"])
+    if mode != "namespaces":
+        pytest.skip(f"no confinement on this machine: {why}")
+    assert user is not None, why               # else the summary says why it stays root
+    place = Path(tempfile.mkdtemp())           # /tmp/...: a folder anyone may enter
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        place.chmod(0o755)
+        secret = place / "secret.txt"
+        secret.write_text("the root-only secret\n")
+        secret.chmod(0o600)
+        server.bind(str(place / "engine.sock"))
+        (place / "engine.sock").chmod(0o600)
+        server.listen()
+        cls = tmp_path / "class"
+        shutil.copytree(HOSTILE / "rooter", cls / "rooter")
+        _fill(cls / "rooter" / "ex01_safe_softmax.py", SECRET=secret, SOCKET=place / "engine.sock")
+        rows = classroom.grade(cls, out=tmp_path / "grades.csv", timeout=TIMEOUT, jobs=1,
+                               exercises=["ex01"], seed=grader_seed, progress=False,
+                               memory=MEMORY)
+    finally:
+        server.close()
+        shutil.rmtree(place)
+    printed = capsys.readouterr().out
+    [row] = rows
+    assert re.match(rf"error: RuntimeError: uid {user[0]}; got nothing; blocked: secret "
+                    r"Permission denied, socket Permission denied, setuid (Operation not "
+                    r"permitted|Invalid argument)", row["status"]), row   # (uid 0 is not mapped)
+    assert row["passed"] == 0
+    assert "root-only secret" not in (tmp_path / "grades.csv").read_text() + printed
+    assert f"as nobody (uid {user[0]})" in printed
+
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root-only (issue 36): the instructor is not root here")
+def test_root_stays_root_visibly_where_nobody_cannot_read_the_course(tmp_path):
+    """Where nobody cannot read the course (a folder only root may enter), a root instructor's
+    student processes stay uid 0 without capabilities, and what `grade` prints says so and why."""
+    course_copy = Path(tempfile.mkdtemp())     # mode 0700: root's alone
+    try:
+        (course_copy / "solutions").mkdir()
+        mode, why, user = sandbox.probe(course_copy, [course_copy / "solutions"])
+    finally:
+        shutil.rmtree(course_copy)
+    if mode != "namespaces":
+        pytest.skip(f"no confinement on this machine: {why}")
+    assert user is None and why == f"{course_copy} is not readable by uid {sandbox.unprivileged()[0]}"
+    text = classroom.limits(mode, why, user, 60, 4)
+    assert f"as root (uid 0) without capabilities in private namespaces, because {why}" in text
+    assert "files only root may read" in text and "processes and threads" not in text
+
+
+def test_readmes_and_grade_say_the_same_about_what_is_prevented():
+    """Issue 36: README.md, exercises/README.md and what `grade` prints agree on the limits and
+    on what is not prevented."""
+    printed = classroom.limits("namespaces", "", (65534, 65534), 60, 4)
+    readmes = [" ".join((ROOT / f).read_text().split()) for f in ("README.md", "exercises/README.md")]
+    for phrase in (f"at most {sandbox.NPROC} processes and threads", "nobody",
+                   "checks of", "forked children",
+                   "pipe and socket buffers", "GPU memory", "using the CPU until the time limit",
+                   "outside the hidden folders"):
+        assert phrase in printed, phrase
+        for text in readmes:
+            assert phrase in text, phrase

@@ -17,11 +17,15 @@ The checks are the graders' (tests/exercises/, the same ``check(impl, rng)`` fun
   graded function defined outside the file, a changed function of numpy, torch, Triton or
   flashlib) also makes the file "not accepted";
 - grader processes (one per core) take (student, exercise) pairs; each pair has a wall-clock
-  limit (``timeout``), its student process also CPU-time, memory and file-size limits. The
-  progress bar counts students; the end says how long the class took and the slowest file.
+  limit (``timeout``) that covers the grader's own work on its replies (``processes.supervise`` kills a
+  grader process stuck past it), a memory limit for its student processes together (measured
+  every 0.1 s from here), and its student process CPU-time, per-process memory, file-size and
+  process-count limits. The progress bar counts students; the end says how long the class
+  took, the slowest file, and what was and was not prevented (``limits``).
 
 Statuses: "passed", "failed", "not done", "missing", "error: ...", "timeout (...)",
-"crashed (...)", "not accepted: ...". Every student gets the same seed (the same inputs).
+"crashed (...)" (among them "crashed (over the memory limit ...)"), "not accepted: ...". Every
+student gets the same seed (the same inputs).
 """
 import ast
 import hashlib
@@ -29,19 +33,18 @@ import os
 import pickle
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-from . import sandbox
+from . import processes, sandbox
 from .checks import under_grade
 from .class_report import format_table, summary, write_csv
 from .files import find_root, implementation_path, list_exercises, no_root_message, resolve
 from .grading import default_seed, run_one
 from .integrity import NOT_ACCEPTED, borrowed as _borrowed, flashlib_uses
+from .wire import frame
 
 HIDDEN = ("solutions", "tests", ".git", "lessons")   # course folders hidden from student processes
 MAX_FILE = 1 << 20                                   # bytes: a bigger .py file is not graded
@@ -97,8 +100,9 @@ def _init_worker(settings):
 
 def _worker_main():
     """A grader process (``python -m flashlib.course.classroom --worker``): settings, then tasks, as
-    pickles on stdin; a row per task on stdout (the process's own: graders' prints go to
-    stderr, and no student process shares these pipes)."""
+    pickles on stdin; for each task a frame ("began", its clock) then a frame with its row, on
+    stdout (the process's own: graders' prints go to stderr, and no student process shares
+    these pipes)."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     _init_worker(pickle.load(sys.stdin.buffer))
@@ -107,54 +111,13 @@ def _worker_main():
             task = pickle.load(sys.stdin.buffer)
         except EOFError:
             return
-        pickle.dump(_grade_task(*task), out)
-        out.flush()
+        _send(out, ("began", time.monotonic()))
+        _send(out, _grade_task(*task))
 
 
-def _run_workers(tasks, jobs, settings, env, done):
-    """``jobs`` grader processes; a thread feeds each; a dead one is replaced. ``done(task, row)``
-    is called (under a lock) as rows arrive."""
-    todo, lock, procs = list(reversed(tasks)), threading.Lock(), []
-
-    def feed():
-        proc = None
-        while True:
-            with lock:
-                if not todo:
-                    break
-                task = todo.pop()
-            if proc is None:
-                proc = subprocess.Popen([sys.executable, "-m", "flashlib.course.classroom", "--worker"],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-                procs.append(proc)
-                pickle.dump(settings, proc.stdin)
-            try:
-                pickle.dump(task, proc.stdin)
-                proc.stdin.flush()
-                row = pickle.load(proc.stdout)
-            except (EOFError, OSError, pickle.UnpicklingError):
-                row = {"passed": 0, "status": "crashed (the grader process died)"}
-                proc.kill()
-                proc.wait()
-                proc = None
-            with lock:
-                done(task, row)
-        if proc is not None:
-            proc.stdin.close()
-            proc.wait()
-
-    threads = [threading.Thread(target=feed, daemon=True) for _ in range(min(jobs, len(tasks)))]
-    for thread in threads:
-        thread.start()
-    try:
-        for thread in threads:
-            thread.join()
-    except KeyboardInterrupt:
-        with lock:
-            todo.clear()
-        for proc in procs:
-            proc.terminate()          # each kills its student process (see _init_worker)
-        raise
+def _send(out, message):
+    out.write(frame(pickle.dumps(message)))
+    out.flush()
 
 
 def _grader(name):
@@ -247,7 +210,7 @@ def _grade(student, name, files, filename, deadline):
         box = _W["box"] = sandbox.Sandbox(
             files, filename, run_dir=_W["run_dir"], deadline=deadline,
             confine=_W["mode"] == "namespaces", hide=_W["hide"], protect=[root], root=root,
-            memory=_W["memory"], env=_W["env"])
+            memory=_W["memory"], env=_W["env"], user=_W["user"], nproc=sandbox.NPROC)
         student_ = sandbox.Student(box, str(Path(submissions, student, filename)), text)
         reply = student_.load(_preload(tree), getattr(grader, "FLASHLIB_ANSWERS", ()))
         passed = 0
@@ -326,6 +289,34 @@ def _hidden(root, submissions, run_dir):
         f == run_dir or not any(k.is_relative_to(f.resolve()) for k in keep + [run_dir]))]
 
 
+def limits(mode, why, user, timeout, memory) -> str:
+    """What grading enforced on each file and what it did not prevent, as printed after the
+    table (the README and exercises/README.md say the same)."""
+    confined = mode == "namespaces"
+    as_root = confined and user is None and os.geteuid() == 0
+    if not confined:
+        who = "as you, unconfined"
+    elif user is not None:
+        who = f"as nobody (uid {user[0]}) in private namespaces"
+    elif as_root:
+        who = f"as root (uid 0) without capabilities in private namespaces, because {why}"
+    else:
+        who = "as you (mapped to root without capabilities) in private namespaces"
+    count = f", at most {sandbox.NPROC} processes and threads" if confined and not as_root else ""
+    text = (f"each file: {timeout:g} s of wall clock (the grader's checks of its replies "
+            f"included), {memory:g} GB of memory for its processes together (shared mappings "
+            f"and forked children counted){count}, files of 16 MB; it ran {who}\nnot prevented: ")
+    if not confined:
+        return text + ("reading and writing wherever you can (the check that refuses solutions/, "
+                       "tests/ and the class folder can be bypassed), processes that leave its "
+                       "session, fork bombs, signals to your processes")
+    return text + ("reading what that user may read outside the hidden folders (the course's "
+                   "flashlib, /etc" + (", files only root may read" if as_root else "") +
+                   "), using the CPU until the time limit" +
+                   (" (and any number of processes)" if as_root else "") +
+                   ", memory the kernel keeps for it (pipe and socket buffers), GPU memory")
+
+
 class Unconfined(RuntimeError):
     """Confinement is unavailable here and grading without it was not asked for."""
 
@@ -336,8 +327,9 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
 
     submissions: a folder holding one folder per student, each a copy of exercises/
     (STUDENT/exNN_topic.py or STUDENT/exercises/exNN_topic.py). Each (student, exercise) runs in
-    its own confined process limited to ``timeout`` seconds (wall clock and CPU) and ``memory``
-    GB of address space; ``jobs`` at a time (default: one per CPU core). exercises: names to
+    its own confined process limited to ``timeout`` seconds (wall clock, the grader's checks
+    included, and CPU) and ``memory`` GB (each process's private memory, and all its processes'
+    memory together); ``jobs`` at a time (default: one per CPU core). exercises: names to
     grade (default: all). The same ``seed`` (inputs) for every student.
     unconfined: grade even where Linux namespaces are unavailable (no read-only files, hidden
     folders or network cut: a student's file could then write to the course and class folders);
@@ -387,7 +379,7 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
                 tasks.append((student.name, name, files, str(file.relative_to(folder))))
     run_dir = Path(tempfile.mkdtemp(prefix="flashlib-grade-")).resolve()
     hide = _hidden(root, submissions, run_dir)
-    mode, why = sandbox.probe(root, hide)
+    mode, why, user = sandbox.probe(root, hide)
     if mode == "none" and not unconfined:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise Unconfined(f"no confinement here ({why}): a student's file would run with your "
@@ -398,7 +390,7 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
     env.update(_WORKER_ENV, FLASHLIB_ROOT=str(root))
     settings = dict(root=root, submissions=submissions, graders=graders, stubs=stubs, seed=seed,
                     timeout=float(timeout), memory=int(memory * (1 << 30)), mode=mode, hide=hide,
-                    run_dir=str(run_dir), env=env)
+                    run_dir=str(run_dir), env=env, user=user)
     left = {s.name: sum(t[0] == s.name for t in tasks) for s in students}
     bar = tqdm(total=len(students), desc="grading", unit="student", disable=not progress)
     bar.update(sum(n == 0 for n in left.values()))
@@ -408,7 +400,7 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
         left[task[0]] -= 1
         bar.update(left[task[0]] == 0)
     try:
-        _run_workers(tasks, jobs, settings, dict(os.environ, **_WORKER_ENV), done)
+        processes.run_workers(tasks, jobs, settings, dict(os.environ, **_WORKER_ENV), done)
     finally:
         bar.close()
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -419,6 +411,7 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
         write_csv(table, out)
     print(format_table(table, [s.name for s in students], names, seed=seed, out=out))
     print(summary(table, time.monotonic() - began, jobs, timeout, mode, why, len(students)))
+    print(limits(mode, why, user, timeout, memory))
     print(integrity)
     return table
 

@@ -62,7 +62,7 @@ def _add_grade(sub):
     p.add_argument("--jobs", type=int, default=None,
                    help="files graded at a time (default: one per CPU core)")
     p.add_argument("--memory", type=float, default=4.0,
-                   help="GB of address space per student process (default: 4)")
+                   help="GB of memory for a file's student processes: each one's writable private memory, and all of them together (default: 4)")
     p.add_argument("--exercises", nargs="+", default=None, metavar="EXERCISE",
                    help="grade only these (default: all)")
     p.add_argument("--seed", type=int, help="inputs' seed, the same for every student")

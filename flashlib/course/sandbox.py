@@ -37,18 +37,36 @@ zero, full, random, urandom, a small ``shm`` and the GPU's nodes (no disks, loop
 terminals or kernel log), the student's folder is a size-limited tmpfs holding a copy of the
 submission (cwd, HOME and TMPDIR point there), solutions/, tests/, .git, lessons/, the class
 folder and the other students' scratch folders are covered by empty tmpfs, all capabilities are
-dropped (no remount, no way back), it sees no other process and no network. Otherwise (macOS,
-containers without the capability) ``grade`` refuses to run unless asked (``--unconfined``);
-asked, it runs as the grader's user in a scratch copy: nothing stops
-it writing where that user can, and an audit hook that refuses reads of solutions/, tests/ and
-the class folder can be bypassed (ctypes, subprocesses). In both modes resource limits apply
-(memory as RLIMIT_DATA, CPU seconds, file size) and the grader enforces a wall-clock limit,
-killing the whole process group (in namespaces: the whole PID namespace, daemons included).
-``flashlib.course.classroom`` also hashes the class folder before and after and restores what changed.
-Not prevented in either mode: reading files outside the hidden folders (the course library,
-/etc, the grader's home), fork bombs slowing the machine until the time limit, memory that
-RLIMIT_DATA does not count (shared mappings, GPU memory), and, outside namespaces, a student
-process signalling or killing the grader's processes (same user).
+dropped (no remount, no way back), it sees no other process and no network. Its user: an
+ordinary instructor's own uid, mapped to root in a user namespace of the sandbox's own; a root
+instructor's student process becomes nobody (``probe`` finds the uid) in a user namespace of its
+own, so it cannot read files only root may read nor use root's sockets. Folders on the way to
+Python and the course that nobody may not enter (``/root`` holding ``~/.pyenv``) are covered by
+a tmpfs holding only that way; where that is not enough (the course itself unreadable by
+nobody), the student process stays uid 0 without capabilities and ``grade`` says why. Otherwise
+(macOS, containers without the capability) ``grade`` refuses to run unless asked
+(``--unconfined``); asked, it runs as the grader's user in a scratch copy: nothing stops it
+writing where that user can, and an audit hook that refuses reads of solutions/, tests/ and the
+class folder can be bypassed (ctypes, subprocesses).
+
+Limits. Per process: RLIMIT_DATA (writable private memory; not RLIMIT_AS, which the address space
+CUDA and glibc's arenas reserve would exhaust), CPU seconds, file size; MALLOC_ARENA_MAX=2. In
+namespaces, RLIMIT_NPROC: NPROC processes and threads, counted by the kernel for this sandbox
+alone (its own user namespace; root is exempt, hence nobody). Across the student's processes,
+the grading process (``processes.supervise``) looks every 0.1 s at the memory they hold together
+(``processes.memory_in_use``: anonymous and shared pages, proportional shares for pages a fork shares,
+memfd files) and kills them all past the limit; it also kills a grader process still busy a few
+seconds past the file's wall-clock limit (a reply crafted to make the grader's own comparison
+slow), so every file ends at its limit. The sandbox ends with its process group (in namespaces:
+the whole PID namespace, daemons and forks included; the first process dies with the grader).
+``flashlib.course.classroom`` also hashes the class folder before and after and restores what
+changed. Not prevented in either mode: reading what the student's user may read outside the
+hidden folders (the course library, /etc), using the CPU until the time limit, memory the kernel
+keeps for the student (pipe and socket buffers) and GPU memory (CUDA is hidden from student
+processes during ``grade``, but a GPU machine's limits are not tested by the CPU tests); as root
+where nobody cannot read the course, files only root may read and any number of processes;
+outside namespaces, writes where the instructor can write, processes that leave the session,
+fork bombs, signals to the grader's processes.
 ``flashlib grade`` runs kernels through Triton's interpreter, also on GPU machines; compiled
 launches (JITFunction, CUDA tensors) took the same route in the same tests once, on an H100 with
 Triton 3.6. Autotuning is off (``FLASHLIB_AUTOTUNE=0``) so that the grader resolves every grid.
@@ -83,24 +101,54 @@ def _command(cfg):
     return cmd
 
 
-def probe(root, hide):
-    """"namespaces" if confinement works on this machine, else "none" (with the reason)."""
-    if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
-        return "none", "no Linux namespaces (unshare) here"
+NPROC = 64        # processes and threads a confined student process may have (one user namespace)
+
+
+def unprivileged():
+    """(uid, gid) a root instructor's student processes run as: nobody's."""
+    try:
+        import pwd
+        entry = pwd.getpwnam("nobody")
+        return entry.pw_uid, entry.pw_gid
+    except (ImportError, KeyError):
+        return 65534, 65534
+
+
+def _try(root, hide, user):
     run_dir = tempfile.mkdtemp(prefix="flashlib-probe-")
     try:
         cfg = dict(confine=True, scratch=os.path.join(run_dir, "s"), run_dir=run_dir,
-                   hide=[str(h) for h in hide], root=str(root), disk="1m")
+                   hide=[str(h) for h in hide], root=str(root), disk="1m", user=user)
         os.makedirs(cfg["scratch"])
         r = subprocess.run(_command(cfg) + ["--probe", json.dumps(cfg)], capture_output=True,
                            text=True, timeout=60, stdin=subprocess.DEVNULL)
         if r.returncode == 0 and r.stdout.strip() == "confined":
-            return "namespaces", ""
-        return "none", (r.stderr.strip().splitlines() or [f"exit code {r.returncode}"])[-1]
+            return ""
+        lines = (r.stderr.strip() or r.stdout.strip()).splitlines()
+        return (lines or [f"exit code {r.returncode}"])[-1].removeprefix("sandbox: ")
     except (OSError, subprocess.SubprocessError) as e:
-        return "none", str(e)
+        return str(e)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def probe(root, hide):
+    """How student processes can run here: (mode, why, user).
+
+    ("namespaces", "", user): confined; ``user`` is the (uid, gid) that a root instructor's
+    student processes become (nobody), None for anyone else (they stay the instructor, mapped to
+    root in a user namespace of their own). ("namespaces", why, None) as root: confined but still
+    uid 0 (no capabilities) because ``why`` (Python or the course is not readable by nobody).
+    ("none", why, None): no confinement here."""
+    if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
+        return "none", "no Linux namespaces (unshare) here", None
+    user = unprivileged() if os.geteuid() == 0 else None
+    why = _try(root, hide, user)
+    if not why:
+        return "namespaces", "", user
+    if user is not None and not _try(root, hide, None):
+        return "namespaces", why, None
+    return "none", why, None
 
 
 class Sandbox:
@@ -109,7 +157,7 @@ class Sandbox:
     ``deadline`` (time.monotonic()); past it, SandboxTimeout; if it dies, SandboxGone."""
 
     def __init__(self, files, file, *, run_dir, deadline, confine, hide, protect, root, memory,
-                 fsize=16 << 20, disk="64m", env=None):
+                 fsize=16 << 20, disk="64m", env=None, user=None, nproc=None):
         self.deadline, self.tail, self.output_bytes = deadline, bytearray(), 0
         self.scratch = tempfile.mkdtemp(dir=run_dir)
         for rel, data in files.items():
@@ -123,8 +171,9 @@ class Sandbox:
         cfg = dict(confine=confine, scratch=self.scratch, run_dir=run_dir, file=file,
                    hide=[str(h) for h in hide], protect=[str(p) for p in protect],
                    root=str(root), disk=disk, memory=memory,
-                   fsize=fsize, cpu=cpu, req=req_r, rep=rep_w)
-        env = dict(env or {}, HOME=self.scratch, TMPDIR=self.scratch,
+                   fsize=fsize, cpu=cpu, req=req_r, rep=rep_w, user=user,
+                   nproc=nproc if confine else None)
+        env = dict(env or {}, HOME=self.scratch, TMPDIR=self.scratch, MALLOC_ARENA_MAX="2",
                    TRITON_CACHE_DIR=os.path.join(self.scratch, ".triton"))
         try:
             self.proc = subprocess.Popen(_command(cfg) + ["--child", json.dumps(cfg)],

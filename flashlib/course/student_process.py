@@ -1,35 +1,40 @@
 """The student process of ``flashlib grade``: confine itself, load one student's file, answer calls.
 
 Run as a plain script by ``flashlib.course.sandbox`` (``python -I -B student_process.py --child
-CONFIG``): in fresh Linux namespaces when it can (``_confine``: tmpfs scratch, everything else
-read-only, the hidden folders covered, every capability dropped), under resource limits
-(``_limits``), it imports the student's file and serves the grader's requests over two pipes
-(``_Child.serve``): call a function of the file, or launch a Triton kernel with the student's
-``@triton.jit`` function plugged in. It answers with outputs, never a grade, and reports every
-library function the file patched (``_Child._patched``). ``flashlib.course.sandbox``'s docstring
-says what is and is not prevented. Imports nothing of flashlib before the student's file asks for
-it, except ``wire.py`` beside it, loaded by path.
+CONFIG``): in fresh Linux namespaces when it can (``confine.py``: as nobody if started by root,
+tmpfs scratch, everything else read-only, the hidden folders covered, every capability
+dropped), under resource limits (``confine.limits``), it imports the student's file and serves
+the grader's requests over two pipes (``_Child.serve``): call a function of the file, or launch
+a Triton kernel with the student's ``@triton.jit`` function plugged in. It answers with outputs,
+never a grade, and reports every library function the file patched (``_Child._patched``).
+``flashlib.course.sandbox``'s docstring says what is and is not prevented. Imports nothing of
+flashlib before the student's file asks for it, except ``wire.py`` and ``confine.py`` beside it,
+loaded by path.
 """
-import ctypes
 import inspect
 import json
 import os
-import re
 import sys
 import traceback
 import types
 
 try:
+    from .confine import confine, limits
     from .wire import decode, encode, read_frame, storage_bytes, write_all
-except ImportError:   # run as a script: load wire.py beside this file, without the package
+except ImportError:   # run as a script: load wire.py and confine.py beside this file, not the package
     import importlib.util
 
-    _spec = importlib.util.spec_from_file_location(
-        "_flashlib_wire", os.path.join(os.path.dirname(os.path.abspath(__file__)), "wire.py"))
-    _wire = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(_wire)
+    def _beside(name):
+        spec = importlib.util.spec_from_file_location(
+            f"_flashlib_{name}", os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    _wire, _confinement = _beside("wire"), _beside("confine")
     decode, encode, read_frame, storage_bytes, write_all = (
         _wire.decode, _wire.encode, _wire.read_frame, _wire.storage_bytes, _wire.write_all)
+    confine, limits = _confinement.confine, _confinement.limits
 
 _FS_EVENTS = {"open", "os.listdir", "os.scandir", "os.remove", "os.rmdir", "os.mkdir", "os.rename",
               "os.chmod", "os.chown", "os.truncate", "os.utime", "os.link", "os.symlink",
@@ -37,90 +42,6 @@ _FS_EVENTS = {"open", "os.listdir", "os.scandir", "os.remove", "os.rmdir", "os.m
 _WATCHED = ("numpy", "numpy.testing", "numpy.linalg", "torch", "torch.testing",
             "torch.nn.functional", "triton", "triton.runtime.jit", "triton.runtime.interpreter",
             "math")
-
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_MOVE = 1, 2, 4, 8, 32, 4096, 8192
-# the device nodes a confined student process keeps (and the GPU's, nvidia*): no disks, loop
-# devices, terminals (/dev/pts, /dev/tty*), kernel log or memory
-DEVICES = ("null", "zero", "full", "random", "urandom")
-_MOUNT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
-                "noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21}
-
-
-def _confine(cfg):
-    """In fresh namespaces (we are root there): tmpfs scratch, all else read-only, hidden
-    folders covered, every capability dropped. Raises OSError if any step fails."""
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def mount(source, target, fstype, flags, data=None):
-        enc = lambda s: None if s is None else s.encode()  # noqa: E731
-        if libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"mount {target}: {os.strerror(err)}")
-
-    scratch, run_dir = cfg["scratch"], cfg["run_dir"]
-    files = {}
-    for folder, _, names in os.walk(scratch):
-        for name in names:
-            path = os.path.join(folder, name)
-            with open(path, "rb") as f:
-                files[os.path.relpath(path, scratch)] = f.read()
-    mount("tmpfs", run_dir, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
-    os.makedirs(scratch)
-    mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['disk']},mode=0755")
-    for rel, data in files.items():
-        os.makedirs(os.path.dirname(os.path.join(scratch, rel)), exist_ok=True)
-        with open(os.path.join(scratch, rel), "wb") as f:
-            f.write(data)
-    for folder in cfg["hide"]:
-        if os.path.isdir(folder) and folder != run_dir:     # run_dir: covered above
-            mount("tmpfs", folder, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
-    dev = os.path.join(run_dir, "dev")                      # a /dev of a few nodes, moved in place
-    os.makedirs(dev)
-    mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
-    kept = list(DEVICES) + sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))
-    for name in kept:
-        if os.path.exists(os.path.join("/dev", name)) and not os.path.isdir(os.path.join("/dev", name)):
-            open(os.path.join(dev, name), "w").close()
-            mount(os.path.join("/dev", name), os.path.join(dev, name), None, MS_BIND)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
-        os.symlink(target, os.path.join(dev, name))
-    os.makedirs(os.path.join(dev, "shm"))                   # POSIX semaphores, shared memory
-    mount("tmpfs", os.path.join(dev, "shm"), "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-          "size=16m,mode=1777")
-    mount(dev, "/dev", None, MS_MOVE)
-    with open("/proc/self/mountinfo") as f:
-        mounts = [line.split() for line in f]
-    for fields in mounts:
-        point = re.sub(r"\\(\d{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-        if point == scratch or point.startswith(("/proc/", "/dev/")):
-            continue    # writable: scratch, the nodes kept, /dev/shm; the old /dev's are hidden
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
-        for option in fields[5].split(","):
-            flags |= _MOUNT_FLAGS.get(option, 0)
-        mount(None, point, None, flags)
-    for path in ("/", "/proc", "/dev", cfg["root"], os.path.dirname(run_dir), *cfg["hide"]):
-        if os.path.exists(path) and not os.statvfs(path).f_flag & os.ST_RDONLY:
-            raise OSError(f"{path} is still writable")
-    for cap in range(64):                                   # bounding set: no way back on exec
-        libc.prctl(24, cap, 0, 0, 0)                        # PR_CAPBSET_DROP
-    libc.prctl(47, 4, 0, 0, 0)                              # PR_CAP_AMBIENT_CLEAR_ALL
-    libc.prctl(38, 1, 0, 0, 0)                              # PR_SET_NO_NEW_PRIVS
-    header, data = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
-    if libc.capset(header, data) != 0:
-        raise OSError(ctypes.get_errno(), "capset")
-
-
-def _limits(cfg):
-    import resource
-    # RLIMIT_DATA: writable private memory (not the PROT_NONE address space CUDA reserves)
-    for name, value in (("RLIMIT_DATA", cfg["memory"]), ("RLIMIT_FSIZE", cfg["fsize"]),
-                        ("RLIMIT_CORE", 0), ("RLIMIT_CPU", cfg["cpu"])):
-        limit = getattr(resource, name, None)
-        if limit is not None and value is not None:
-            hard = value + 5 if name == "RLIMIT_CPU" else value
-            resource.setrlimit(limit, (value, hard))
-
 
 def _origin(obj):
     """The file that defines a function (or a @triton.jit function), or None."""
@@ -351,7 +272,7 @@ def _child_main(argv):
         sys.path.append(os.path.dirname(os.path.dirname(here)))   # (-I ignores PYTHONPATH)
     if cfg["confine"]:
         try:
-            _confine(cfg)
+            confine(cfg)
         except OSError as e:
             print(f"sandbox: {e}", file=sys.stderr)
             os._exit(97)
@@ -360,7 +281,7 @@ def _child_main(argv):
         print(f"still visible: {hidden}" if hidden else "confined")
         return
     os.chdir(cfg["scratch"])
-    _limits(cfg)
+    limits(cfg)
     _Child(cfg).serve(cfg["req"], cfg["rep"])
 
 

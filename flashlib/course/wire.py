@@ -251,6 +251,11 @@ def _read_exact(fd, n, deadline):
     return b"".join(chunks)
 
 
+def frame(data: bytes) -> bytes:
+    """``data`` with its length in front, as ``read_frame`` reads it."""
+    return len(data).to_bytes(_HEADER, "big") + data
+
+
 def read_frame(fd, deadline, limit=None):
     head = _read_exact(fd, _HEADER, deadline)
     if head is None:

@@ -1,5 +1,5 @@
 """Hostile: allocates (and touches) 1 GiB after 1 GiB on import. Expected: error (MemoryError at
-import, under the student process's address-space limit), 0 points."""
+import, under the student process's limit on private memory, RLIMIT_DATA), 0 points."""
 import numpy as np
 
 hoard = [np.ones(1 << 27) for _ in range(256)]
