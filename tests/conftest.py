@@ -15,6 +15,9 @@ from pathlib import Path
 # OPENBLAS_NUM_THREADS=2 or OPENBLAS_CORETYPE=SkylakeX; the report's header names those in effect.
 # Notebook kernels inherit them.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# torch's OpenMP threads likewise: the seed sweep runs beside the main process from the start, and
+# two threads each on 2 cores made a grader's tiny float64 matmuls take 12 ms instead of 8 us
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 BLAS_SETTINGS = ", ".join(f"{name}={value}" for name, value in sorted(os.environ.items())
                           if name in ("OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OMP_NUM_THREADS",
                                       "MKL_NUM_THREADS"))
