@@ -1,4 +1,4 @@
-"""Exercise 03 (lesson 03): attention in one pass over the keys.
+"""Exercise 03 (lesson 03): attention in one pass over the keys, and partial results merged.
 
 Attention for one query row q: scores s_j = scale * (q . k_j), weights p_j = softmax(s)_j,
 output o = sum_j p_j v_j. The online normaliser of lesson 02 extends to the output: keep per
@@ -12,10 +12,19 @@ acc = sum_j exp(s_j - m) v_j over the keys seen so far. For each new key j:
     m     = m_new
 
 and only after the last key: out = acc / l (normalise once), and the log-sum-exp of the scores
-lse = m + log(l), which lesson 03 uses to merge partial outputs (FlashAttention-2 saves it for
-the backward pass). Compare ``flashlib.teach.tiled.online_attention``.
+lse = m + log(l) (FlashAttention-2 saves it for the backward pass).
 
-Write the loop below, vectorised over the query rows; then run ``flashlib check ex03``.
+The pair (out, lse) summarises the keys it was computed over: two such partial results over
+disjoint sets of keys determine the result over their union, without the keys (lesson 03,
+section 3). That merge is how Flash-Decoding combines the parts of a split KV cache (lesson 10)
+and ring attention the blocks that travel around GPUs (lesson 14). A part may be empty (a split
+with no valid key, a row that may see none of a block): its lse is -inf and its out 0.
+
+You write three functions: ``online_attention`` (the loop, vectorised over the query rows),
+``merge_states`` (two partial results into one), and ``split_attention`` (attention over keys
+cut into parts: each part on its own with online_attention, the parts merged). Compare
+``flashlib.teach.tiled``'s ``online_attention`` and ``merge_states``; then run
+``flashlib check ex03``.
 """
 import math
 
@@ -47,5 +56,49 @@ def online_attention(q, k, v, *, scale=None):
         m = m_new
     out = acc / l[:, None]                            # normalise once, at the end
     lse = m + np.log(l)
+    # END SOLUTION
+    return out, lse
+
+
+def merge_states(out_a, lse_a, out_b, lse_b):
+    """The attention result over the keys of two parts, from each part's own result.
+
+    out_a, out_b: (..., D), each the attention output over its part's keys alone (normalised
+    over them); lse_a, lse_b: (...), each the natural-log log-sum-exp of its part's scores, -inf
+    for a part with no key (whose out is then 0). The lse values may be far from 0 (thousands,
+    either sign). One float dtype throughout.
+    Returns (out (..., D), lse (...)): the output and the log-sum-exp over the keys of both
+    parts, in the inputs' dtype. A part with lse = -inf leaves the other unchanged; a row empty
+    in both parts gets out = 0 and lse = -inf, never NaN. Does not modify its arguments.
+    """
+    # BEGIN SOLUTION
+    m = np.maximum(lse_a, lse_b)                              # (...) the larger part's lse
+    m = np.where(np.isneginf(m), 0, m)                        # both empty: exp(-inf - 0) = 0
+    w_a, w_b = np.exp(lse_a - m), np.exp(lse_b - m)           # (...) each part's mass, <= 1
+    total = w_a + w_b                                         # (...) 0 only when both are empty
+    safe = np.where(total > 0, total, 1)
+    lse = np.where(total > 0, m + np.log(safe), -np.inf)
+    out = (w_a[..., None] * out_a + w_b[..., None] * out_b) / safe[..., None]     # (..., D)
+    # END SOLUTION
+    return out, lse
+
+
+def split_attention(q, k, v, cuts, *, scale=None):
+    """Attention over all keys, computed a part at a time: part i holds keys cuts[i]:cuts[i + 1].
+
+    q: (Nq, D); k, v: (Nk, D), Nk >= 0; cuts: non-decreasing ints from cuts[0] = 0 to
+    cuts[-1] = Nk (a part may be empty). scale: as online_attention's.
+    Each non-empty part is attended on its own (your online_attention, on that part's keys
+    only) and the parts' results are merged (your merge_states).
+    Returns (out (Nq, D), lse (Nq,)) as online_attention does, in q's dtype; with no key at
+    all (Nk = 0), out = 0 and lse = -inf.
+    """
+    # BEGIN SOLUTION
+    out = np.zeros(q.shape, dtype=q.dtype)                   # (Nq, D) nothing seen: empty
+    lse = np.full(q.shape[:1], -np.inf, dtype=q.dtype)        # (Nq,)
+    for start, stop in zip(cuts[:-1], cuts[1:]):
+        if stop > start:                                      # an empty part adds nothing
+            part = online_attention(q, k[start:stop], v[start:stop], scale=scale)
+            out, lse = merge_states(out, lse, *part)
     # END SOLUTION
     return out, lse

@@ -291,3 +291,23 @@ def test_backward_of_a_row_with_nothing_to_attend_is_zero():
 def test_bad_inputs_name_the_argument(call, match, error):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_merge_states_of_two_key_parts_is_attention_over_both():
+    """tiled.merge_states (lesson 03): attention over keys [0, c) merged with [c, Nk) equals
+    attention over all of them, for an empty part too; lse in the thousands stays finite; a row
+    empty in both parts gives out 0 and lse -inf without NaN."""
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((1, 3, n, 16)) for n in (7, 11, 11))
+    want, want_lse = attention_ref(q, k, v)
+    for cut in (0, 1, 6, 11):
+        a = attention_ref(q, k[:, :, :cut], v[:, :, :cut])
+        b = attention_ref(q, k[:, :, cut:], v[:, :, cut:])
+        out, lse = tiled.merge_states(a[0], a[1], b[0], b[1])
+        np.testing.assert_allclose(out, want, atol=1e-12)
+        np.testing.assert_allclose(lse, want_lse, atol=1e-12)
+    big = np.array([3000.0, -3000.0, -np.inf])
+    out, lse = tiled.merge_states(np.ones((3, 2)), big, 2 * np.ones((3, 2)), big + np.log(3))
+    np.testing.assert_allclose(out[:2], 1.75, rtol=1e-12)                  # weights 1 : 3
+    np.testing.assert_allclose(lse[:2], big[:2] + np.log(4), rtol=1e-12)
+    assert lse[2] == -np.inf and not out[2].any() and not np.isnan(out).any()

@@ -2,7 +2,8 @@
 tiled backward, written to be read next to the papers (lessons 03 and 04).
 
 - ``standard_attention``: materialises S and P (paper FA1, section 2.2, Algorithm 0).
-- ``online_attention``: one key at a time, the running (m, l, acc) recurrence (lesson 03).
+- ``online_attention``: one key at a time, the running (m, l, acc) recurrence (lesson 03);
+  ``merge_states``: two partial results over disjoint keys combined by their lse.
 - ``fa1_forward``: FlashAttention-1, arXiv 2205.14135, Algorithm 1: KV blocks outer, Q blocks
   inner, O / l / m live in full-size "HBM" arrays read and written back at every step, and O is
   kept normalised (rescaled by diag(l_new)^-1 every step).
@@ -26,9 +27,9 @@ import numpy as np
 
 from ..inputs import resolve_scale
 
-__all__ = ["standard_attention", "online_attention", "fa1_forward", "fa2_tile_update",
-           "fa2_forward", "fa2_dkdv_update", "fa2_backward", "causal_block_range",
-           "block_schedule", "tile_mask"]
+__all__ = ["standard_attention", "online_attention", "merge_states", "fa1_forward",
+           "fa2_tile_update", "fa2_forward", "fa2_dkdv_update", "fa2_backward",
+           "causal_block_range", "block_schedule", "tile_mask"]
 
 
 def as_float_arrays(q, k, v):
@@ -133,6 +134,18 @@ def finish(m, l, acc):
     """Deferred normalisation: out = acc / l and the lse; empty rows (l = 0, acc = 0) -> 0."""
     out = acc / np.where(l > 0, l, 1.0)[..., None]
     return out, logsumexp_from(m, l)
+
+
+def merge_states(out_a, lse_a, out_b, lse_b):
+    """Merge two partial results over disjoint keys (lesson 03): out_* (..., D) each normalised
+    over its own keys, lse_* (...) natural log, -inf for a part with no key (its out is 0).
+    Returns (out, lse) over both: lse = log(e^lse_a + e^lse_b), out = sum_part e^(lse_part - lse)
+    out_part; a row empty in both gets out = 0 and lse = -inf, without NaN or warnings."""
+    m = safe(np.maximum(lse_a, lse_b))                            # (...) both empty: 0
+    w_a, w_b = np.exp(lse_a - m), np.exp(lse_b - m)               # (...) each <= 1
+    total = w_a + w_b                                             # (...) 0: both empty
+    out = w_a[..., None] * out_a + w_b[..., None] * out_b         # (..., D)
+    return out / np.where(total > 0, total, 1)[..., None], logsumexp_from(m, total)
 
 
 def standard_attention(q, k, v, *, causal=False, scale=None):

@@ -1,11 +1,20 @@
-"""Grader of exercise 03 (lesson 03): online_attention(q, k, v, *, scale=None) -> (out, lse).
+"""Grader of exercise 03 (lesson 03): online_attention, merge_states and split_attention.
 
-out and lse are compared with attention_ref (float64) under flashlib.testing's rule, baseline
-the textbook attention in the same dtype (or flashlib.teach.tiled.online_attention when that rounds
-more), for Nq != Nk, head dim 80, float32 and float64, and for keys built so that the scores are
-all equal, grow from key to key, or lie further apart than exp's range. Small probes name the
-mistake: scale left out, output normalised too early, accumulator not rescaled, running max
-not kept, lse without the max.
+online_attention(q, k, v, *, scale=None) -> (out, lse): out and lse are compared with
+attention_ref (float64) under flashlib.testing's rule, baseline the textbook attention in the
+same dtype (or flashlib.teach.tiled.online_attention when that rounds more), for Nq != Nk, head
+dim 80, float32 and float64, and for keys built so that the scores are all equal, grow from key
+to key, or lie further apart than exp's range. Small probes name the mistake: scale left out,
+output normalised too early, accumulator not rescaled, running max not kept, lse without the max.
+
+merge_states(out_a, lse_a, out_b, lse_b) -> (out, lse) is compared with the merge computed in
+float64 from the same inputs (baseline: flashlib.teach.tiled.merge_states in the inputs' dtype),
+on partial results of real attention, on rows where one part or both are empty (lse = -inf),
+and on lse values in the thousands. split_attention(q, k, v, cuts) is compared with
+attention_ref on cuts with empty and one-key parts, and no key at all; in this process (not
+under ``flashlib grade``, where reads cannot be seen) k and v are recorders: no read may span
+two parts. Probes name the mistake: a plain average, exp(lse) overflowing, NaN on empty parts,
+the max taken for the lse.
 """
 import math
 
@@ -15,6 +24,7 @@ import pytest
 from flashlib.course import checks, grading
 from flashlib.reference import attention_ref
 from flashlib.testing import attention_magnitudes
+from flashlib.teach.tiled import merge_states as library_merge
 from flashlib.teach.tiled import online_attention as library_attention
 
 pytestmark = pytest.mark.ex03
@@ -23,7 +33,7 @@ pytestmark = pytest.mark.ex03
 FLASHLIB_ALLOWED = ()
 # flashlib's own answers: calling one while graded is "not accepted" too, however it is
 # reached (flashlib.course.integrity.tripwire)
-FLASHLIB_ANSWERS = ("flashlib.teach.tiled.online_attention",
+FLASHLIB_ANSWERS = ("flashlib.teach.tiled.online_attention", "flashlib.teach.tiled.merge_states",
                     "flashlib.teach.tiled.standard_attention",
                     "flashlib.reference.attention_ref")
 
@@ -148,7 +158,8 @@ def _random(rng, dtype, Nq, Nk, D=80):
 
 
 def check_random(impl, rng):
-    """out matches attention_ref on random inputs (float32 and float64, Nq != Nk, D = 80)"""
+    """online_attention: out matches attention_ref on random inputs (float32 and float64, Nq != Nk,
+    D = 80)"""
     for dtype in DTYPES:
         for Nq, Nk in ((17, 130), (1, 97), (97, 1)):
             scale = float(rng.uniform(0.1, 0.4))
@@ -157,7 +168,7 @@ def check_random(impl, rng):
 
 
 def check_lse(impl, rng):
-    """lse is the log-sum-exp of each row of scale * q @ k.T"""
+    """online_attention: lse is the log-sum-exp of each row of scale * q @ k.T"""
     for dtype in DTYPES:
         scale = float(rng.uniform(0.1, 0.4))
         _expect(impl, *_random(rng, dtype, 17, 97), scale, f"scale={scale:.3f}",
@@ -165,7 +176,7 @@ def check_lse(impl, rng):
 
 
 def check_default_scale(impl, rng):
-    """scale=None means 1/sqrt(D)"""
+    """online_attention: scale=None means 1/sqrt(D)"""
     for dtype in DTYPES:
         _expect(impl, *_random(rng, dtype, 9, 33), None, "scale=None",
                 "when scale is None use 1/sqrt(D), D = q.shape[1]", check_lse=True)
@@ -178,21 +189,22 @@ def _structured(rng, kind, dtype, scale):
 
 
 def check_equal_scores(impl, rng):
-    """identical keys give the mean of v (normalise once, at the end)"""
+    """online_attention: identical keys give the mean of v (normalise once, at the end)"""
     for dtype in DTYPES:
         _expect(impl, *_structured(rng, "equal", dtype, 0.2), 0.2, "all scores equal",
                 "with equal scores, out is the mean of v")
 
 
 def check_growing_scores(impl, rng):
-    """scores that grow from key to key: l and acc are rescaled"""
+    """online_attention: scores that grow from key to key: l and acc are rescaled"""
     for dtype in DTYPES:
         _expect(impl, *_structured(rng, "growing", dtype, 0.5), 0.5, "scores growing",
                 "rescale l and acc by exp(m_old - m_new) when the max grows", check_lse=True)
 
 
 def check_scores_far_apart(impl, rng):
-    """scores further apart than exp's range (past 88.72 in float32) stay finite"""
+    """online_attention: scores further apart than exp's range
+    (past 88.72 in float32) stay finite"""
     for dtype in DTYPES:
         q, k, v = _structured(rng, "apart", dtype, 1.0)
         for order in (slice(None), slice(None, None, -1)):   # max first, then max last
@@ -203,7 +215,8 @@ def check_scores_far_apart(impl, rng):
 
 
 def check_scores_far_below_zero(impl, rng):
-    """every score far below 0 (about -1000): the running max starts at -inf, not 0"""
+    """online_attention: every score far below 0 (about -1000): the running max starts at -inf, not
+    0"""
     for dtype in DTYPES:
         Nq, Nk, D = 9, 33, 32
         q = 1 + 0.1 * rng.standard_normal((Nq, D))
@@ -220,7 +233,8 @@ def check_scores_far_below_zero(impl, rng):
 
 
 def check_one_pass(impl, rng):
-    """one pass over the keys: each key read once, in order, never all 1000+ at once"""
+    """online_attention: one pass over the keys: each key read once, in order, never all 1000+ at
+    once"""
     for dtype in DTYPES:
         Nq, Nk, D = 5, int(rng.integers(1000, 1100)), 16
         q, k, v = _random(rng, dtype, Nq, Nk, D)
@@ -242,7 +256,8 @@ def check_one_pass(impl, rng):
 
 @checks.not_under_grade
 def check_memory(impl, rng):
-    """memory stays O(Nq D) as the keys grow (no buffer of the scores or keys already read)"""
+    """online_attention: memory stays O(Nq D) as the keys grow (no buffer of the scores or keys
+    already read)"""
     fn = checks.function(impl, "online_attention")
     Nq, D = 16, 8
     q, k, v = (rng.standard_normal(s) for s in ((Nq, D), (1500, D), (1500, D)))
@@ -256,8 +271,248 @@ def check_memory(impl, rng):
                     "memory, the two-pass attention this exercise replaces")
 
 
+# ---- merge_states -------------------------------------------------------------------------
+
+HINT_OVERFLOW = ("your merge overflows when the lse are large: e^lse is inf past 88.72 in "
+                 "float32 (709.78 in float64), and lse can be in the thousands (inf / inf is NaN). "
+                 "Subtract the larger of the two lse before every exp: each part's weight is "
+                 "e^(lse_part - m) / (e^(lse_a - m) + e^(lse_b - m)), every exponent <= 0")
+HINT_LARGE = ("with lse in the thousands, your merge loses digits: in float32 one ulp of 3000 "
+              "is 0.00024, so e^(lse_a * c) / e^(m * c) or exp2(lse_a * log2e - m * log2e) are "
+              "off by that much relative. Subtract first (lse_a - m is exact when they are "
+              "close), then scale and exponentiate the difference")
+HINT_EMPTY = ("a part with no key (lse = -inf, out = 0) must leave the other unchanged, and a row "
+              "empty in both parts must give out = 0 and lse = -inf: exp(-inf - (-inf)) is NaN, "
+              "and so is 0 / 0. Where both lse are -inf, take 0 as the reference, and divide by "
+              "1 where the weights sum to 0")
+
+
+def _merge64(out_a, lse_a, out_b, lse_b):
+    """The merge in float64, from the inputs as given."""
+    return library_merge(*(np.asarray(t, np.float64) for t in (out_a, lse_a, out_b, lse_b)))
+
+
+def _call_merge(impl, out_a, lse_a, out_b, lse_b):
+    args = [t.copy() for t in (out_a, lse_a, out_b, lse_b)]
+    result = checks.function(impl, "merge_states")(*args)
+    for name, before, after in zip(("out_a", "lse_a", "out_b", "lse_b"),
+                                   (out_a, lse_a, out_b, lse_b), args):
+        if not np.array_equal(before, after):
+            checks.fail(f"merge_states changed its argument {name} in place: return new arrays; "
+                        "the caller may still need it")
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        checks.fail(f"merge_states returned {type(result).__name__}; it should return the pair "
+                    "(out, lse)")
+    out, lse = (checks.as_array(t, name) for t, name in zip(result, ("out", "lse")))
+    for name, got, want in (("out", out, out_a), ("lse", lse, lse_a)):
+        if got.shape != want.shape:
+            checks.fail(f"merge_states' {name} has shape {got.shape}; expected {want.shape}, the "
+                        f"shape of {name}_a")
+        if got.dtype != want.dtype:
+            checks.fail(f"merge_states' {name} is {got.dtype} for {want.dtype} inputs: the "
+                        "docstring promises the inputs' dtype")
+    return out, lse
+
+
+def _merge_diagnose(impl):
+    """Float64 probes with one value per row (D = 1): the first hint that fits, or None."""
+    def merge(lse_a, lse_b, out_a=1.0, out_b=0.0):
+        return _call_merge(impl, np.array([[out_a]]), np.array([lse_a]), np.array([[out_b]]),
+                           np.array([lse_b]))
+
+    out, lse = merge(0.0, np.log(3.0))              # part b holds 3/4 of the mass: out = 1/4
+    if np.isclose(out[0, 0], 0.5):
+        return ("your out is the plain average of the parts: each part counts by its share of "
+                "the softmax's mass, e^(lse_part - lse), with lse the log-sum-exp over both")
+    if np.isclose(out[0, 0], 0.75):
+        return ("your weights are swapped: out_a's weight is e^(lse_a - lse), out_b's "
+                "e^(lse_b - lse)")
+    if np.isclose(lse[0], np.log(3.0)):
+        return ("your lse is the larger of the two: over both parts it is log(e^lse_a + e^lse_b), "
+                "a log-sum-exp of the two")
+    if np.isclose(out[0, 0], 1 / 3):
+        return ("your weights do not sum to 1: divide by their sum (or weight by e^(lse_part - "
+                "lse) with lse the merged log-sum-exp)")
+    if not (np.isclose(out[0, 0], 0.25) and np.isclose(lse[0], np.log(4.0))):
+        return ("lse = log(e^lse_a + e^lse_b) over both parts, and out = e^(lse_a - lse) out_a + "
+                "e^(lse_b - lse) out_b")
+    out, lse = merge(3000.0, 3000.0 + np.log(3.0))
+    if not (np.isclose(out[0, 0], 0.25) and np.isclose(lse[0], 3000.0 + np.log(4.0))):
+        return HINT_OVERFLOW
+    out, lse = merge(-np.inf, 2.0, 0.0, 5.0)
+    if np.isnan(out).any() or np.isnan(lse).any() or not (out[0, 0] == 5.0 and lse[0] == 2.0):
+        return HINT_EMPTY
+    out, lse = merge(-np.inf, -np.inf, 0.0, 0.0)
+    if np.isnan(out).any() or np.isnan(lse).any() or out[0, 0] != 0 or lse[0] != -np.inf:
+        return HINT_EMPTY
+    return None
+
+
+def _parts(rng, dtype, lead=(2, 3), Nq=17, D=80, offset=0.0):
+    """Two partial results of real attention over disjoint keys (float64, then cast); lse moved by
+    ``offset`` and the query rows scaled so that some rows' mass sits in one part."""
+    four = (1,) * (2 - len(lead)) + lead                    # attention_ref's (B, H, ...)
+    q = rng.standard_normal(four + (Nq, D)) * rng.uniform(0.5, 3, (Nq, 1))
+    k, v = rng.standard_normal(four + (40, D)), rng.standard_normal(four + (40, D))
+    cut = int(rng.integers(1, 39))
+    (out_a, lse_a), (out_b, lse_b) = (attention_ref(q, k[..., s, :], v[..., s, :])
+                                      for s in (slice(None, cut), slice(cut, None)))
+    return tuple(np.asarray(t, np.float64).reshape(lead + t.shape[2:]).astype(dtype)
+                 for t in (out_a, lse_a + offset, out_b, lse_b + offset))
+
+
+def _expect_merge(impl, inputs, what, default_hint):
+    out, lse = _call_merge(impl, *inputs)
+    hint = lambda: _quietly(_merge_diagnose, impl) or default_hint  # noqa: E731
+    if np.isnan(out).any() or np.isnan(lse).any():
+        checks.fail(f"merge_states gives NaN for {what}", hint())
+    both = np.isneginf(inputs[1]) & np.isneginf(inputs[3])            # rows empty in both
+    if np.any(out[both] != 0) or np.any(lse[both] != -np.inf):
+        checks.fail(f"merge_states gives out != 0 or lse != -inf for a row empty in both parts "
+                    f"({what})", HINT_EMPTY)
+    dtype = inputs[0].dtype
+    out_ref, lse_ref = _merge64(*inputs)
+    out_b, lse_b = library_merge(*inputs)
+    what = f"{dtype} partial results {inputs[0].shape}, {what}"
+    checks.expect_close(out, out_ref, baseline=out_b, dtype=dtype, name=f"out for {what}",
+                        hint=hint, magnitude=max(np.abs(inputs[0]).max(), np.abs(inputs[2]).max()))
+    checks.expect_close(lse, lse_ref, baseline=lse_b, dtype=dtype, name=f"lse for {what}",
+                        hint=hint)
+
+
+def _quietly(diagnose, *args):
+    """A probe's hint, or None when the probe itself fails (a function missing or not done)."""
+    try:
+        return diagnose(*args)
+    except Exception:
+        return None
+
+
+def check_merge_random(impl, rng):
+    """merge_states: two parts of real attention merge into the attention over both"""
+    for dtype in DTYPES:
+        _expect_merge(impl, _parts(rng, dtype), "over random keys",
+                      "out = e^(lse_a - lse) out_a + e^(lse_b - lse) out_b, lse over both parts")
+
+
+def check_merge_empty_parts(impl, rng):
+    """merge_states: an empty part (lse = -inf) changes nothing; both empty give 0 and -inf"""
+    for dtype in DTYPES:
+        out_a, lse_a, out_b, lse_b = _parts(rng, dtype, lead=(), Nq=12)
+        out_a[:4], lse_a[:4] = 0, -np.inf                  # rows 0-3: part a empty
+        out_b[4:8], lse_b[4:8] = 0, -np.inf                # rows 4-7: part b empty
+        out_a[8:], lse_a[8:], out_b[8:], lse_b[8:] = 0, -np.inf, 0, -np.inf  # 8-11: both
+        _expect_merge(impl, (out_a, lse_a, out_b, lse_b),
+                      "rows 0-3 with part a empty, 4-7 part b, 8-11 both", HINT_EMPTY)
+
+
+def check_merge_large_lse(impl, rng):
+    """merge_states: lse in the thousands (both signs), past exp's range, stay finite and right"""
+    for dtype in DTYPES:
+        for offset in (3000.0, -3000.0):
+            inputs = _parts(rng, dtype, lead=(), Nq=9, offset=offset)
+            _expect_merge(impl, inputs, f"lse near {offset:.0f}", HINT_LARGE)
+        out_a, lse_a, out_b, lse_b = _parts(rng, dtype, lead=(), Nq=9)
+        lse_a, lse_b = lse_a + dtype(1000), lse_b - dtype(1000)     # part a holds all the mass
+        _expect_merge(impl, (out_a, lse_a, out_b, lse_b), "lse_a near 1000, lse_b near -1000",
+                      HINT_OVERFLOW)
+
+
+# ---- split_attention ----------------------------------------------------------------------
+
+def _cuts(rng, Nk):
+    """0 = cuts[0] <= ... <= cuts[-1] = Nk, with an empty part and (for Nk >= 2) a one-key part."""
+    inner = sorted(rng.choice(np.arange(1, Nk), size=min(4, Nk - 1), replace=False).tolist()) \
+        if Nk > 1 else []
+    one = [inner[0], inner[0] + 1] if inner and inner[0] + 1 < Nk else []
+    return sorted([0, 0, *inner, *one, Nk])
+
+
+def _split_diagnose(impl, q, k, v, cuts):
+    """Which of the learner's functions the failure comes from."""
+    fn = checks.function(impl, "split_attention")
+    q, k, v = (t.astype(np.float64) for t in (q, k, v))
+    out, _ = fn(q.copy(), k.copy(), v.copy(), list(cuts), scale=0.3)
+    if np.isnan(out).any():
+        return ("NaN from an empty part: online_attention needs at least one key (with none, "
+                "acc / l is 0 / 0); skip the empty parts (or give them out = 0, lse = -inf)")
+    if _quietly(_merge_diagnose, impl) is not None:
+        return "your merge_states is wrong: see its checks above"
+    if _quietly(_diagnose, impl) is not None:
+        return "your online_attention is wrong: see its checks above"
+    return ("part i is the keys cuts[i]:cuts[i + 1]: every key in exactly one part, each part "
+            "attended with online_attention and merged into the result with merge_states")
+
+
+def _expect_split(impl, q, k, v, cuts, scale):
+    out, lse = checks.function(impl, "split_attention")(q.copy(), k.copy(), v.copy(), list(cuts),
+                                                         scale=scale)
+    out, lse = (checks.as_array(t, name) for t, name in zip((out, lse), ("out", "lse")))
+    what = f"split_attention, {q.dtype} q {q.shape}, k and v {k.shape}, cuts {list(cuts)}"
+    for name, got, want in (("out", out, q.shape), ("lse", lse, q.shape[:1])):
+        if got.shape != want or got.dtype != q.dtype:
+            checks.fail(f"{what}: {name} is {got.dtype} {got.shape}; expected {q.dtype} {want}")
+    hint = lambda: (_quietly(_split_diagnose, impl, q, k, v, cuts)  # noqa: E731
+                    or "merge every part's result into the running one")
+    if np.isnan(out).any() or np.isnan(lse).any():
+        checks.fail(f"{what} has NaN", hint())
+    if k.shape[0] == 0:
+        if np.any(out != 0) or np.any(lse != -np.inf):
+            checks.fail(f"{what}: with no key at all, out must be 0 and lse -inf",
+                        "start from the empty result (out = 0, lse = -inf) and merge the parts "
+                        "into it: with no part, it stays empty")
+        return
+    out_ref, lse_ref = _reference(q, k, v, scale)
+    out_t, lse_t = _textbook(q, k, v, scale)
+    mags = attention_magnitudes(q[None, None], k[None, None], v[None, None], scale=scale)
+    checks.expect_close(out, out_ref, baseline=out_t, dtype=q.dtype, name=f"out of {what}",
+                        hint=hint, magnitude=mags["out"])
+    checks.expect_close(lse, lse_ref, baseline=lse_t, dtype=q.dtype, name=f"lse of {what}",
+                        hint=hint, magnitude=mags["lse"])
+
+
+def check_split_random(impl, rng):
+    """split_attention: cuts with empty and one-key parts match attention over all keys"""
+    for dtype in DTYPES:
+        for Nk in (130, 2):
+            q, k, v = _random(rng, dtype, 17, Nk)
+            _expect_split(impl, q, k, v, _cuts(rng, Nk), float(rng.uniform(0.1, 0.4)))
+
+
+def check_split_no_key(impl, rng):
+    """split_attention: no key at all (Nk = 0) gives out = 0 and lse = -inf; one part only"""
+    for dtype in DTYPES:
+        q, k, v = _random(rng, dtype, 5, 0)
+        _expect_split(impl, q, k, v, [0, 0], 0.2)
+        q, k, v = _random(rng, dtype, 5, 33)
+        _expect_split(impl, q, k, v, [0, 0, 33, 33], 0.2)
+
+
+@checks.not_under_grade
+def check_split_reads_parts(impl, rng):
+    """split_attention reads each part's keys on its own (no read spans two parts)"""
+    q, k, v = _random(rng, np.float64, 9, 97, D=16)
+    cuts = _cuts(rng, 97)
+    part = np.searchsorted(cuts, np.arange(97), side="right")    # (Nk,) the part of each key
+    recs = {name: checks.ReadRecorder(t.copy(), axis=0) for name, t in (("k", k), ("v", v))}
+    checks.function(impl, "split_attention")(q.copy(), recs["k"], recs["v"], list(cuts),
+                                             scale=0.3)
+    for name, rec in recs.items():
+        for r in rec.reads:
+            if r.size and part[r.min()] != part[r.max()]:
+                checks.fail(f"with cuts {cuts}, your split_attention reads {name}[{r.min()}], in "
+                            f"part {part[r.min()] - 1}, and {name}[{r.max()}], in part "
+                            f"{part[r.max()] - 1}, at once",
+                            "attend to each part on its own, online_attention(q, k[a:b], v[a:b]) "
+                            "for part a:b, then merge the parts' results with merge_states: the "
+                            "parts stand for splits of a KV cache held by different programs")
+    _expect_split(impl, q, k, v, cuts, 0.3)
+
+
 CHECKS = [check_random, check_lse, check_default_scale, check_equal_scores, check_growing_scores,
-          check_scores_far_apart, check_scores_far_below_zero, check_one_pass, check_memory]
+          check_scores_far_apart, check_scores_far_below_zero, check_one_pass, check_memory,
+          check_merge_random, check_merge_empty_parts, check_merge_large_lse, check_split_random,
+          check_split_no_key, check_split_reads_parts]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)

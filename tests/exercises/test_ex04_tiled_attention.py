@@ -1,12 +1,24 @@
-"""Grader of exercise 04 (lesson 04): fa2_tile_update(scores, v_block, m, l, acc) -> (m, l, acc).
+"""Grader of exercise 04 (lesson 04): fa2_tile_update, FA2's inner step, and fa2_forward around it.
 
-First called directly (one update, against the float64 formulas, and on rows that are all -inf),
-then plugged into flashlib.teach.tiled.fa2_forward(..., tile_update=fn) and compared with
-attention_ref under flashlib.testing's rule (baseline: textbook attention in the same dtype, or
-the library's own FA2 when that rounds more) on irregular shapes: 9 heads, head dim 80,
-Nq != Nk, block sizes that do not divide N, causal with Nq > Nk (query rows with no key).
-Probes name the mistake: no rescale of l or acc, block max instead of running max, division by
-l inside the loop, NaN on fully masked rows.
+fa2_tile_update(scores, v_block, m, l, acc) -> (m, l, acc) is first called directly (one update,
+against the float64 formulas, and on rows that are all -inf), then plugged into
+flashlib.teach.tiled.fa2_forward(..., tile_update=fn) and compared with attention_ref under
+flashlib.testing's rule (baseline: textbook attention in the same dtype, or the library's own
+FA2 when that rounds more) on irregular shapes: 9 heads, head dim 80, Nq != Nk, block sizes that
+do not divide N, causal with Nq > Nk (query rows with no key). Probes name the mistake: no
+rescale of l or acc, block max instead of running max, division by l inside the loop, NaN on
+fully masked rows.
+
+fa2_forward(q, k, v, *, block_q, block_k, causal, scale) -> (out, lse), the learner's whole
+forward, is compared the same way on the same kinds of shapes, 2-D and 4-D, with scores in the
+thousands, and causal with Nq < Nk, Nq = Nk + 1 (a row's last key first in its block) and
+Nq > Nk. In this process (not under ``flashlib grade``, where the learner's reads happen in
+another process) q, k and v are also handed over as recorders writing one shared log of the
+rows each read takes: every read is at most a tile, and no key tile is read while the query
+tile being computed lies wholly before it (a causal tile above the diagonal must be skipped, not
+computed and masked). Probes name the mistake: top-left causal alignment, the diagonal
+excluded, the diagonal's key block skipped, NaN on rows that see no key, a last query or key
+block dropped, padded keys left unmasked, lse without the max.
 """
 import numpy as np
 import pytest
@@ -14,7 +26,7 @@ import pytest
 from flashlib.course import checks, grading
 from flashlib.reference import attention_ref
 from flashlib.testing import attention_magnitudes
-from flashlib.teach.tiled import fa2_forward, fa2_tile_update as library_update
+from flashlib.teach.tiled import block_schedule, fa2_forward, fa2_tile_update as library_update
 
 pytestmark = pytest.mark.ex04
 # what a learner's file may use of flashlib (the stub's imports); anything else is
@@ -22,7 +34,9 @@ pytestmark = pytest.mark.ex04
 FLASHLIB_ALLOWED = ()
 # flashlib's own answers: calling one while graded is "not accepted" too, however it is
 # reached (flashlib.course.integrity.tripwire)
-FLASHLIB_ANSWERS = ("flashlib.teach.tiled.fa2_tile_update",)
+FLASHLIB_ANSWERS = ("flashlib.teach.tiled.fa2_tile_update", "flashlib.teach.tiled.fa2_forward",
+                    "flashlib.teach.tiled.fa1_forward", "flashlib.teach.tiled.standard_attention",
+                    "flashlib.teach.tiled.online_attention", "flashlib.reference.attention_ref")
 
 DTYPES = (np.float32, np.float64)
 
@@ -183,12 +197,16 @@ def check_scores_far_from_zero(impl, rng):
                                 hint=lambda: _diagnose(impl) or HINT_EXPONENT.format(where=where))
 
 
-def _textbook(q, k, v, causal):
-    """Naive attention in the inputs' dtype, empty rows -> out 0, lse -inf."""
+def _textbook(q, k, v, causal, scale=None, allowed=None):
+    """Naive attention in the inputs' dtype, empty rows -> out 0, lse -inf. allowed: a mask
+    (Nq, Nk) of the pairs that may attend, instead of causal's."""
     Nq, Nk, D = q.shape[-2], k.shape[-2], q.shape[-1]
-    s = (q @ np.swapaxes(k, -1, -2)) * q.dtype.type(1 / np.sqrt(D))   # (B, H, Nq, Nk)
+    scale = 1 / np.sqrt(D) if scale is None else scale
+    s = (q @ np.swapaxes(k, -1, -2)) * q.dtype.type(scale)            # (B, H, Nq, Nk)
     if causal:
-        s = np.where(np.arange(Nk) <= np.arange(Nq)[:, None] + Nk - Nq, s, -np.inf)
+        allowed = np.arange(Nk) <= np.arange(Nq)[:, None] + Nk - Nq
+    if allowed is not None:
+        s = np.where(allowed, s, -np.inf)
     m = s.max(axis=-1)
     p = np.exp(s - np.where(np.isneginf(m), 0, m)[..., None])
     l = p.sum(axis=-1)
@@ -216,7 +234,7 @@ def _expect_forward(impl, rng, dtype, shape_q, shape_k, block_q, block_k, causal
 
 
 def check_fa2_forward(impl, rng):
-    """fa2_forward with your update matches attention_ref (blocks not dividing N)"""
+    """flashlib's fa2_forward around your fa2_tile_update matches attention_ref (any block sizes)"""
     for dtype in DTYPES:
         block_q, block_k = [(16, 32), (32, 48), (64, 64)][rng.integers(3)]
         _expect_forward(impl, rng, dtype, (2, 3, 97, 80), (2, 3, 130, 80), block_q, block_k,
@@ -224,14 +242,270 @@ def check_fa2_forward(impl, rng):
 
 
 def check_fa2_causal(impl, rng):
-    """causal, Nq > Nk (rows with no key: out = 0, lse = -inf) and Nq < Nk"""
+    """the same, causal: Nq > Nk (rows with no key: out = 0, lse = -inf) and Nq < Nk"""
     for dtype in DTYPES:
         _expect_forward(impl, rng, dtype, (1, 9, 130, 80), (1, 9, 97, 80), 32, 16, causal=True)
         _expect_forward(impl, rng, dtype, (1, 9, 17, 80), (1, 9, 130, 80), 16, 48, causal=True)
 
 
+# ---- fa2_forward: the learner's whole forward ----------------------------------------------
+
+HINT_EMPTY_ROWS = ("rows that see no key (causal with Nq > Nk: rows i < Nq - Nk) give NaN: "
+                   "their l is 0, and acc / l is 0 / 0, log(l) is -inf. After the key loop, "
+                   "divide by 1 where l is 0 (out stays 0) and set lse = -inf there")
+
+
+def _call_forward(impl, q, k, v, **kwargs):
+    args = [q.copy(), k.copy(), v.copy()]
+    result = checks.function(impl, "fa2_forward")(*args, **kwargs)
+    for name, before, after in zip("qkv", (q, k, v), args):
+        if not np.array_equal(before, after):
+            checks.fail(f"fa2_forward changed its argument {name} in place (e.g. q *= scale): "
+                        "compute into new arrays; the caller may still need it")
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        checks.fail(f"fa2_forward returned {type(result).__name__}; it should return the pair "
+                    "(out, lse)")
+    out, lse = (checks.as_array(t, name) for t, name in zip(result, ("out", "lse")))
+    for name, got, want in (("out", out, q.shape), ("lse", lse, q.shape[:-1])):
+        if got.shape != want:
+            checks.fail(f"fa2_forward's {name} has shape {got.shape}; expected {want} for q of "
+                        f"shape {q.shape}")
+        if got.dtype != q.dtype:
+            checks.fail(f"fa2_forward's {name} is {got.dtype} for {q.dtype} inputs: the "
+                        "docstring promises q's dtype (no astype, no float64 constants)")
+    return out, lse
+
+
+def _probe(impl, Nq, Nk, block_q, block_k, causal, scale=None, seed=7):
+    """A small float64 problem: (q, k, v, out, lse) with the learner's fa2_forward."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((1, 2, n, 4)) for n in (Nq, Nk, Nk))
+    kwargs = {} if scale is None else {"scale": scale}
+    out, lse = _call_forward(impl, q, k, v, block_q=block_q, block_k=block_k, causal=causal,
+                             **kwargs)
+    return q, k, v, out, lse
+
+
+def _same(out, lse, want):
+    """(out, lse) equal to want = (out, lse) up to float64 rounding, -inf where it is -inf."""
+    return np.allclose(out, want[0], rtol=1e-9, atol=1e-12) and \
+        np.allclose(lse, want[1], rtol=1e-9, atol=1e-12)
+
+
+def _forward_diagnose(impl):
+    """Float64 probes; the first hint that fits, or None."""
+    if _quietly(_diagnose, impl) is not None:
+        return ("your fa2_tile_update is wrong (its checks above say how), and fa2_forward "
+                "calls it: fix it first")
+    q, k, v, out, lse = _probe(impl, 7, 11, 3, 4, causal=False)
+    if not _same(out, lse, _textbook(q, k, v, False)):
+        ref_out, ref_lse = _textbook(q, k, v, False)
+        if _same(out[..., :6, :], lse[..., :6], (ref_out[..., :6, :], ref_lse[..., :6])):
+            return ("with Nq = 7 and block_q = 3 your rows 6.. are wrong: the last query block is "
+                    "shorter (1 row); loop over range(0, Nq, block_q) and store each block's "
+                    "rows with the same slice q0:q0 + block_q")
+        if _same(out, lse, _textbook(q, k[..., :8, :], v[..., :8, :], False)):
+            return ("with Nk = 11 and block_k = 4 your forward leaves out keys 8-10, the last, "
+                    "shorter key block: loop over range(0, Nk, block_k)")
+        pad = [np.concatenate([t, np.zeros_like(t[..., :1, :])], axis=-2) for t in (k, v)]
+        if _same(out, lse, _textbook(q, *pad, False)):
+            return ("your forward counts a padded key (score 0) past Nk: a key position past "
+                    "the end must be masked with -inf, or never loaded (slice k[..., j:j + "
+                    "block_k, :] stops at Nk by itself)")
+        if np.allclose(out, ref_out, rtol=1e-9):
+            rowmax = (q @ np.swapaxes(k, -1, -2) / 2).max(axis=-1)
+            if np.allclose(lse, ref_lse - rowmax, rtol=1e-9):
+                return "lse is m + log(l), not log(l): l is a sum of exp(s - m)"
+            return "lse = m + log(l) after the last key block, natural log"
+        if np.allclose(out, _probe(impl, 7, 11, 3, 4, False, scale=1.0)[3], rtol=1e-9):
+            return "your scores are not scaled: s = scale * q . k, with scale = 1/sqrt(D) when None"
+        return ("out = acc / l once, after a query block's last key block; lse = m + log(l)")
+    for Nq, Nk, block in ((7, 11, (3, 4)), (7, 8, (4, 4))):     # (7, 8): key 4 starts block 1
+        q, k, v, out, lse = _probe(impl, Nq, Nk, *block, causal=True)
+        i, j = np.arange(Nq)[:, None], np.arange(Nk)
+        if _same(out, lse, _textbook(q, k, v, True)):
+            continue
+        if np.isnan(out).any() or np.isnan(lse).any():
+            return HINT_EMPTY_ROWS
+        if _same(out, lse, _textbook(q, k, v, False, allowed=j <= i)):
+            return (f"your causal mask is top-left aligned (j <= i); here it is bottom-right: "
+                    f"query i sees key j iff j <= i + Nk - Nq (with Nq = {Nq}, Nk = {Nk}, "
+                    f"query 0 sees keys 0-{Nk - Nq})")
+        if _same(out, lse, _textbook(q, k, v, False, allowed=j < i + Nk - Nq)):
+            return ("your causal mask leaves out the diagonal: query i sees key j iff "
+                    "j <= i + Nk - Nq, key i + Nk - Nq included")
+        return (f"with Nq = {Nq}, Nk = {Nk}, block_q = {block[0]}, block_k = {block[1]} and "
+                "causal=True some rows are wrong: a query block must visit every key block up "
+                "to the one holding the last key its last row i sees, i + Nk - Nq, so "
+                "range(0, i + Nk - Nq + 1, block_k); and mask within each tile (key j visible "
+                "from query i iff j <= i + Nk - Nq)")
+    q, k, v, out, lse = _probe(impl, 11, 5, 4, 2, causal=True)
+    if np.isnan(out).any() or np.isnan(lse).any():
+        return HINT_EMPTY_ROWS
+    ref_out, ref_lse = _textbook(q, k, v, True)
+    if not _same(out[..., 6:, :], lse[..., 6:], (ref_out[..., 6:, :], ref_lse[..., 6:])):
+        return ("with Nq = 11, Nk = 5, block_q = 4, block_k = 2 and causal=True rows 6-10 are "
+                "wrong: a query block must visit every key block up to the one holding key "
+                "i + Nk - Nq of its last row i")
+    if not _same(out, lse, (ref_out, ref_lse)):
+        return HINT_EMPTY_ROWS
+    return None
+
+
+def _quietly(diagnose, *args):
+    """A probe's hint, or None when the probe itself fails (a function missing or not done)."""
+    try:
+        return diagnose(*args)
+    except Exception:
+        return None
+
+
+def _expect_fa2(impl, rng, dtype, shape_q, shape_k, block_q, block_k, causal, *, spread=1.0,
+                scale=None, default_hint="follow lesson 04's FA2 table"):
+    q = (spread * rng.standard_normal(shape_q)).astype(dtype)
+    k, v = (rng.standard_normal(shape_k).astype(dtype) for _ in range(2))
+    kwargs = {} if scale is None else {"scale": scale}
+    out, lse = _call_forward(impl, q, k, v, block_q=block_q, block_k=block_k, causal=causal,
+                             **kwargs)
+    what = (f"your fa2_forward, {dtype.__name__} q {shape_q}, k and v {shape_k}, "
+            f"block_q={block_q}, block_k={block_k}, causal={causal}"
+            + ("" if scale is None else f", scale={scale}"))
+    hint = lambda: _quietly(_forward_diagnose, impl) or default_hint  # noqa: E731
+    if np.isnan(out).any() or np.isnan(lse).any():
+        checks.fail(f"{what}: NaN in out or lse", hint())
+    if causal and q.shape[-2] > k.shape[-2]:                 # rows i < Nq - Nk see no key
+        empty = q.shape[-2] - k.shape[-2]
+        if np.any(out[..., :empty, :] != 0) or np.any(lse[..., :empty] != -np.inf):
+            checks.fail(f"{what}: rows 0-{empty - 1} see no key, and their out is not exactly 0 "
+                        "or their lse not -inf", HINT_EMPTY_ROWS)
+    four = (1,) * (4 - q.ndim)                               # attention_ref's (B, H, N, D)
+    q4, k4, v4 = (t.reshape(four + t.shape) for t in (q, k, v))
+    out_ref, lse_ref = (np.asarray(t).reshape(o.shape)
+                        for t, o in zip(attention_ref(q4, k4, v4, causal=causal, scale=scale),
+                                        (out, lse)))
+    baselines = zip(_textbook(q, k, v, causal, scale),
+                    fa2_forward(q, k, v, block_q=block_q, block_k=block_k, causal=causal,
+                                scale=scale))
+    mags = attention_magnitudes(q4, k4, v4, causal=causal, scale=scale)
+    for name, got, want, base in zip(("out", "lse"), (out, lse), (out_ref, lse_ref), baselines):
+        checks.expect_close(got, want, baseline=base, dtype=np.dtype(dtype),
+                            name=f"{name} of {what}", hint=hint, magnitude=mags[name])
+
+
+def check_forward(impl, rng):
+    """your fa2_forward: non-causal, Nq != Nk, blocks not dividing N, 2-D and 4-D inputs"""
+    for dtype in DTYPES:
+        block_q, block_k = [(16, 32), (32, 48), (64, 64), (128, 256)][rng.integers(4)]
+        _expect_fa2(impl, rng, dtype, (2, 3, 97, 80), (2, 3, 130, 80), block_q, block_k, False)
+        _expect_fa2(impl, rng, dtype, (17, 80), (1, 80), 8, 8, False)       # one key
+        _expect_fa2(impl, rng, dtype, (1, 80), (33, 80), 16, 16, False, scale=0.3)
+
+
+def check_forward_causal(impl, rng):
+    """your fa2_forward, causal (bottom-right): Nq > Nk (rows with no key), Nq < Nk, Nk = Nq + 1"""
+    for dtype in DTYPES:
+        _expect_fa2(impl, rng, dtype, (1, 3, 130, 80), (1, 3, 97, 80), 32, 16, True,
+                    default_hint=HINT_EMPTY_ROWS)
+        _expect_fa2(impl, rng, dtype, (9, 17, 80), (9, 130, 80), 16, 48, True)
+        # query block 0's last row sees key 16: the first key of key block 1
+        _expect_fa2(impl, rng, dtype, (2, 2, 63, 32), (2, 2, 64, 32), 16, 16, True)
+
+
+def check_forward_large_scores(impl, rng):
+    """your fa2_forward with scores in the thousands (causal and not) stays finite and right"""
+    for dtype in DTYPES:
+        for causal in (False, True):
+            _expect_fa2(impl, rng, dtype, (1, 3, 50, 64), (1, 3, 70, 64), 16, 32, causal,
+                        spread=300.0, default_hint=HINT_EXPONENT.format(where="scores near +-3000"))
+
+
+class _Tiles(checks.ReadRecorder):
+    """q, k or v in HBM: a ReadRecorder over the rows (axis -2) whose reads also go, named, into
+    one log shared by the three; np.empty_like and its kind read only the shape."""
+
+    SHAPE_ONLY = (np.empty_like, np.zeros_like, np.ones_like, np.full_like)
+
+    def __init__(self, array, name, log):
+        super().__init__(array, axis=-2)
+        self.reads = _Logged(name, log)
+
+    def __array_function__(self, func, types, args, kwargs):
+        if func in self.SHAPE_ONLY:
+            bare = lambda t: t._a if isinstance(t, checks.ReadRecorder) else t  # noqa: E731
+            return func(*map(bare, args), **{k: bare(v) for k, v in kwargs.items()})
+        return super().__array_function__(func, types, args, kwargs)
+
+
+class _Logged(list):
+    def __init__(self, name, log):
+        super().__init__()
+        self.name, self.log = name, log
+
+    def append(self, rows):
+        super().append(rows)
+        self.log.append((self.name, rows))
+
+
+def _tile_problem(log, Nq, Nk, block_q, block_k):
+    """What in ``log`` ([(name, rows read)], in order) is not FA2's causal walk, as (what, hint),
+    or None: a read of more than a tile, a key read before any query tile, or a key tile read
+    while the query rows last read all lie before it (no row sees any key in it: the tile is
+    above the diagonal)."""
+    most = {"q": block_q, "k": block_k, "v": block_k}
+    rows_q = None
+    for name, rows in log:
+        if rows.size > most[name]:
+            return (f"reads {rows.size} rows of {name} at once (a tile holds at most "
+                    f"{most[name]})",
+                    f"read {name}[..., a:b, :], a tile at a time, inside the loops: an operation "
+                    f"on {name} itself ({name}.T, np.swapaxes({name}, ...), {name} * scale, "
+                    f"np.asarray({name})) reads all of it, which a kernel cannot hold")
+        if name == "q" or rows.size == 0:
+            rows_q = rows if name == "q" and rows.size else rows_q
+            continue
+        if rows_q is None:
+            return (f"reads {name}[{rows.min()}] before any query tile",
+                    "the key loop runs inside the query loop: load a query tile, then its key "
+                    "tiles")
+        last = int(rows_q.max()) + Nk - Nq                   # the last key these rows see
+        beyond = rows[rows // block_k * block_k > last]      # keys in tiles wholly past it
+        if beyond.size:
+            want = _tiles_computed(Nq, Nk, block_q, block_k)
+            return (f"reads {name} rows {beyond.min()}-{beyond.max()} for query rows "
+                    f"{rows_q.min()}-{rows_q.max()}, which see keys up to {last} only: a key "
+                    "tile wholly past the diagonal",
+                    f"FA2 computes {want} of the {-(-Nq // block_q) * -(-Nk // block_k)} tiles "
+                    "here: a query block's key loop stops at the block holding key i + Nk - Nq "
+                    "of its last row i; the tiles after it are never read, not computed and "
+                    "then masked (all masked, they change nothing but cost as much as any "
+                    "other tile)")
+    return None
+
+
+@checks.not_under_grade
+def check_forward_skips_tiles(impl, rng):
+    """your causal fa2_forward reads a tile at a time, never a key tile past the diagonal"""
+    for Nq, Nk, block_q, block_k in ((100, 130, 16, 24), (90, 40, 16, 8)):
+        q, k, v = (rng.standard_normal((2, n, 16)) for n in (Nq, Nk, Nk))
+        log = []
+        tiles = [_Tiles(t.copy(), name, log) for name, t in zip("qkv", (q, k, v))]
+        checks.function(impl, "fa2_forward")(*tiles, block_q=block_q, block_k=block_k,
+                                             causal=True)
+        problem = _tile_problem(log, Nq, Nk, block_q, block_k)
+        if problem is not None:
+            checks.fail(f"with Nq = {Nq}, Nk = {Nk}, block_q = {block_q}, block_k = {block_k} "
+                        f"and causal=True, your fa2_forward {problem[0]}", problem[1])
+        _expect_fa2(impl, rng, np.float64, (2, Nq, 16), (2, Nk, 16), block_q, block_k, True)
+
+
+def _tiles_computed(Nq, Nk, block_q, block_k):
+    """How many tiles FA2 computes, causal: flashlib.teach.tiled's count."""
+    return int(block_schedule(Nq, Nk, block_q=block_q, block_k=block_k, causal=True).sum())
+
+
 CHECKS = [check_one_update, check_masked_rows, check_scores_far_from_zero, check_fa2_forward,
-          check_fa2_causal]
+          check_fa2_causal, check_forward, check_forward_causal, check_forward_large_scores,
+          check_forward_skips_tiles]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
