@@ -57,7 +57,10 @@ EXPECTED = {
                            r"flashlib's own answer .* withheld", 0),   # in the student process
     ("cheater", "ex01"): (r"not accepted: write it yourself \(uses "
                           r"flashlib\.teach\.softmax\.safe_softmax\)$", 0),
-    ("solution_reader", "ex02"): (r"not accepted: write it yourself \(reads solutions", 0),
+    # flagged when its import of solutions/ reaches the hidden folder; graded as root without
+    # user switch (nobody cannot read a course under a 0700 folder, e.g. a mktemp clone) the
+    # import fails first and the stub is all it has: 0 points either way
+    ("solution_reader", "ex02"): (r"(not accepted: write it yourself \(reads solutions|not done)", 0),
     ("broken", "ex01"): (r"error: your file does not parse: SyntaxError: .* \(line 3\)$", 0),
     ("absent", "ex00"): (r"passed$", None),
     ("bomber", "ex01"): (r"crashed \(a reply the grader cannot read .*items once expanded", 0),
