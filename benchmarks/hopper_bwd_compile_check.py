@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 from flashlib.kernels import fa3_bwd  # noqa: E402
 from hopper_compile_check import (SETMAXNREG, TARGET_ARCH, WARNINGS, ModelBarrier,  # noqa: E402
-                                  ProtocolError, ptxas_report)
+                                  ProtocolError, interleave, ptxas_report, specialize)
 
 
 # ----------------------------------------------------------------------------- 1. protocol model
@@ -135,26 +135,7 @@ def model_run(num_wg, stages, group, m_lo, n_m, seed):
     seen = [[] for _ in range(num_wg)]
     parts = {"producer": _model_producer(m, n_steps, m_lo, n_mb),
              **{f"consumer {w}": _model_consumer(m, w, n_steps, m_lo, n_mb, seen) for w in range(num_wg)}}
-    stuck = 0
-    while parts or m.tma_queue:
-        pick = rng.choice(list(parts) + (["tma"] if m.tma_queue else []))
-        if pick == "tma":
-            bar, key, block = m.tma_queue.pop(rng.randrange(len(m.tma_queue)))
-            if m.readers.get(key, 0):
-                raise ProtocolError(f"TMA overwrites {key} while a wgmma reads it")
-            m.held[key] = block
-            bar.complete_tx(1)
-            stuck = 0
-            continue
-        try:
-            state = next(parts[pick])
-        except StopIteration:
-            del parts[pick]
-            state = None
-        stuck = stuck + 1 if state == "blocked" else 0
-        if stuck > 50 * (len(parts) + 1) and not m.tma_queue:
-            raise ProtocolError("deadlock: every partition waits and no TMA is in flight: "
-                                + ", ".join(parts))
+    interleave(m, parts, rng)
     want = [(g, mb) for g in range(group) for mb in range(m_lo, n_m)]
     for w in range(num_wg):
         if seen[w] != want:
@@ -186,24 +167,6 @@ def check_protocol(seeds=30):
 # ----------------------------------------------------------------------------- 2. compiles
 
 
-def _specialize(fn, args, constexprs, backend):
-    """signature, constants and attributes as Triton's launcher would give them."""
-    from triton._C.libtriton import native_specialize_impl
-    signature, attrs, consts = {}, {}, {}
-    for i, p in enumerate(fn.params):
-        if p.name in constexprs:
-            signature[p.name] = "constexpr"
-            consts[(i,)] = constexprs[p.name]
-            continue
-        ty, key = native_specialize_impl(type(backend), args[p.name], False, not p.do_not_specialize, True)
-        signature[p.name] = ty
-        if ty == "constexpr":
-            consts[(i,)] = args[p.name]
-        elif isinstance(key, str) and key:
-            attrs[(i,)] = backend.parse_attr(key)
-    return signature, consts, attrs
-
-
 def compile_variant(name, D, causal, dtype, sizes=(2, 6, 2, 1000, 1531)):
     """Compile the main kernel of one (variant, head dim, causal, dtype) for inputs of sizes
     (B, Hq, Hkv, Nq, Nk); return the CompiledKernel."""
@@ -229,7 +192,7 @@ def compile_variant(name, D, causal, dtype, sizes=(2, 6, 2, 1000, 1531)):
     target = GPUTarget("cuda", TARGET_ARCH, 32)
     backend = make_backend(target)
     fn = fa3_bwd._fa3_bwd_kernel
-    signature, consts, attrs = _specialize(fn, args, dict(CAUSAL=causal, **config), backend)
+    signature, consts, attrs = specialize(fn, args, dict(CAUSAL=causal, **config), backend)
     return triton_compile(GluonASTSource(fn, signature, consts, attrs), target=target,
                           options=fa3_bwd.launch_options(name))
 
@@ -254,7 +217,7 @@ def compile_helpers(D, dtype):
             (fa3_bwd._convert_dq_kernel,
              dict(DqAccum=f32, dQ=o, stride_qb=6000 * D, stride_qh=1000 * D, stride_qm=D, Hq=6,
                   Nq=1000, scale=0.1))):
-        signature, consts, attrs = _specialize(fn, args, dict(HEAD_D=D, ROWS=64), backend)
+        signature, consts, attrs = specialize(fn, args, dict(HEAD_D=D, ROWS=64), backend)
         ck = triton_compile(ASTSource(fn, signature, consts, attrs), target=target,
                             options=dict(num_warps=4))
         out.append((fn.__name__, ck))

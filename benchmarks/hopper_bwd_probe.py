@@ -51,27 +51,9 @@ CHECK_CASES = [
     (1, 4, 2, 513, 1041, (False, True), "large logits: q x 20", False, 20.0),
     (2, 4, 2, 333, 517, (False, True), "q, k, v, dout strided (B, N, H, D) views", True, 1.0),
 ]
-TIMING_TOKENS, TIMING_HD, TIMING_N = 32768, 2048, (4096, 16384)
 
 
-def timing_shapes(head_dims=(64, 128)):
-    """(B, H, N, D, causal) of the timed problems."""
-    return [(TIMING_TOKENS // N, TIMING_HD // D, N, D, causal)
-            for D in head_dims for N in TIMING_N for causal in (False, True)]
-
-
-def fwd_flops(B, H, N, D, causal):
-    from flashlib.kernels.versions import attention_flops   # imported in the children only
-    return attention_flops(B, H, N, N, D, causal=causal)
-
-
-# ----------------------------------------------------------------------------- children
-
-
-def _emit(records, fh, **rec):
-    records.append(rec)
-    fh.write(json.dumps(rec) + "\n")
-    fh.flush()
+timing_shapes, fwd_flops, _emit = hopper_probe.timing_shapes, hopper_probe.flops, hopper_probe._emit
 
 
 def _inputs(B, Hq, Hkv, Nq, Nk, D, dtype, *, strided=False, q_scale=1.0):
@@ -293,30 +275,8 @@ def run_child(args, idle_timeout, log, env=None):
 
 def table(records, log):
     """Backward and fwd+bwd TFLOP/s per (D, N, causal) and implementation, ratio to cuDNN."""
-    times = [r for r in records if r.get("kind") == "time" and "bwd_tflops" in r]
-    impls = []
-    for r in times:
-        if r["impl"] not in impls:
-            impls.append(r["impl"])
-    keys = sorted({(r["D"], r["N"], r["causal"]) for r in times})
-    lines = []
-    for what in ("bwd_tflops", "fwd_bwd_tflops"):
-        by = {(r["impl"], r["D"], r["N"], r["causal"]): r[what] for r in times}
-        heads = ["d%d %dk %s" % (D, N // 1024, "causal" if c else "full") for D, N, c in keys]
-        lines += ["", f"{what.replace('_tflops', '')} TFLOP/s and ratio to sdpa cudnn; float16, "
-                  "B x N = 32k tokens, H x D = 2048",
-                  f"{'impl':16}" + "".join(f"{h:>16}" for h in heads)]
-        for impl in impls:
-            cells = []
-            for D, N, c in keys:
-                t = by.get((impl, D, N, c))
-                ref = by.get(("sdpa cudnn", D, N, c))
-                cell = "-" if t is None else f"{t:.0f} {t / ref:.2f}x" if ref else f"{t:.0f}"
-                cells.append(f"{cell:>16}")
-            lines.append(f"{impl:16}" + "".join(cells))
-    for line in lines:
-        log(line)
-    return "\n".join(lines)
+    return "\n\n".join(hopper_probe.table(records, log, value, what)
+                       for value, what in (("bwd_tflops", "bwd"), ("fwd_bwd_tflops", "fwd_bwd")))
 
 
 def main():

@@ -171,12 +171,10 @@ def _model_consumer(m, w, n_blocks, overlap, pingpong):
         raise ProtocolError(f"consumer {w} writes O into a Q buffer whose load has not landed")
 
 
-def model_run(n_blocks, num_wg, stages, overlap, pingpong, seed):
-    """One random interleaving of the partitions and the TMA completions; raises ProtocolError."""
-    rng = random.Random(seed)
-    m = Model(num_wg, stages)
-    parts = {"producer": _model_producer(m, n_blocks),
-             **{f"consumer {w}": _model_consumer(m, w, n_blocks, overlap, pingpong) for w in range(num_wg)}}
+def interleave(m, parts, rng):
+    """Run the partitions (generators over the model ``m``) and the TMA completions in a random
+    order until all are done; raises ProtocolError on a deadlock or a TMA write into a stage a
+    wgmma still reads. The backward's check (hopper_bwd_compile_check.py) uses it too."""
     stuck = 0
     while parts or m.tma_queue:
         pick = rng.choice(list(parts) + (["tma"] if m.tma_queue else []))
@@ -197,6 +195,15 @@ def model_run(n_blocks, num_wg, stages, overlap, pingpong, seed):
         if stuck > 50 * (len(parts) + 1) and not m.tma_queue:
             raise ProtocolError("deadlock: every partition waits and no TMA is in flight: "
                                 + ", ".join(parts))
+
+
+def model_run(n_blocks, num_wg, stages, overlap, pingpong, seed):
+    """One random interleaving of the partitions and the TMA completions; raises ProtocolError."""
+    rng = random.Random(seed)
+    m = Model(num_wg, stages)
+    parts = {"producer": _model_producer(m, n_blocks),
+             **{f"consumer {w}": _model_consumer(m, w, n_blocks, overlap, pingpong) for w in range(num_wg)}}
+    interleave(m, parts, rng)
 
 
 def check_protocol(seeds=40):
@@ -223,6 +230,26 @@ def check_protocol(seeds=40):
 # ----------------------------------------------------------------------------- 2. compiles
 
 
+def specialize(fn, args, constexprs, backend):
+    """signature, constants and attributes of ``fn`` for ``args`` as Triton's launcher would
+    give them: an int equal to 1 becomes a constexpr, a pointer or an int that is a multiple of
+    16 gets the divisibility attribute, unless the parameter is in do_not_specialize."""
+    from triton._C.libtriton import native_specialize_impl
+    signature, attrs, consts = {}, {}, {}
+    for i, p in enumerate(fn.params):
+        if p.name in constexprs:
+            signature[p.name] = "constexpr"
+            consts[(i,)] = constexprs[p.name]
+            continue
+        ty, key = native_specialize_impl(type(backend), args[p.name], False, not p.do_not_specialize, True)
+        signature[p.name] = ty
+        if ty == "constexpr":
+            consts[(i,)] = args[p.name]
+        elif isinstance(key, str) and key:
+            attrs[(i,)] = backend.parse_attr(key)
+    return signature, consts, attrs
+
+
 def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531)):
     """Compile one (variant, head dim, causal, dtype) for inputs of sizes (B, Hq, Hkv, Nq, Nk)
     (Triton specialises ints on being 1 or a multiple of 16); return the CompiledKernel."""
@@ -230,8 +257,6 @@ def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531)):
     from triton.compiler import compile as triton_compile
     from triton.compiler.compiler import make_backend
     from triton.experimental.gluon._runtime import GluonASTSource
-    from triton._C.libtriton import native_specialize_impl
-
     fp8 = dtype == torch.float8_e4m3fn
     config = fa3_fwd.kernel_config(name, D, fp8=fp8)
     B, Hq, Hkv, Nq, Nk = sizes
@@ -253,20 +278,7 @@ def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531)):
     target = GPUTarget("cuda", TARGET_ARCH, 32)
     backend = make_backend(target)
     fn = fa3_fwd._fa3_fwd_kernel
-    signature, attrs, consts = {}, {}, {}
-    for i, p in enumerate(fn.params):
-        if p.name in constexprs:
-            signature[p.name] = "constexpr"
-            consts[(i,)] = constexprs[p.name]
-            continue
-        # as Triton's launcher: an int equal to 1 becomes a constexpr, a pointer or an int that
-        # is a multiple of 16 gets the divisibility attribute ("D"), unless do_not_specialize
-        ty, key = native_specialize_impl(type(backend), args[p.name], False, not p.do_not_specialize, True)
-        signature[p.name] = ty
-        if ty == "constexpr":
-            consts[(i,)] = args[p.name]
-        elif isinstance(key, str) and key:
-            attrs[(i,)] = backend.parse_attr(key)
+    signature, consts, attrs = specialize(fn, args, constexprs, backend)
     src = GluonASTSource(fn, signature, consts, attrs)
     return triton_compile(src, target=target, options=fa3_fwd.launch_options(name))
 

@@ -326,17 +326,14 @@ def read_jsonl(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def table(records, log):
-    """TFLOP/s per (D, N, causal) and implementation, with the ratio to cuDNN."""
-    times = [r for r in records if r.get("kind") == "time" and "tflops" in r]
-    impls = []
-    for r in times:
-        if r["impl"] not in impls:
-            impls.append(r["impl"])
+def table(records, log, value="tflops", what="forward"):
+    """``value`` (TFLOP/s) per (D, N, causal) and implementation, with the ratio to cuDNN."""
+    times = [r for r in records if r.get("kind") == "time" and value in r]
+    impls = list(dict.fromkeys(r["impl"] for r in times))
     keys = sorted({(r["D"], r["N"], r["causal"]) for r in times})
-    by = {(r["impl"], r["D"], r["N"], r["causal"]): r["tflops"] for r in times}
+    by = {(r["impl"], r["D"], r["N"], r["causal"]): r[value] for r in times}
     heads = ["d%d %dk %s" % (D, N // 1024, "causal" if c else "full") for D, N, c in keys]
-    lines = ["forward TFLOP/s and ratio to sdpa cudnn; float16, B x N = 32k tokens, H x D = 2048",
+    lines = [f"{what} TFLOP/s and ratio to sdpa cudnn; float16, B x N = 32k tokens, H x D = 2048",
              f"{'impl':22}" + "".join(f"{h:>16}" for h in heads)]
     for impl in impls:
         cells = []

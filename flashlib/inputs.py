@@ -54,6 +54,11 @@ def check_inputs(q, k, v, *, scale=None, causal=False):
         raise ValueError(f"q has an empty dimension: shape {tuple(q.shape)}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
+    return check_scale(scale, D)
+
+
+def check_scale(scale, D: int) -> float:
+    """``scale`` validated and resolved: a finite real number, or None for 1/sqrt(D)."""
     if scale is None:
         return default_scale(D)
     if not isinstance(scale, numbers.Real) or not math.isfinite(scale):

@@ -9,14 +9,13 @@ before any kernel is compiled. Under torch.compile, ``flash_attention`` and
 ``block_sparse_attention`` reach the same launchers through custom ops (two each) instead of the
 autograd.Functions (see ``_fa2_forward_op``, ``_bs_forward_op``).
 """
-import math
 import os
 from typing import Optional
 
 import torch
 
 from . import runtime
-from .inputs import check_inputs, check_qkv, check_score_mods, check_varlen, resolve_scale
+from .inputs import check_inputs, check_qkv, check_scale, check_score_mods, check_varlen
 from .kernels import score_mod
 from .kernels import fa3_fwd
 from .kernels.fa2_fwd import fa2_forward
@@ -32,12 +31,17 @@ FA3_FROM_FLOPS = 1 << 35
 FA3_ENABLED = os.environ.get("FLASHLIB_FA3", "1") != "0"
 
 
+def _fa3_worth_it(q, k, mod, cu_seqlens):
+    """Whether the Hopper kernels should take this problem, if they can run it: turned on, dense,
+    no score modifier, and large enough (FA3_FROM_FLOPS) to pay for their host time."""
+    return FA3_ENABLED and cu_seqlens is None and mod.fn is score_mod.identity \
+        and 4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3] >= FA3_FROM_FLOPS
+
+
 def attention_forward(q, k, v, causal, scale, mod, cu_seqlens=None, max_seqlen=None):
     """The forward kernel for these inputs: FA3 on Hopper (sm90, fp16/bf16, head dim 64 or 128,
     dense, no score modifier, large enough), FA2 otherwise. Returns (out, lse)."""
-    if FA3_ENABLED and cu_seqlens is None and mod.fn is score_mod.identity \
-            and 4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3] >= FA3_FROM_FLOPS \
-            and fa3_fwd.supported(q, k, v):
+    if _fa3_worth_it(q, k, mod, cu_seqlens) and fa3_fwd.supported(q, k, v):
         return fa3_fwd.fa3_forward(q, k, v, causal=causal, scale=scale)
     return fa2_forward(q, k, v, causal=causal, scale=scale, score_mod=mod, cu_seqlens=cu_seqlens,
                        max_seqlen=max_seqlen)
@@ -49,9 +53,7 @@ def attention_backward(q, k, v, out, lse, dout, causal, scale, mod, cu_seqlens=N
     otherwise. Returns (dq, dk, dv)."""
     from .kernels import fa3_bwd
     from .kernels.fa2_bwd import fa2_backward
-    if FA3_ENABLED and cu_seqlens is None and mod.fn is score_mod.identity \
-            and 4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3] >= FA3_FROM_FLOPS \
-            and fa3_bwd.supported(q, k, v, out, lse, dout):
+    if _fa3_worth_it(q, k, mod, cu_seqlens) and fa3_bwd.supported(q, k, v, out, lse, dout):
         return fa3_bwd.fa3_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
     return fa2_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=mod,
                         cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
@@ -167,7 +169,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, softcap=None, alibi_sl
     only, no score modifiers; other GPUs get a clear error.
     """
     if any(isinstance(t, torch.Tensor) and t.dtype == torch.float8_e4m3fn for t in (q, k, v)) \
-            or (q_descale, k_descale, v_descale) != (None, None, None):
+            or any(d is not None for d in (q_descale, k_descale, v_descale)):
         out, lse = _fp8_forward(q, k, v, causal, scale, softcap, alibi_slopes,
                                 q_descale, k_descale, v_descale)
         return (out, lse) if return_lse else out
@@ -195,9 +197,7 @@ def _fp8_forward(q, k, v, causal, scale, softcap, alibi_slopes, q_descale, k_des
         raise ValueError("softcap and alibi_slopes are not supported with FP8 inputs")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
-    scale = resolve_scale(scale, D)
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite real number, got {scale!r}")
+    scale = check_scale(scale, D)
     q, k = (t if fa3_fwd._tma_ok(t) else t.contiguous() for t in (q, k))
     if not fa3_fwd.supported_fp8(q, k, v):
         where = runtime.gpu_name() if q.device.type == "cuda" else f"a {q.device.type} tensor"

@@ -60,8 +60,6 @@ def run_suite(quick=False, progress=None):
         for rec in shape_records:    # cuDNN's fp16 time over each record's, whatever its dtype
             rec["ratio_vs_sdpa_cudnn"] = round(shape_records[-1]["ms"] / rec["ms"], 3)
         records += shape_records
-        del q, k, v, q8, k8, v8
-        torch.cuda.empty_cache()
     return records
 
 

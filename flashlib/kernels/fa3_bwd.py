@@ -46,13 +46,12 @@ Written for Triton 3.6's ``triton.experimental.gluon`` (its TMA reduce is reache
 builder, Gluon 3.6 has no Python wrapper for it). Importing never fails: on another Triton, or
 without Gluon's Hopper module, the kernels are not defined and ``supported`` is False.
 """
-import functools
 from typing import NamedTuple
 
 import torch
 
-from .. import runtime
 from ..inputs import resolve_scale
+from . import fa3_fwd
 from .fa3_fwd import _descriptor, _tma_ok
 from .tile import LOG2E
 
@@ -67,7 +66,6 @@ try:   # Gluon's Hopper API; absent or different elsewhere: fall back to FA2
     from triton.experimental.gluon.language._core import builtin as _builtin
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                    warpgroup_mma, warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     _GLUON = triton.__version__.startswith(TESTED_TRITON) and hasattr(_ir, "DESCRIPTOR_REDUCE_KIND")
 except Exception:   # noqa: BLE001  (ImportError, or a renamed symbol in another release)
     _GLUON = False
@@ -260,8 +258,6 @@ if _GLUON:
         dtype: gl.constexpr = k.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                             instr_shape=[16, HEAD_D, 16])
         rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         lse2 = gl.load(lse2_ptr + rows)                                         # padded: no bounds
         delta = gl.load(delta_ptr + rows)
@@ -463,28 +459,16 @@ if _GLUON:
 
 
 def supported(q, k, v, out=None, lse=None, dout=None) -> bool:
-    """Whether ``fa3_backward`` can run these inputs: Triton 3.6's Gluon, an sm90 CUDA device,
-    float16/bfloat16, head dim 64 or 128, q/k/v TMA-ready (last dim contiguous, 16-byte aligned
-    strides and bases; dout is copied when it is not). Otherwise use ``fa2_backward``."""
-    if not _GLUON or runtime.INTERPRET:
-        return False
-    ts = (q, k, v)
-    if any(not isinstance(t, torch.Tensor) or t.device.type != "cuda" or t.ndim != 4 for t in ts):
-        return False
-    if q.dtype not in (torch.float16, torch.bfloat16) or any(t.dtype != q.dtype for t in ts):
-        return False
-    if runtime.capability(q.device)[0] != 9 or q.shape[-1] not in HEAD_DIMS:
-        return False
-    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
-        return False
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
-        return False
+    """Whether ``fa3_backward`` can run these inputs: where ``fa3_fwd.supported`` holds (sm90,
+    Gluon 3.6, float16/bfloat16, head dim 64 or 128, q/k/v TMA-ready), with out and dout of q's
+    shape and lse of (B, Hq, Nq) when given (dout is copied when it is not TMA-ready). Otherwise
+    use ``fa2_backward``."""
     for t in (out, dout):
         if t is not None and (not isinstance(t, torch.Tensor) or t.shape != q.shape):
             return False
     if lse is not None and (not isinstance(lse, torch.Tensor) or lse.shape != q.shape[:3]):
         return False
-    return all(_tma_ok(t) for t in ts)
+    return _GLUON and fa3_fwd.supported(q, k, v)
 
 
 def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=None):

@@ -421,24 +421,28 @@ if _GLUON:
             ], [4, 1], [CONSUMER_REGS, 24])
 
 
-def supported(q, k, v) -> bool:
-    """Whether ``fa3_forward`` can run these inputs: Triton 3.6's Gluon, an sm90 CUDA device,
-    float16/bfloat16, head dim 64 or 128, last dim contiguous and the other strides and the
-    base addresses 16-byte aligned (what TMA descriptors need). Otherwise use ``fa2_forward``."""
+def hopper_inputs(q, k, v, dtypes) -> bool:
+    """What every Hopper kernel here needs: Triton 3.6's Gluon, CUDA tensors of one dtype among
+    ``dtypes`` on an sm90 device, SDPA's layout with grouped heads, head dim 64 or 128."""
     if not _GLUON or runtime.INTERPRET:
         return False
     ts = (q, k, v)
     if any(not isinstance(t, torch.Tensor) or t.device.type != "cuda" or t.ndim != 4 for t in ts):
         return False
-    if q.dtype not in (torch.float16, torch.bfloat16) or any(t.dtype != q.dtype for t in ts):
+    if q.dtype not in dtypes or any(t.dtype != q.dtype for t in ts):
         return False
     if runtime.capability(q.device)[0] != 9 or q.shape[-1] not in HEAD_DIMS:
         return False
     if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
         return False
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
-        return False
-    return all(_tma_ok(t) for t in ts)
+    return k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0
+
+
+def supported(q, k, v) -> bool:
+    """Whether ``fa3_forward`` can run these inputs: ``hopper_inputs`` in float16/bfloat16, last
+    dim contiguous and the other strides and the base addresses 16-byte aligned (what TMA
+    descriptors need). Otherwise use ``fa2_forward``."""
+    return hopper_inputs(q, k, v, (torch.float16, torch.bfloat16)) and all(_tma_ok(t) for t in (q, k, v))
 
 
 def _strides(t):
@@ -483,7 +487,7 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None):
     if not supported(q, k, v):
         raise ValueError("fa3_forward: unsupported inputs (see fa3_fwd.supported); use fa2_forward")
     B, Hq, Nq, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
+    Nk = k.shape[2]
     scale = resolve_scale(scale, D)
     out = torch.empty_like(q)
     if not _tma_ok(out):              # empty_like keeps q's strides; a dense copy always works
@@ -515,20 +519,7 @@ def _launch(q, k, v_desc, out, lse, causal, scale, descale, variant, config):
 def supported_fp8(q, k, v) -> bool:
     """Whether ``fa3_forward_fp8`` can run these inputs: as ``supported``, with float8_e4m3fn
     q, k, v (V is copied transposed by the launcher, so only q's and k's layout matter)."""
-    if not _GLUON or runtime.INTERPRET:
-        return False
-    ts = (q, k, v)
-    if any(not isinstance(t, torch.Tensor) or t.device.type != "cuda" or t.ndim != 4 for t in ts):
-        return False
-    if any(t.dtype != torch.float8_e4m3fn for t in ts):
-        return False
-    if runtime.capability(q.device)[0] != 9 or q.shape[-1] not in HEAD_DIMS:
-        return False
-    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
-        return False
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
-        return False
-    return _tma_ok(q) and _tma_ok(k)
+    return hopper_inputs(q, k, v, (torch.float8_e4m3fn,)) and _tma_ok(q) and _tma_ok(k)
 
 
 def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None):
