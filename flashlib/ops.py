@@ -21,27 +21,29 @@ from .kernels import fa3_fwd
 from .kernels.fa2_fwd import fa2_forward
 from .masks import KernelView
 
-# The Hopper kernel (kernels/fa3_fwd.py) runs forwards of at least this many FLOPs (4 B Hq Nq Nk
-# D): it builds four TMA descriptors and launches through Triton's own path at every call, where
-# FA2's launcher replays a recorded launch (kernels/launch.py), so small, host-bound calls stay on
-# FA2. 2^35 FLOPs take 60-115 us at the 300-590 TFLOP/s the kernels ran at on an H100. On by
-# default (benchmarks/results/h100/gpu_tests_fa3_wiring.log: flash_attention with it inside, the
-# backward from its lse, passed on an H100); FLASHLIB_FA3=0 turns it off.
+# The Hopper kernels (kernels/fa3_fwd.py, fa3_bwd.py) run problems of at least this many FLOPs
+# executed (4 B Hq Nq Nk D, halved under causal masking). Below it FA2's kernels win: FA3's replayed
+# launches cost more host time (TMA descriptors rebuilt per call; its backward runs four launches
+# to FA2's two), and at these sizes the host, not the GPU, sets the pace. Measured on an H200
+# (benchmarks/results/h200/launch_breakdown_probe.log: eager causal forward+backward at 16k tokens):
+# FA2 ahead at 2^34.6 FLOPs executed (d64 N=1024: 454 against 621 us), the two even at 2^35
+# (d128 N=512), FA3 ahead from 2^35.6 (d64 N=2048: 668 against 759 us). FLASHLIB_FA3=0 turns
+# FA3 off.
 FA3_FROM_FLOPS = 1 << 35
 FA3_ENABLED = os.environ.get("FLASHLIB_FA3", "1") != "0"
 
 
-def _fa3_worth_it(q, k, mod, cu_seqlens):
+def _fa3_worth_it(q, k, mod, cu_seqlens, causal):
     """Whether the Hopper kernels should take this problem, if they can run it: turned on, dense,
     no score modifier, and large enough (FA3_FROM_FLOPS) to pay for their host time."""
-    return FA3_ENABLED and cu_seqlens is None and mod.fn is score_mod.identity \
-        and 4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3] >= FA3_FROM_FLOPS
+    flops = 4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3] >> bool(causal)
+    return FA3_ENABLED and cu_seqlens is None and mod.fn is score_mod.identity and flops >= FA3_FROM_FLOPS
 
 
 def attention_forward(q, k, v, causal, scale, mod, cu_seqlens=None, max_seqlen=None):
     """The forward kernel for these inputs: FA3 on Hopper (sm90, fp16/bf16, head dim 64 or 128,
     dense, no score modifier, large enough), FA2 otherwise. Returns (out, lse)."""
-    if _fa3_worth_it(q, k, mod, cu_seqlens) and fa3_fwd.supported(q, k, v):
+    if _fa3_worth_it(q, k, mod, cu_seqlens, causal) and fa3_fwd.supported(q, k, v):
         return fa3_fwd.fa3_forward(q, k, v, causal=causal, scale=scale)
     return fa2_forward(q, k, v, causal=causal, scale=scale, score_mod=mod, cu_seqlens=cu_seqlens,
                        max_seqlen=max_seqlen)
@@ -53,7 +55,7 @@ def attention_backward(q, k, v, out, lse, dout, causal, scale, mod, cu_seqlens=N
     otherwise. Returns (dq, dk, dv)."""
     from .kernels import fa3_bwd
     from .kernels.fa2_bwd import fa2_backward
-    if _fa3_worth_it(q, k, mod, cu_seqlens) and fa3_bwd.supported(q, k, v, out, lse, dout):
+    if _fa3_worth_it(q, k, mod, cu_seqlens, causal) and fa3_bwd.supported(q, k, v, out, lse, dout):
         return fa3_bwd.fa3_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
     return fa2_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=mod,
                         cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)

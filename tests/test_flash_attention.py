@@ -224,6 +224,53 @@ def test_gpu_planned_launches_replay_the_plain_ones(monkeypatch):
 
 @gpu
 @pytest.mark.gpu
+def test_gpu_hopper_planned_launches_replay_the_plain_ones(monkeypatch):
+    """The FA3 kernels' plans (kernels/launch.py with TMA descriptors rebuilt around new tensors):
+    a second call replays the first's launches, bit-equal to Triton's plain launches, for a dense,
+    a transposed and a grouped-head causal problem; fresh inputs of the same layout give the
+    oracle's answer (the descriptors point at the new tensors, not the recorded ones)."""
+    from flashlib import ops
+    from flashlib.kernels import fa3_bwd, fa3_fwd, launch
+    if not (launch.ENABLED and DEV.type == "cuda" and fa3_fwd.supported(*[rand(1, 1, 64, 64, dtype=torch.float16)] * 3)):
+        pytest.skip("needs an sm90 GPU with Triton 3.6 (FA3 kernels, direct launches)")
+    monkeypatch.setattr(ops, "FA3_FROM_FLOPS", 0)
+
+    def forward_backward(q, k, v, dout):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out, lse = flash_attention(*leaves, causal=True, return_lse=True)
+        return (out, lse, *torch.autograd.grad(out, leaves, dout))
+
+    half = dict(dtype=torch.float16)
+    for q, k, v in ((rand(2, 4, 333, 64, **half), rand(2, 4, 300, 64, **half), rand(2, 4, 300, 64, **half)),
+                    (rand(2, 333, 4, 128, **half).transpose(1, 2), rand(2, 1, 517, 128, **half),
+                     rand(2, 1, 517, 128, **half))):
+        dout = torch.randn_like(q)
+        first = forward_backward(q, k, v, dout)
+        plans = len(fa3_fwd._plans), len(fa3_bwd._plans)
+        assert min(plans) > 0, "FA3 did not run, or recorded no plan"
+        replayed = forward_backward(q, k, v, dout)
+        assert (len(fa3_fwd._plans), len(fa3_bwd._plans)) == plans   # a hit, not a new plan
+        with monkeypatch.context() as m:
+            m.setattr(launch, "ENABLED", False)
+            plain = forward_backward(q, k, v, dout)
+        for name, a, b, c in zip(("out", "lse", "dq", "dk", "dv"), first, replayed, plain):
+            if name == "dq":   # summed by TMA reduce-adds from every key block, in any order
+                for x in (a, c):
+                    torch.testing.assert_close(b, x, rtol=2e-3, atol=2e-3 * float(x.abs().max()))
+            else:
+                assert torch.equal(a, b) and torch.equal(b, c), (name, (a - b).abs().max(), (b - c).abs().max())
+        # fresh tensors of one layout: the first call records, the next replay on new pointers
+        (B, Hq, Nq, D), (Hkv, Nk) = q.shape, k.shape[1:3]
+        for call in range(3):
+            run_and_check(B, Hq, Hkv, Nq, Nk, D, True, torch.float16,
+                          inputs=tuple(torch.randn_like(t) for t in (q, k, v)))
+            if call == 0:
+                plans = len(fa3_fwd._plans), len(fa3_bwd._plans)
+        assert (len(fa3_fwd._plans), len(fa3_bwd._plans)) == plans
+
+
+@gpu
+@pytest.mark.gpu
 def test_gpu_hopper_forward_is_picked_where_it_runs(monkeypatch):
     """flash_attention's forward runs kernels/fa3_fwd.py on sm90 for large 16-bit problems at head
     dims 64/128 without score modifiers, and FA2 for the rest (small, host-bound calls included)."""
@@ -240,7 +287,7 @@ def test_gpu_hopper_forward_is_picked_where_it_runs(monkeypatch):
     flash_attention(small, small, small)                               # host-bound: FA2
     hopper = fa3_fwd.supported(big, big, big)
     assert calls == ([big.shape] if hopper else []), (runtime.gpu_name(), calls)
-    assert 4 * 2 * 8 * 4096 * 4096 * 128 >= ops.FA3_FROM_FLOPS > 4 * 2 * 300 * 300 * 128
+    assert 4 * 2 * 8 * 4096 * 4096 * 128 // 2 >= ops.FA3_FROM_FLOPS > 4 * 2 * 300 * 300 * 128
 
 
 @gpu
@@ -255,10 +302,10 @@ def test_gpu_hopper_backward_is_picked_and_right(monkeypatch):
     calls = []
     real = fa3_bwd.fa3_backward
     monkeypatch.setattr(fa3_bwd, "fa3_backward", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
-    run_and_check(1, 8, 2, 4000, 3001, 128, True, torch.bfloat16)    # ragged, grouped, rows past keys
+    run_and_check(1, 8, 2, 6000, 5001, 128, True, torch.bfloat16)    # ragged, grouped, rows past keys
     run_and_check(3, 4, 4, 3000, 4100, 64, False, torch.float16)
     hopper = fa3_bwd.supported(*(rand(1, 8, 64, 128, dtype=torch.bfloat16) for _ in range(3)))
-    assert calls == ([(1, 8, 4000, 128), (3, 4, 3000, 64)] if hopper else []), (runtime.gpu_name(), calls)
+    assert calls == ([(1, 8, 6000, 128), (3, 4, 3000, 64)] if hopper else []), (runtime.gpu_name(), calls)
     run_and_check(1, 2, 2, 300, 300, 128, True, torch.bfloat16)      # small: FA2's kernels
     assert len(calls) == (2 if hopper else 0)
 

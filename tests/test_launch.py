@@ -25,6 +25,9 @@ def test_plan_key_tells_apart_what_a_launch_depends_on(enabled):
     assert key(a) != key(a, options=("not causal",))
     assert key(a, b) != key(a)
     assert key(a.transpose(1, 2)) is None                     # strided last dim: the plain path
+    on_gpu = types.SimpleNamespace(shape=b.shape, stride=b.stride, dtype=b.dtype,
+                                   data_ptr=b.data_ptr, get_device=lambda: 0)
+    assert key(a, b) != key(a, on_gpu)                        # every tensor's device, not only q's
 
 
 def test_plan_key_is_none_where_launches_must_be_plain(monkeypatch):
@@ -76,8 +79,9 @@ def test_fast_launch_records_a_launch_that_replays_the_same_arguments(enabled, m
     first(x2, y2)                                             # a plan's replay
     head = (4, 1, 1, 1000, 0xF00, 0, 1, None, None, (4, 1, 0), None, None, None)
     assert [c[:13] for c in kernel.compiled.run.calls] == [head, head]
-    assert kernel.compiled.run.calls[0][13:] == (x, y, 100, 0.5, 32, False)
-    assert kernel.compiled.run.calls[1][13:] == (x2, y2, 100, 0.5, 32, False)
+    # tensors go to Triton as they are on its own launch, as addresses on a replay
+    assert kernel.compiled.run.calls[0][13:] == (x.data_ptr(), y.data_ptr(), 100, 0.5, 32, False)
+    assert kernel.compiled.run.calls[1][13:] == (x2.data_ptr(), y2.data_ptr(), 100, 0.5, 32, False)
     launch.fast_launch(kernel, grid, x, y, 101, 0.5, BLOCK=32, EVEN=False)
     assert len(kernel.plain_calls) == 2                       # another signature: Triton again
 

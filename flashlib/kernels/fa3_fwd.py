@@ -55,6 +55,7 @@ import torch
 
 from .. import runtime
 from ..inputs import resolve_scale
+from .launch import Descriptor, fast_launch, plan_key, remember
 from .tile import LOG2E
 
 TESTED_TRITON = ("3.6.",)   # Gluon's API as this file uses it; other releases fall back to FA2
@@ -442,7 +443,17 @@ def supported(q, k, v) -> bool:
     """Whether ``fa3_forward`` can run these inputs: ``hopper_inputs`` in float16/bfloat16, last
     dim contiguous and the other strides and the base addresses 16-byte aligned (what TMA
     descriptors need). Otherwise use ``fa2_forward``."""
-    return hopper_inputs(q, k, v, (torch.float16, torch.bfloat16)) and all(_tma_ok(t) for t in (q, k, v))
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        return False
+    key = plan_key((q, k, v), "supported")   # everything the answer depends on (None: no memo)
+    answer = _supported.get(key)
+    if answer is None:
+        answer = (hopper_inputs(q, k, v, (torch.float16, torch.bfloat16)) and all(_tma_ok(t) for t in (q, k, v)),)
+        remember(_supported, key, answer)
+    return answer[0]
+
+
+_supported = {}   # launch.plan_key -> (supported(q, k, v),): asked at every flash_attention call
 
 
 def _strides(t):
@@ -484,13 +495,23 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None):
     rows with no key to attend to (their out is 0). variant: a key of ``VARIANTS`` (default
     ``DEFAULT_VARIANT[D]``).
     """
+    key = plan_key((q, k, v), (causal, scale, variant)) \
+        if all(isinstance(t, torch.Tensor) for t in (q, k, v)) else None
+    plan = _plans.get(key)
+    if plan is not None:   # a call like an earlier one: allocate and replay its launch (launch.py)
+        launch, dense_out, (q_view, k_view, v_view, o_view) = plan
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if dense_out else torch.empty_like(q)
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        launch(Descriptor(q, *q_view), Descriptor(k, *k_view), Descriptor(v, *v_view),
+               Descriptor(out, *o_view), lse, lse)
+        return out, lse
     if not supported(q, k, v):
         raise ValueError("fa3_forward: unsupported inputs (see fa3_fwd.supported); use fa2_forward")
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
-    scale = resolve_scale(scale, D)
     out = torch.empty_like(q)
-    if not _tma_ok(out):              # empty_like keeps q's strides; a dense copy always works
+    dense_out = not _tma_ok(out)      # empty_like keeps q's strides; a dense copy always works
+    if dense_out:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     if Nq == 0 or B * Hq == 0:
@@ -500,20 +521,26 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None):
     variant = variant or DEFAULT_VARIANT[D]
     config = kernel_config(variant, D)
     v_desc = _descriptor(v, (1, 1, config["BLOCK_N"], D))
-    _launch(q, k, v_desc, out, lse, causal, scale, None, variant, config)
+    launch, views = _launch(q, k, v_desc, out, lse, causal, resolve_scale(scale, D), None, variant, config)
+    remember(_plans, key, (launch, dense_out, views))
     return out, lse
 
 
+_plans = {}   # launch.plan_key -> (Launch, out made dense?, (shape, strides) of each descriptor)
+
+
 def _launch(q, k, v_desc, out, lse, causal, scale, descale, variant, config):
+    """Launch the kernel; returns its ``Launch`` (None on Triton's plain path) and the
+    (shape, strides) of its four descriptors, for a plan."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    q_desc = _descriptor(q, (1, 1, BLOCK_M, D))
-    k_desc = _descriptor(k, (1, 1, config["BLOCK_N"], D))
-    o_desc = _descriptor(out, (1, 1, BLOCK_M, D))
+    descs = (_descriptor(q, (1, 1, BLOCK_M, D)), _descriptor(k, (1, 1, config["BLOCK_N"], D)),
+             v_desc, _descriptor(out, (1, 1, BLOCK_M, D)))
     grid = (-(-Nq // (BLOCK_M * config["NUM_WG"])) * B * Hq,)   # query blocks x (batch, head)
-    _fa3_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, lse if descale is None else descale,
-                          Hq, Nq, Nk, scale * LOG2E, Hq // Hkv, B * Hkv,
-                          CAUSAL=bool(causal), **config, **launch_options(variant))
+    launch = fast_launch(_fa3_fwd_kernel, grid, *descs, lse, lse if descale is None else descale,
+                         Hq, Nq, Nk, scale * LOG2E, Hq // Hkv, B * Hkv,
+                         CAUSAL=bool(causal), **config, **launch_options(variant))
+    return launch, tuple(Descriptor.view(d) for d in descs)
 
 
 def supported_fp8(q, k, v) -> bool:

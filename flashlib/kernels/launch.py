@@ -36,9 +36,26 @@ ENABLED = (not runtime.INTERPRET and triton.__version__.startswith(TESTED_TRITON
 _compiled = {}           # kernel -> {call signature: (CompiledKernel, constexpr names, config)}
 
 
+class Descriptor(NamedTuple):
+    """A host TMA descriptor as Triton's launcher reads one (``make_tensordesc_arg``: the base
+    tensor, shape, strides, padding). A replay passes these where the first call passed Gluon
+    ``TensorDescriptor``s, whose constructor's checks (passed on that call) cost more than the
+    launch; the shape and strides come from the plan, whose key pinned the tensor's."""
+    base: torch.Tensor
+    shape: list
+    strides: list
+    padding: str = "zero"
+
+    @staticmethod
+    def view(desc):
+        """(shape, strides) of a TensorDescriptor, to rebuild it around another tensor."""
+        return list(desc.shape), list(desc.strides)
+
+
 class Launch(NamedTuple):
     """One recorded launch: call it with the kernel's tensor arguments (they come first in
-    every flashlib kernel) to launch the same compiled kernel, grid and scalars again."""
+    every flashlib kernel; TMA descriptors as ``Descriptor``s) to launch the same compiled
+    kernel, grid and scalars again."""
     call: object             # the compiled launcher's C entry point (Triton's wrapper if scratch)
     grid: tuple              # (x, y, z)
     stream_of: object        # device index -> its current stream
@@ -48,8 +65,12 @@ class Launch(NamedTuple):
     scalars: tuple           # the arguments after the tensors, then the constexprs, in order
 
     def __call__(self, *tensors):
+        # addresses, not tensors: given a tensor, Triton's launcher calls its data_ptr() and asks
+        # the driver whether that address is device memory (cuPointerGetAttribute), per tensor
+        # and per launch; the plan key already pinned every input's device
         self.call(*self.grid, self.stream_of(self.device), self.function, *self.head,
-                  *tensors, *self.scalars)
+                  *[t.data_ptr() if isinstance(t, torch.Tensor) else t for t in tensors],
+                  *self.scalars)
 
 
 def plan_key(tensors, options):
@@ -59,11 +80,12 @@ def plan_key(tensors, options):
     the launchers copy first)."""
     if not ENABLED or torch.compiler.is_compiling() or _hooks_set():
         return None
-    key = [options, tensors[0].get_device()]
+    key = [options]
     for t in tensors:
-        if t.stride(-1) != 1:
+        stride = t.stride()
+        if stride[-1] != 1:
             return None
-        key += (t.shape, t.stride(), t.dtype, t.data_ptr() & 15)
+        key += (t.shape, stride, t.dtype, t.data_ptr() & 15, t.get_device())
     return tuple(key)
 
 
@@ -79,7 +101,18 @@ def remember(plans, key, plan):
 def _signature(device, args, kwargs):
     # ints first: most arguments are strides and sizes (this runs at every launch)
     return (device, *kwargs.items(), *[a if type(a) is int else (a.dtype, a.data_ptr() & 15 == 0)
-                                       if isinstance(a, torch.Tensor) else a for a in args])
+                                       if isinstance(a, torch.Tensor) else _descriptor_signature(a)
+                                       if _is_descriptor(a) else a for a in args])
+
+
+def _is_descriptor(a):
+    return hasattr(a, "block_shape") and hasattr(a, "base")   # Triton's and Gluon's TensorDescriptor
+
+
+def _descriptor_signature(d):
+    # finer than Triton's (which keys on the block shape and layout): the shape and strides too
+    return (d.base.dtype, d.base.data_ptr() & 15 == 0, tuple(d.shape), tuple(d.strides),
+            tuple(d.block_shape), str(getattr(d, "layout", None)), getattr(d, "padding", None))
 
 
 def fast_launch(kernel, grid, *args, **kwargs):
@@ -115,7 +148,9 @@ def fast_launch(kernel, grid, *args, **kwargs):
 
 
 def _tensor_count(args):
-    return next((i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)), len(args))
+    """How many of args come before the scalars: tensors and TMA descriptors."""
+    return next((i for i, a in enumerate(args) if not (isinstance(a, torch.Tensor) or _is_descriptor(a))),
+                len(args))
 
 
 def _record(hit, grid, args, kwargs):
@@ -123,8 +158,9 @@ def _record(hit, grid, args, kwargs):
     meta = {**kwargs, **chosen}
     grid = (*(grid(meta) if callable(grid) else grid), 1, 1)[:3]
     scalars = args[_tensor_count(args):]
-    if any(isinstance(a, torch.Tensor) for a in scalars):
-        raise TypeError("fast_launch: a kernel's tensor arguments must come before its scalars")
+    if any(isinstance(a, torch.Tensor) or _is_descriptor(a) for a in scalars):
+        raise TypeError("fast_launch: a kernel's tensor and descriptor arguments must come before "
+                        "its scalars")
     driver = _driver()
     launcher = compiled.run
     if getattr(launcher, "global_scratch_size", 1) == 0 and getattr(launcher, "profile_scratch_size", 1) == 0:

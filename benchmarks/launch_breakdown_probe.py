@@ -1,0 +1,130 @@
+"""Probe: where a short forward+backward's time goes, and which kernels should take it.
+
+1. Host microseconds per call of each layer at a tiny shape (B=1, H=2, N=128, d=64, bfloat16,
+   causal), where the kernels are far shorter than the calls: 100 calls back to back that never
+   wait for the GPU (fewer than its launch queue holds), best of 7. FA2's and FA3's launchers,
+   replaying their plans (kernels/launch.py), and the whole flash_attention forward and
+   forward+backward against SDPA's default dispatch.
+2. At the short suite's shapes (causal, bfloat16, B x N = 16k tokens; H=12 d=64 and H=16 d=128):
+   do_bench of the eager forward+backward, and the GPU's own kernel time (torch.profiler), for
+   flashlib with FA2's kernels, flashlib with FA3's (FA3_FROM_FLOPS=0) and SDPA's default.
+3. cProfile's top functions of flashlib's forward+backward with FA3 at the tiny shape.
+
+    PYTHONPATH=$PWD FLASHLIB_AUTOTUNE=0 python benchmarks/launch_breakdown_probe.py
+"""
+import cProfile
+import io
+import pstats
+
+import torch
+import torch.nn.functional as F
+import triton
+
+import flashlib
+from flashlib import ops
+from flashlib.bench.decode import host_time
+from flashlib.inputs import check_inputs
+from flashlib.kernels import fa2_bwd, fa2_fwd, fa3_bwd, fa3_fwd, launch
+
+
+def inputs(B, H, N, D):
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    return q, k, v, torch.randn_like(q)
+
+
+def steps(q, k, v, dout):
+    def flashlib_step():
+        return torch.autograd.grad(flashlib.flash_attention(q, k, v, causal=True), (q, k, v), dout)
+
+    def sdpa_step():
+        return torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                                   (q, k, v), dout)
+    return flashlib_step, sdpa_step
+
+
+def with_fa3(on, fn):
+    def call():
+        saved = ops.FA3_FROM_FLOPS, ops.FA3_ENABLED
+        ops.FA3_FROM_FLOPS, ops.FA3_ENABLED = (0, True) if on else (saved[0], False)
+        try:
+            return fn()
+        finally:
+            ops.FA3_FROM_FLOPS, ops.FA3_ENABLED = saved
+    return call
+
+
+def kernel_us(fn):
+    """Microseconds of CUDA kernels per call of fn (torch.profiler, 20 calls)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in prof.key_averages()
+               if e.device_type == torch.autograd.DeviceType.CUDA) / 20
+
+
+def host_breakdown():
+    q, k, v, dout = inputs(1, 2, 128, 64)
+    qd, kd, vd = q.detach(), k.detach(), v.detach()
+    out, lse = fa2_fwd.fa2_forward(qd, kd, vd, causal=True)
+    fa2_bwd.fa2_backward(qd, kd, vd, out, lse, dout, causal=True)
+    fa3_fwd.fa3_forward(qd, kd, vd, causal=True)
+    fa3_bwd.fa3_backward(qd, kd, vd, out, lse, dout, causal=True)
+    fl, sdpa = steps(q, k, v, dout)
+    print("## host time per call, B=1 H=2 N=128 d=64 bfloat16 causal (us)")
+    rows = [("torch.empty_like(q)", lambda: torch.empty_like(qd), False),
+            ("launch.plan_key(q, k, v)", lambda: launch.plan_key((qd, kd, vd), (True,)), False),
+            ("check_inputs", lambda: check_inputs(q, k, v, causal=True), False),
+            ("fa2_forward, replay (1 launch)", lambda: fa2_fwd.fa2_forward(qd, kd, vd, causal=True), False),
+            ("fa2_backward, replay (2 launches)",
+             lambda: fa2_bwd.fa2_backward(qd, kd, vd, out, lse, dout, causal=True), False),
+            ("fa3_forward, replay (1 launch)", lambda: fa3_fwd.fa3_forward(qd, kd, vd, causal=True), False),
+            ("fa3_backward, replay (3 launches, 1 memset)",
+             lambda: fa3_bwd.fa3_backward(qd, kd, vd, out, lse, dout, causal=True), False),
+            ("flash_attention forward, FA2", with_fa3(False, lambda: flashlib.flash_attention(q, k, v, causal=True)), True),
+            ("flash_attention forward, FA3", with_fa3(True, lambda: flashlib.flash_attention(q, k, v, causal=True)), True),
+            ("SDPA default forward", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), True),
+            ("flashlib fwd+bwd, FA2", with_fa3(False, fl), True),
+            ("flashlib fwd+bwd, FA3", with_fa3(True, fl), True),
+            ("SDPA default fwd+bwd", sdpa, True)]
+    for name, fn, grad in rows:
+        fn()
+        print(f"  {name:44} {host_time(fn, calls=100, repeats=7, grad=grad):7.1f}")
+    prof = cProfile.Profile()
+    step = with_fa3(True, fl)
+    prof.enable()
+    for _ in range(300):
+        step()
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
+    print("  cProfile of 300 flashlib fwd+bwd with FA3, by own time:")
+    print("\n".join("    " + line for line in text.getvalue().splitlines()[6:28]))
+
+
+def short_shapes():
+    print("\n## eager fwd+bwd, causal bfloat16, B x N = 16k tokens: do_bench us (kernels us)")
+    print(f"  {'shape':22} {'FA2':>16} {'FA3':>16} {'SDPA default':>16}   FA2/SDPA FA3/SDPA")
+    for D, H in ((64, 12), (128, 16)):
+        for N in (128, 256, 512, 1024, 2048, 4096):
+            q, k, v, dout = inputs(16384 // N, H, N, D)
+            fl, sdpa = steps(q, k, v, dout)
+            cells = []
+            for fn in (with_fa3(False, fl), with_fa3(True, fl), sdpa):
+                fn()
+                cells.append((triton.testing.do_bench(fn, warmup=25, rep=200) * 1e3, kernel_us(fn)))
+            text = "".join(f" {ms:8.1f} ({k:5.1f})" for ms, k in cells)
+            print(f"  B{16384 // N} H{H} N{N} d{D}".ljust(24) + text +
+                  f"   {cells[2][0] / cells[0][0]:7.2f}x {cells[2][0] / cells[1][0]:7.2f}x")
+
+
+if __name__ == "__main__":
+    print(f"flashlib {flashlib.__file__}; {torch.cuda.get_device_name()}; torch {torch.__version__} "
+          f"triton {triton.__version__}; fast launch {launch.ENABLED}; FA3_FROM_FLOPS {ops.FA3_FROM_FLOPS}")
+    host_breakdown()
+    short_shapes()
