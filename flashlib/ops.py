@@ -36,8 +36,9 @@ FA3_ENABLED = os.environ.get("FLASHLIB_FA3", "1") != "0"
 def _fa3_worth_it(q, k, mod, cu_seqlens, causal):
     """Whether the Hopper kernels should take this problem, if they can run it: turned on, dense,
     no score modifier, and large enough (FA3_FROM_FLOPS) to pay for their host time."""
-    flops = 4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3] >> bool(causal)
-    return FA3_ENABLED and cu_seqlens is None and mod.fn is score_mod.identity and flops >= FA3_FROM_FLOPS
+    if not FA3_ENABLED or cu_seqlens is not None or mod.fn is not score_mod.identity:
+        return False    # (packed q is 3-D: no FLOP count below)
+    return 4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3] >> bool(causal) >= FA3_FROM_FLOPS
 
 
 def attention_forward(q, k, v, causal, scale, mod, cu_seqlens=None, max_seqlen=None):

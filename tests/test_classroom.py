@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from flashlib import course
-from flashlib.course import checks, classroom, grading, processes, sandbox
+from flashlib.course import checks, class_report, classroom, grading, processes, sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = ROOT / "tests" / "hostile"
@@ -215,7 +215,10 @@ def test_no_confinement_is_refused_unless_asked_for(tmp_path, monkeypatch, capsy
     rows = classroom.grade(tmp_path, out=tmp_path / "g.csv", exercises=["ex00"], progress=False,
                            unconfined=True, timeout=30)
     assert [r["status"] for r in rows] == ["passed"]
-    assert "no Linux namespaces" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "no Linux namespaces" in printed and "ada (UNCONFINED)" in printed
+    with open(tmp_path / "g.csv", newline="") as f:
+        assert [r["confinement"] for r in csv.DictReader(f)] == [class_report.UNCONFINED]
 
 
 def test_class_folder_is_restored_if_changed(tmp_path, capsys):

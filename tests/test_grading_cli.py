@@ -176,7 +176,7 @@ def test_grade_a_class(tmp_path, capsys):
 
     with open(out, newline="") as f:
         saved = list(csv.DictReader(f))
-    assert list(saved[0]) == ["student", "exercise", "passed", "total", "status"]
+    assert list(saved[0]) == ["student", "exercise", "passed", "total", "status", "confinement"]
     assert [(r["student"], r["status"]) for r in saved] == \
         [(r["student"], r["status"]) for r in rows]
     table = capsys.readouterr().out
@@ -193,7 +193,7 @@ def test_console_script_grades_in_a_subprocess(tmp_path):
                             cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "ada" in result.stdout
-    assert re.search(r"^ada,ex00_roofline,(\d+),\1,passed$", (tmp_path / "g.csv").read_text(), re.M)
+    assert re.search(r"^ada,ex00_roofline,(\d+),\1,passed,", (tmp_path / "g.csv").read_text(), re.M)
 
 
 def test_check_without_the_course_folder_says_so(monkeypatch, capsys):

@@ -4,13 +4,16 @@
 a student's folder name is printed with its control characters shown as escapes, so a name
 holding a newline cannot fake a row. ``write_csv``: one row per (student, exercise); a cell that a
 spreadsheet would run as a formula (starting with =, +, -, @, a tab or a CR) is written with a
-leading apostrophe. ``summary``: how long grading took and how the files were confined.
+leading apostrophe; its ``confinement`` column says on every row how the file ran (``UNCONFINED``
+when grading was asked to run without a sandbox). ``summary``: how long grading took and how the
+files were confined.
 """
 import csv
 
 from .files import short
 
-FIELDS = ["student", "exercise", "passed", "total", "status"]
+FIELDS = ["student", "exercise", "passed", "total", "status", "confinement"]
+UNCONFINED = "none: ran with the grader's rights (--unconfined)"
 
 
 def write_csv(rows, path) -> None:
@@ -56,7 +59,8 @@ def format_table(rows, students, names, *, seed=None, out=None) -> str:
     header = ["student", *(short(n) for n in names), "total"]
     body = []
     for s in students:
-        line, got, total = [_shown(s)], 0, 0
+        unconfined = any(cells[s, n].get("confinement") == UNCONFINED for n in names)
+        line, got, total = [_shown(s) + (" (UNCONFINED)" if unconfined else "")], 0, 0
         for n in names:
             r = cells[s, n]
             got, total = got + r["passed"], total + r["total"]

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from . import processes, sandbox
 from .checks import under_grade
-from .class_report import format_table, summary, write_csv
+from .class_report import UNCONFINED, format_table, summary, write_csv
 from .files import find_root, implementation_path, list_exercises, no_root_message, resolve
 from .grading import default_seed, run_one
 from .integrity import NOT_ACCEPTED, borrowed as _borrowed, flashlib_uses
@@ -386,6 +386,12 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
                          "rights, able to write to the course and class folders. Grade where "
                          "unshare works (Linux with user namespaces), or pass --unconfined "
                          "(unconfined=True) to grade anyway")
+    confinement = UNCONFINED if mode == "none" else \
+        "namespaces: as nobody" if user is not None else \
+        "namespaces: as root without capabilities" if os.geteuid() == 0 else \
+        "namespaces: as the grader's user without capabilities"
+    for row in rows.values():
+        row["confinement"] = confinement
     env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL") if k in os.environ}
     env.update(_WORKER_ENV, FLASHLIB_ROOT=str(root))
     settings = dict(root=root, submissions=submissions, graders=graders, stubs=stubs, seed=seed,
