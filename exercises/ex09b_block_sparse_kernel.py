@@ -59,7 +59,10 @@ loop the kernel runs. ``tl.dot(a, b, input_precision=DOT_PRECISION)`` (a (M, K) 
 argument accumulates into it), ``tl.trans``, ``tl.math.exp2``, ``tl.math.log2``, ``tl.where``,
 ``tl.max``/``tl.sum(x, axis)``, ``tl.maximum``, ``tl.cdiv``. Cast p to V's dtype before the dot
 (``p.to(v.dtype)``), as flashlib does. Index a row vector as ``x[:, None]``, a column vector as
-``x[None, :]``.
+``x[None, :]``. Apply a partial block's bitmap with ``tl.where`` on the scores rather than by
+assigning a mask variable inside a runtime ``if`` (``if t >= n_full: allowed = ...``): Triton for
+older GPUs (sm75, Colab's T4) has failed to compile a boolean tensor reassigned inside such a
+branch, which the interpreter accepts.
 
 Check it: ``flashlib check ex09b`` (your kernel through Triton's interpreter on a CPU: small
 shapes, a few seconds; on a GPU also compiled at a real size).

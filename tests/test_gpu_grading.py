@@ -23,7 +23,8 @@ EXERCISES = course.list_exercises(ROOT)
 TRITON_MUTANTS = ["ex05_store_no_mask", "ex05_other_zero", "ex05b_attention_no_max",
                   "ex05b_matmul_no_k_mask", "ex06_no_division", "ex06_l_not_rescaled",
                   "ex07_no_rescale_acc", "ex07_nan_on_masked_rows", "ex07b_top_left_causal",
-                  "ex07b_no_tail_mask"]
+                  "ex07b_no_tail_mask", "ex08b_above_diagonal_unmasked", "ex09b_partial_unmasked",
+                  "ex10b_ignores_seqlens"]
 
 
 @pytest.mark.parametrize("exercise", EXERCISES)
