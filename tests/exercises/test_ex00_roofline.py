@@ -1,10 +1,21 @@
-"""Grader of exercise 00 (lesson 00): roofline(flops, bytes_moved, *, peak_flops, bandwidth).
+"""Grader of exercise 00 (lessons 00 and 05): roofline(flops, bytes_moved, *, peak_flops,
+bandwidth) and occupancy(num_warps, registers_per_thread, shared_bytes, sm).
 
-The time must be max(flops / peak_flops, bytes_moved / bandwidth) (compared in relative terms
-with flashlib.testing's float64 rule) and the bound "compute" or "memory" on the right side of
-the ridge point, for GPUs like an H100, an A100 and a T4 and workloads drawn at random on both
-sides of it. A failure is turned into a hint by probes: a sum or min of the two times, one side
-ignored, labels swapped, intensity or ridge point upside down.
+roofline: the time must be max(flops / peak_flops, bytes_moved / bandwidth) (compared in relative
+terms with flashlib.testing's float64 rule) and the bound "compute" or "memory" on the right side
+of the ridge point, for GPUs like an H100, an A100 and a T4 and workloads drawn at random on both
+sides of it. Every random workload lies at least MARGIN decades (a factor 1.26) from the ridge
+point, so no verdict depends on the seed through a workload too close to call. A failure is
+turned into a hint by probes: a sum or min of the two times, one side ignored, labels swapped,
+intensity or ridge point upside down.
+
+occupancy: (blocks_per_sm, occupancy, limits) by the CUDA occupancy calculator's rules (the
+stub's docstring), against this file's own reference: hand-computed kernels on an H100, an A100,
+an L4 and a T4, each chosen so that one rule decides (register allocation unit, sub-partitions,
+per-SM against per-block shared memory, the 1 KB reserve, the shared-memory unit, the warp and
+block slots, kernels that cannot launch), so every mistake is caught whatever the seed; then
+random kernels, and a made-up GPU whose figures differ from every real one. A wrong limit is
+diagnosed by recomputing it under each common mistake and naming the one that matches.
 """
 import numpy as np
 import pytest
@@ -16,8 +27,23 @@ pytestmark = pytest.mark.ex00
 # what a learner's file may use of flashlib (the stub's imports); anything else is
 # "not accepted: write it yourself" (flashlib.course.integrity.borrowed)
 FLASHLIB_ALLOWED = ()
+# flashlib's own occupancy calculator: a call from the learner's file is "not accepted"
+FLASHLIB_ANSWERS = ("flashlib.teach.profile.occupancy",)
 
 GPUS = {"H100": (989e12, 3.35e12), "A100": (312e12, 2.0e12), "T4": (65e12, 0.32e12)}
+# random workloads keep at least this many decades (log10) from the ridge point (and, for the
+# hint's probes, from its inverse): at the ridge either label is right, and near it a correct
+# answer computed another way (through the intensity) may round to the other side
+MARGIN = 0.1
+
+
+def _clear(log_intensity, *boundaries):
+    """log10 of an intensity moved, if it lies within MARGIN of a boundary (a log10), to MARGIN
+    from it on the same side: the number of cases and their sides stay as drawn."""
+    for b in boundaries:
+        if abs(log_intensity - b) < MARGIN:
+            log_intensity = b + (MARGIN if log_intensity >= b else -MARGIN)
+    return log_intensity
 
 
 def _gpu(rng):
@@ -69,9 +95,8 @@ def _label_hint(impl, rng):
     ridge = peak / bandwidth
     regions = {"low": [], "middle": [], "high": []}   # below 1/ridge, below ridge, above ridge
     answers = set()
-    for intensity in 10.0 ** (np.linspace(-5, 6, 45) + rng.uniform(-0.05, 0.05)):
-        if min(abs(np.log(intensity / ridge)), abs(np.log(intensity * ridge))) < 0.05:
-            continue  # too close to a boundary to classify
+    for u in np.linspace(-5, 6, 45) + rng.uniform(-0.05, 0.05):
+        intensity = 10.0 ** _clear(u, np.log10(ridge), -np.log10(ridge))
         flops = rng.uniform(1e9, 1e13)
         _, bound = _call(impl, flops, flops / intensity, peak, bandwidth)
         answers.add(bound)
@@ -133,11 +158,10 @@ def check_compute_bound(impl, rng):
 
 def check_both_sides(impl, rng):
     """random work on both sides of the ridge point: time and bound"""
-    for _ in range(20):
+    for i in range(20):
         name, peak, bandwidth = _gpu(rng)
-        intensity = 10.0 ** rng.uniform(-3, 4)
-        if abs(np.log(intensity * bandwidth / peak)) < 0.05:
-            continue  # at the ridge either label is right
+        side = 1 if i % 2 else -1                  # ten workloads on each side of the ridge
+        intensity = peak / bandwidth * 10.0 ** (side * rng.uniform(MARGIN, 3.5))
         flops = 10.0 ** rng.uniform(6, 15)
         _expect(impl, rng, flops, flops / intensity, peak, bandwidth, f"on {name}")
 
@@ -145,9 +169,8 @@ def check_both_sides(impl, rng):
 def check_labels_everywhere(impl, rng):
     """the bound is right for intensities from 0.00001 to 1000000 flop/B"""
     _, peak, bandwidth = _gpu(rng)
-    for intensity in 10.0 ** (np.linspace(-5, 6, 23) + rng.uniform(-0.2, 0.2)):
-        if abs(np.log(intensity * bandwidth / peak)) < 0.05:
-            continue
+    for u in np.linspace(-5, 6, 23) + rng.uniform(-0.2, 0.2):
+        intensity = 10.0 ** _clear(u, np.log10(peak / bandwidth))
         flops = 10.0 ** rng.uniform(6, 15)
         _, bound = _call(impl, flops, flops / intensity, peak, bandwidth)
         right = "compute" if intensity > peak / bandwidth else "memory"
@@ -157,7 +180,259 @@ def check_labels_everywhere(impl, rng):
                         _label_hint(impl, rng))
 
 
-CHECKS = [check_memory_bound, check_compute_bound, check_both_sides, check_labels_everywhere]
+# ---------------------------------------------------------------------------------------------
+# part 2: occupancy (lesson 05)
+
+# per-SM limits as the stub gives them (NVIDIA's specifications; the stub's H100, A100, L4, T4)
+SMS = {
+    "H100": dict(name="H100 / H200 (sm90)", registers_per_sm=65536, register_unit=256, sub_partitions=4,
+                 max_warps_per_sm=64, max_blocks_per_sm=32, shared_per_sm=228 * 1024,
+                 shared_per_block=227 * 1024, reserved_shared_per_block=1024, shared_unit=128),
+    "A100": dict(name="A100 (sm80)", registers_per_sm=65536, register_unit=256, sub_partitions=4,
+                 max_warps_per_sm=64, max_blocks_per_sm=32, shared_per_sm=164 * 1024,
+                 shared_per_block=163 * 1024, reserved_shared_per_block=1024, shared_unit=128),
+    "L4": dict(name="L4 (sm89)", registers_per_sm=65536, register_unit=256, sub_partitions=4,
+               max_warps_per_sm=48, max_blocks_per_sm=24, shared_per_sm=100 * 1024,
+               shared_per_block=99 * 1024, reserved_shared_per_block=1024, shared_unit=128),
+    "T4": dict(name="T4 (sm75)", registers_per_sm=65536, register_unit=256, sub_partitions=4,
+               max_warps_per_sm=32, max_blocks_per_sm=16, shared_per_sm=64 * 1024,
+               shared_per_block=64 * 1024, reserved_shared_per_block=0, shared_unit=256),
+}
+# a GPU that does not exist, every figure unlike the real ones: catches limits typed in as numbers
+MADE_UP = dict(name="made-up GPU", registers_per_sm=98304, register_unit=512, sub_partitions=2,
+               max_warps_per_sm=40, max_blocks_per_sm=12, shared_per_sm=300 * 1024,
+               shared_per_block=298 * 1024, reserved_shared_per_block=2048, shared_unit=512)
+LIMIT_KEYS = ("registers", "shared memory", "warps", "blocks")
+
+
+def _up(x, unit):
+    return -(-x // unit) * unit
+
+
+def _down(x, unit):
+    return x // unit * unit
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+# Each limit under the rules (first entry) and under each common mistake, with the hint that
+# names the mistake; a limit is fn(num_warps, registers, shared, sm) -> blocks.
+def _registers_rule(w, r, s, sm, unit_round=_up, divide=lambda a, b: a // b, parts=True):
+    per_warp = unit_round(r * 32, sm["register_unit"])
+    if per_warp == 0:
+        return None
+    if parts:
+        warps = sm["sub_partitions"] * divide(sm["registers_per_sm"] // sm["sub_partitions"], per_warp)
+    else:
+        warps = divide(sm["registers_per_sm"], per_warp)
+    return divide(warps, w)
+
+
+def _shared_rule(w, r, s, sm, total="shared_per_sm", reserve=True, unit=True,
+                 divide=lambda a, b: a // b):
+    need = s + (sm["reserved_shared_per_block"] if reserve else 0)
+    need = _up(need, sm["shared_unit"]) if unit else need
+    return divide(sm[total], need) if need else sm["max_blocks_per_sm"]
+
+
+ROUND_DOWN = ("blocks that fit are a division rounded down (part of a block does not run), while "
+              "an allocation is rounded up (a warp asking for 3200 registers is given 3328)")
+MISTAKES = {
+    "registers": [
+        (lambda w, r, s, sm: _registers_rule(w, r, s, sm, unit_round=_down, divide=_cdiv),
+         "you have the rounding the other way round: " + ROUND_DOWN),
+        (lambda w, r, s, sm: _registers_rule(w, r, s, sm, unit_round=lambda x, u: x),
+         "round each warp's registers (registers_per_thread x 32) up to a multiple of "
+         "sm['register_unit'] (256): the SM hands registers to a warp in chunks of 256, so a "
+         "warp of 100-register threads takes 3328, not 3200"),
+        (lambda w, r, s, sm: _registers_rule(w, r, s, sm, parts=False),
+         "the register file is split into sm['sub_partitions'] (4) equal parts and a warp takes "
+         "all its registers from one part: warps per part = (registers_per_sm / sub_partitions) "
+         "// registers per warp, then x sub_partitions; dividing the whole file can count a warp "
+         "made of leftovers from several parts"),
+        (lambda w, r, s, sm: sm["registers_per_sm"] // (r * 32 * w),
+         "registers are allocated per warp, rounded up to a multiple of sm['register_unit'] (256), "
+         "from one of sm['sub_partitions'] (4) parts of the register file: see the docstring's "
+         "rule, not registers_per_sm // (registers per block)"),
+        (lambda w, r, s, sm: _registers_rule(w, r, s, sm, divide=_cdiv),
+         ROUND_DOWN + ": use // for the warps per part and the blocks"),
+    ],
+    "shared memory": [
+        (lambda w, r, s, sm: _shared_rule(w, r, s, sm, total="shared_per_block"),
+         "divide what the whole SM holds, sm['shared_per_sm'] (228 KB on an H100), not "
+         "sm['shared_per_block'] (227 KB): that is the most one block may ask for, not the "
+         "SM's shared memory (four 57 KB blocks fit in 228 KB)"),
+        (lambda w, r, s, sm: _shared_rule(w, r, s, sm, reserve=False),
+         "add sm['reserved_shared_per_block'] (1 KB on an H100) to each block's shared memory: "
+         "the CUDA runtime keeps that much per block, so two 114 KB blocks do not fit in 228 KB"),
+        (lambda w, r, s, sm: _shared_rule(w, r, s, sm, unit=False),
+         "round each block's shared memory (with the reserve) up to a multiple of "
+         "sm['shared_unit']: it is allocated in chunks of that size"),
+        (lambda w, r, s, sm: _shared_rule(w, r, s, sm, divide=_cdiv),
+         ROUND_DOWN + ": use // for the blocks that fit"),
+        (lambda w, r, s, sm: _shared_rule(w, r, s, sm, total="shared_per_block", reserve=False),
+         "divide sm['shared_per_sm'] (what the SM holds, not the per-block maximum) by the "
+         "block's shared memory plus sm['reserved_shared_per_block'] (the runtime's 1 KB)"),
+    ],
+    "warps": [
+        (lambda w, r, s, sm: sm["max_warps_per_sm"] * 32 // w,
+         "the warps limit counts warps: sm['max_warps_per_sm'] // num_warps, not threads // warps"),
+        (lambda w, r, s, sm: _cdiv(sm["max_warps_per_sm"], w), ROUND_DOWN + ": use //"),
+    ],
+    "blocks": [],
+}
+LIMIT_HINTS = {
+    "registers": "registers: warps per part = (registers_per_sm // sub_partitions) // (registers_"
+                 "per_thread x 32 rounded up to register_unit); blocks = warps per part x "
+                 "sub_partitions // num_warps",
+    "shared memory": "shared memory: blocks = shared_per_sm // (shared_bytes + reserved_shared_per_"
+                     "block, rounded up to shared_unit); sm['max_blocks_per_sm'] if that is 0",
+    "warps": "an SM has sm['max_warps_per_sm'] warp slots (64 on an H100), so it holds at most "
+             "max_warps_per_sm // num_warps blocks, whatever their registers and shared memory",
+    "blocks": "an SM holds at most sm['max_blocks_per_sm'] blocks (32 on an H100), however small",
+}
+
+
+def _reference(num_warps, registers, shared, sm):
+    limits = {"registers": _registers_rule(num_warps, registers, shared, sm),
+              "shared memory": _shared_rule(num_warps, registers, shared, sm),
+              "warps": sm["max_warps_per_sm"] // num_warps, "blocks": sm["max_blocks_per_sm"]}
+    blocks = min(limits.values())
+    return blocks, blocks * num_warps / sm["max_warps_per_sm"], limits
+
+
+def _whole(value, what, call):
+    """value as an int, or a failure: the limits and blocks are whole numbers of blocks."""
+    try:
+        as_float = float(value)
+    except (TypeError, ValueError):
+        checks.fail(f"{call}: {what} should be a whole number of blocks, got {value!r}")
+    if as_float != int(as_float):
+        checks.fail(f"{call}: {what} is {value!r}, not a whole number of blocks",
+                    ROUND_DOWN + ": use //, which rounds down")
+    return int(as_float)
+
+
+def _expect_occupancy(impl, what, num_warps, registers, shared, sm):
+    """Call the learner's occupancy on one kernel and compare everything it returns."""
+    occupancy = checks.function(impl, "occupancy")
+    call = (f"occupancy(num_warps={num_warps}, registers_per_thread={registers}, "
+            f"shared_bytes={shared}, sm={sm['name']}) ({what})")
+    result = occupancy(num_warps, registers, shared, dict(sm))
+    if not isinstance(result, (tuple, list)) or len(result) != 3:
+        checks.fail(f"{call} returned {result!r}; it should return (blocks_per_sm, occupancy, limits)")
+    blocks, fraction, limits = result
+    expected_blocks, expected_fraction, expected_limits = _reference(num_warps, registers, shared, sm)
+    if not isinstance(limits, dict):
+        checks.fail(f"{call}: limits should be a dict, got {type(limits).__name__}")
+    for key in LIMIT_KEYS:
+        if key not in limits:
+            checks.fail(f"{call}: your limits have no {key!r} entry", LIMIT_HINTS[key])
+    extra = sorted(set(limits) - set(LIMIT_KEYS), key=str)
+    if extra:
+        checks.fail(f"{call}: limits should have exactly the keys {list(LIMIT_KEYS)}; yours also "
+                    f"has {extra}")
+    for key in LIMIT_KEYS:
+        got = _whole(limits[key], f"limits[{key!r}]", call)
+        if got != expected_limits[key]:
+            hint = next((h for model, h in MISTAKES[key]
+                         if model(num_warps, registers, shared, sm) == got), LIMIT_HINTS[key])
+            checks.fail(f"{call}: limits[{key!r}] is {got}, expected {expected_limits[key]}", hint)
+    blocks = _whole(blocks, "blocks_per_sm", call)
+    if blocks != expected_blocks:
+        left_out = [k for k in LIMIT_KEYS if min(v for j, v in expected_limits.items() if j != k) == blocks]
+        if blocks == max(expected_limits.values()):
+            hint = "blocks_per_sm is the smallest of the four limits (every one must hold), not the largest"
+        elif left_out:
+            hint = (f"blocks_per_sm is the smallest of all four limits; yours leaves out the "
+                    f"{left_out[0]!r} limit")
+        else:
+            hint = "blocks_per_sm is min(limits.values()): every limit must hold at once"
+        checks.fail(f"{call}: blocks_per_sm is {blocks}, expected {expected_blocks} "
+                    f"(limits {expected_limits})", hint)
+    try:
+        fraction = float(fraction)
+    except (TypeError, ValueError):
+        checks.fail(f"{call}: occupancy should be a number, got {fraction!r}")
+    if not abs(fraction - expected_fraction) <= 1e-12 * max(1.0, expected_fraction):
+        max_warps, max_blocks = sm["max_warps_per_sm"], sm["max_blocks_per_sm"]
+        if abs(fraction - blocks / max_blocks) <= 1e-12:
+            hint = ("occupancy counts warps, not blocks: blocks_per_sm x num_warps / "
+                    "sm['max_warps_per_sm'], the fraction of the SM's warp slots in use")
+        elif abs(fraction - 100 * expected_fraction) <= 1e-9 * max(1.0, 100 * expected_fraction):
+            hint = "occupancy is a fraction between 0 and 1, not a percentage"
+        else:
+            hint = (f"occupancy = blocks_per_sm x num_warps / sm['max_warps_per_sm'] (resident "
+                    f"warps over the SM's {max_warps} warp slots)")
+        checks.fail(f"{call}: occupancy is {fraction:.6g}, expected {expected_fraction:.6g}", hint)
+
+
+# (what it tests, num_warps, registers per thread, shared bytes, GPU): each case is decided by the
+# rule it names, so each common mistake fails one of them whatever the seed
+WORKED_EXAMPLES = [
+    ("the docstring's example: registers and shared memory both allow 3", 4, 168, 64 * 1024, "H100"),
+    ("3200 registers a warp are allocated as 3328", 4, 100, 0, "H100"),
+    ("80-register warps: 6 fit in each of the 4 parts of the register file", 1, 80, 2048, "H100"),
+    ("four 56 KB blocks (57 KB with the reserve) fill the SM's 228 KB", 4, 32, 56 * 1024, "H100"),
+    ("two 114 KB blocks do not fit with their 1 KB reserves", 8, 128, 114 * 1024, "H100"),
+    ("few registers, no shared memory: the 64 warp slots bind", 4, 24, 0, "H100"),
+    ("1-warp blocks: the 32 block slots bind", 1, 16, 0, "H100"),
+    ("16 warps of 255 registers need more than the register file: 0 blocks", 16, 255, 16 * 1024, "H100"),
+    ("228 KB of shared memory is over the 227 KB a block may use: 0 blocks", 4, 64, 228 * 1024, "H100"),
+    ("an A100: 164 KB of shared memory per SM", 4, 128, 80 * 1024, "A100"),
+    ("an L4: 48 warp slots and 24 block slots", 8, 96, 32 * 1024, "L4"),
+    ("a T4: no reserve before sm80, so a block without shared memory needs none", 4, 32, 0, "T4"),
+    ("a T4: shared memory in 256-byte units (21800 bytes take 22016)", 4, 40, 21800, "T4"),
+]
+
+
+def check_occupancy_worked_examples(impl, rng):
+    """occupancy: 13 hand-checked kernels on an H100, an A100, an L4 and a T4, each decided by one rule"""
+    for what, num_warps, registers, shared, gpu in WORKED_EXAMPLES:
+        _expect_occupancy(impl, what, num_warps, registers, shared, SMS[gpu])
+
+
+def _random_kernel(rng, sm):
+    num_warps = int(2 ** rng.integers(0, 6))                  # 1 to 32 warps (1024 threads)
+    registers = int(rng.integers(16, 256))
+    shared = int(rng.choice([0, int(rng.integers(1, sm["shared_per_sm"] + 4096))]))
+    return num_warps, registers, shared
+
+
+def check_occupancy_random_kernels(impl, rng):
+    """occupancy: 40 random kernels (1-32 warps, 16-255 registers, shared memory up to the SM's and past it) on the four GPUs"""
+    for _ in range(40):
+        gpu = list(SMS)[rng.integers(len(SMS))]
+        _expect_occupancy(impl, "random kernel", *_random_kernel(rng, SMS[gpu]), SMS[gpu])
+
+
+def _right_on(impl, kernel, sm):
+    try:
+        _expect_occupancy(impl, "", *kernel, sm)
+        return True
+    except checks.CheckFailed:
+        return False
+
+
+def check_occupancy_reads_sm(impl, rng):
+    """occupancy: a made-up GPU whose every figure differs from the real ones (all read from sm)"""
+    kernels = [case[1:4] for case in WORKED_EXAMPLES[:9]] + [_random_kernel(rng, MADE_UP) for _ in range(20)]
+    for kernel in kernels:
+        try:
+            _expect_occupancy(impl, "a made-up GPU", *kernel, MADE_UP)
+        except checks.CheckFailed as e:
+            if not _right_on(impl, kernel, SMS["H100"]):
+                raise       # wrong on a real GPU too: the hint above says why
+            figures = ", ".join(f"{k}={v}" for k, v in MADE_UP.items() if k != "name")
+            what = str(e).split("\n    hint:")[0]     # the mistake models assume the real figures
+            checks.fail(f"{what} (right for this kernel on an H100)",
+                        f"read every limit from sm, none typed in as a number: here {figures}")
+
+
+CHECKS = [check_memory_bound, check_compute_bound, check_both_sides, check_labels_everywhere,
+          check_occupancy_worked_examples, check_occupancy_random_kernels, check_occupancy_reads_sm]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)

@@ -1,0 +1,21 @@
+"""Mutant of ex00: the SM's warp slots ignored: blocks limited by registers, shared memory and the
+block slots only (4-warp blocks of 24-register threads: 21 fit by registers, but 64 warp slots
+hold 16)."""
+EXPECTED_HINT = "warp slots"
+
+
+def roofline(flops, bytes_moved, *, peak_flops, bandwidth):
+    compute_time, memory_time = flops / peak_flops, bytes_moved / bandwidth
+    return max(compute_time, memory_time), "compute" if compute_time >= memory_time else "memory"
+
+
+def occupancy(num_warps, registers_per_thread, shared_bytes, sm):
+    registers_per_warp = -(-registers_per_thread * 32 // sm["register_unit"]) * sm["register_unit"]
+    warps_per_part = sm["registers_per_sm"] // sm["sub_partitions"] // registers_per_warp
+    block_shared = (-(-(shared_bytes + sm["reserved_shared_per_block"]) // sm["shared_unit"])
+                    * sm["shared_unit"])
+    limits = {"registers": warps_per_part * sm["sub_partitions"] // num_warps,
+              "shared memory": sm["shared_per_sm"] // block_shared if block_shared else sm["max_blocks_per_sm"],
+              "blocks": sm["max_blocks_per_sm"]}
+    blocks = min(limits.values())
+    return blocks, blocks * num_warps / sm["max_warps_per_sm"], limits
