@@ -22,14 +22,15 @@ from .kernels.fa2_fwd import fa2_forward
 from .masks import KernelView
 
 # The Hopper kernels (kernels/fa3_fwd.py, fa3_bwd.py) run problems of at least this many FLOPs
-# executed (4 B Hq Nq Nk D, halved under causal masking). Below it FA2's kernels win: FA3's replayed
-# launches cost more host time (TMA descriptors rebuilt per call; its backward runs four launches
-# to FA2's two), and at these sizes the host, not the GPU, sets the pace. Measured on an H200
-# (benchmarks/results/h200/launch_breakdown_probe.log: eager causal forward+backward at 16k tokens):
-# FA2 ahead at 2^34.6 FLOPs executed (d64 N=1024: 454 against 621 us), the two even at 2^35
-# (d128 N=512), FA3 ahead from 2^35.6 (d64 N=2048: 668 against 759 us). FLASHLIB_FA3=0 turns
-# FA3 off.
-FA3_FROM_FLOPS = 1 << 35
+# executed (4 B Hq Nq Nk D, halved under causal masking). Below it FA2's kernels win: autotuned,
+# they fit short sequences better, and FA3's replayed launches cost more host time (TMA
+# descriptors rebuilt per call; its backward runs four launches to FA2's two). Eager causal
+# forward+backward at 16k tokens on an H100 (benchmarks/results/h100/short_bfloat16.json with
+# FA3 from 2^35; FA2 autotuned in the 2026-11-25 run of the same suite): FA2 ahead at 2^35
+# (d128 N=512: 1.00x SDPA's default against FA3's 0.87x) and 2^35.6 (d64 N=2048: 0.92x against
+# 0.86x), FA3 from 2^36 (d128 N=1024: 0.85x against 0.82x; N=4096: 0.93x against 0.75x).
+# FLASHLIB_FA3=0 turns FA3 off.
+FA3_FROM_FLOPS = 1 << 36
 FA3_ENABLED = os.environ.get("FLASHLIB_FA3", "1") != "0"
 
 

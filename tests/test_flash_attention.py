@@ -302,10 +302,10 @@ def test_gpu_hopper_backward_is_picked_and_right(monkeypatch):
     calls = []
     real = fa3_bwd.fa3_backward
     monkeypatch.setattr(fa3_bwd, "fa3_backward", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
-    run_and_check(1, 8, 2, 6000, 5001, 128, True, torch.bfloat16)    # ragged, grouped, rows past keys
-    run_and_check(3, 4, 4, 3000, 4100, 64, False, torch.float16)
+    run_and_check(1, 8, 2, 7000, 6001, 128, True, torch.bfloat16)    # ragged, grouped, rows past keys
+    run_and_check(3, 4, 4, 5000, 5100, 64, False, torch.float16)
     hopper = fa3_bwd.supported(*(rand(1, 8, 64, 128, dtype=torch.bfloat16) for _ in range(3)))
-    assert calls == ([(1, 8, 6000, 128), (3, 4, 3000, 64)] if hopper else []), (runtime.gpu_name(), calls)
+    assert calls == ([(1, 8, 7000, 128), (3, 4, 5000, 64)] if hopper else []), (runtime.gpu_name(), calls)
     run_and_check(1, 2, 2, 300, 300, 128, True, torch.bfloat16)      # small: FA2's kernels
     assert len(calls) == (2 if hopper else 0)
 
