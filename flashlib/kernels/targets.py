@@ -26,8 +26,8 @@ import triton
 from .. import runtime
 from . import config, launch
 
-DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32",
-          torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
+DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64",
+          torch.int32: "i32", torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
 
 
 def launches(family, dtype=torch.float16, head_dims=(128, 256)):

@@ -334,21 +334,6 @@ def _grid(grid, named):
         return None
 
 
-def _triton_type(value):
-    import torch
-    dtypes = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64",
-              torch.int32: "i32", torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
-    if isinstance(value, torch.Tensor):
-        return "*" + dtypes[value.dtype]
-    if isinstance(value, bool):
-        return "i1"
-    if isinstance(value, int):
-        return "i32" if -2 ** 31 <= value < 2 ** 31 else "i64"
-    if isinstance(value, float):
-        return "fp32"
-    raise TypeError(f"no Triton type for a launch argument {value!r}")
-
-
 def compile_launches(launch_code: str, gpu="h100") -> list:
     """Run ``launch_code`` (Python source) with Triton's launches recorded instead of run, then
     compile each recorded launch for ``gpu`` (a key of kernels.config.TARGETS). Needs real
@@ -362,6 +347,7 @@ def compile_launches(launch_code: str, gpu="h100") -> list:
     from .. import runtime
     from ..kernels import config as kernel_config
     from ..kernels import launch as flashlib_launch
+    from ..kernels.targets import _type as triton_type
     if runtime.INTERPRET:
         raise RuntimeError("kernels defined under Triton's interpreter cannot be compiled: use "
                            "compile_in_child, which runs with TRITON_INTERPRET=0")
@@ -392,7 +378,7 @@ def compile_launches(launch_code: str, gpu="h100") -> list:
             if param.is_constexpr or value is None:
                 signature[param.name], constexprs[param.name] = "constexpr", value
             else:
-                signature[param.name] = _triton_type(value)
+                signature[param.name] = triton_type(value)
         start = time.perf_counter()
         compiled = triton.compile(ASTSource(kernel, signature, constexprs),
                                   target=GPUTarget("cuda", major * 10 + minor, 32), options=options)
