@@ -17,9 +17,11 @@ store.
 (d) ``attention_row_kernel``: one query's row of attention: scores s = scale * K q, p = softmax(s)
     (safe: subtract the max), o = sum_j p_j v_j; all n_keys keys in one block.
 
-Then run ``flashlib check ex05b``. Without a GPU the kernels run through Triton's interpreter,
-where a load past the end without a mask returns whatever lies in memory instead of failing: the
-grader places every input inside a larger buffer to catch that. Limits: (d) holds the whole row
+Then run ``flashlib check ex05b``. The grader launches your four kernels itself, as the
+launchers below do and with other block sizes too (the launchers are yours to use, not graded).
+Without a GPU the kernels run through Triton's interpreter, where a load past the end without a
+mask returns whatever lies in memory instead of failing: the grader places every input inside a
+larger buffer to catch that, and records the addresses every load reads. Limits: (d) holds the whole row
 of keys in one block (the online softmax of lessons 02-07 lifts that); float16 and float32 inputs.
 """
 from flashlib import runtime  # noqa: F401  (first: Triton's interpreter when there is no GPU)

@@ -1,20 +1,33 @@
-"""Grader of exercise 05b (lesson 05): four Triton puzzles, one check each.
+"""Grader of exercise 05b (lesson 05): four Triton puzzles, one check each, then the kernels
+again with other block sizes, float16 attention rows with large scores, and every load checked
+to stay inside its tensor.
 
-The learner's launchers (``vector_add``, ``copy_matrix``, ``matmul``, ``attention_rows``, supplied
-in the stub) run their kernels, through Triton's interpreter without a GPU. There a load past the
-end without a mask does not fail, it returns whatever lies in memory; so every input is a view
-into a larger buffer whose other elements hold a pad value (an unmasked load reads them, in
-bounds), and every output is a view into a buffer of NaN, so a store past the end or at a wrong
-stride shows. The views are not contiguous (every other element, padded rows, transposed views,
-every other column), the lengths are not multiples of the blocks (1, 17, 97, 130; head dim 80 and
-33), and results are compared with float64 under flashlib.testing's rule. When a check fails,
+The grader launches the learner's four ``@triton.jit`` kernels itself (``add_kernel``,
+``copy_tile_kernel``, ``matmul_tile_kernel``, ``attention_row_kernel``, with the grids and
+arguments of the stub's launchers; the learner's launchers are not used, so a launcher rewired to
+torch cannot stand in for its kernel), through Triton's interpreter without a GPU. There a load
+past the end without a mask does not fail, it returns whatever lies in memory; so every input is
+a view into a larger buffer whose other elements hold a pad value (an unmasked load reads them,
+in bounds), and every output is a view into a buffer of NaN, so a store past the end or at a
+wrong stride shows. A load whose values are thrown away (a tail lane never stored, a padded key
+scored -inf) is invisible in the results: one check records, through the interpreter, the
+address of every element each load reads and fails on any outside the tensors (not under
+``flashlib grade``, whose learner's kernels run in another process). The views are not
+contiguous (every other element, padded rows, transposed views, every other column), the lengths
+are not multiples of the blocks (1, 17, 97, 130; head dim 80 and 33), and results are compared
+with float64 under flashlib.testing's rule. When a check fails,
 probes name the mistake: a missing tail mask, a stride ignored (contiguous assumed), float16
-accumulation in the matmul, padded score lanes that are not -inf, no max subtraction.
+accumulation in the matmul, padded score lanes that are not -inf, no max subtraction, a tile
+shape that holds only for the stub's block sizes, scores computed in float16, loads left unmasked.
 """
+import contextlib
+import inspect
+
 import numpy as np
 import pytest
 import torch
 import triton
+from triton.runtime.jit import KernelInterface
 
 from flashlib.course import checks, grading
 from flashlib import runtime
@@ -53,8 +66,156 @@ HINT_MAX = ("matches only for small scores: exp overflows past 88.72 in float32 
 HINT_BLOCK_K = ("right with block_k=32 only: the K lanes of a tile are tl.arange(0, BLOCK_K), "
                 "and the loop steps by BLOCK_K; use the BLOCK_K the launcher passes, never a "
                 "fixed width")
+HINT_BLOCKS = ("right with the stub's block sizes only: every shape in a kernel comes from its "
+               "own constexpr, whatever the others are: the matmul's acc is (BLOCK_M, BLOCK_N), "
+               "A's tile (BLOCK_M, BLOCK_K), B's (BLOCK_K, BLOCK_N); lanes are "
+               "tl.arange(0, BLOCK) of the matching block, and BLOCK_N, BLOCK_D may exceed "
+               "n_keys, d by more than the next power of two")
+HINT_FP16 = ("right for float32 inputs and for float16 with small scores, not for float16 with "
+             "scores in the hundreds: float16 keeps 11 bits, so a score near 300 is rounded by "
+             "0.125 and p = exp(s - max) by about 12%. Convert the loaded tiles to float32 "
+             "(q = tl.load(...).to(tl.float32), likewise K and V) before the products, sums and "
+             "exp, and convert only the stored o")
+HINT_READS = {
+    "add_kernel": "Mask the loads as well as the store: x and y with mask=offs < n",
+    "copy_tile_kernel": "Mask the load with the same 2-D mask as the store",
+    "matmul_tile_kernel": ("Mask each tile on both its axes: A's with (rows < M) & (k < K), B's "
+                           "with (k < K) & (cols < N)"),
+    "attention_row_kernel": ("Mask K and V on both axes, keys < n_keys and dims < d (and q on "
+                             "dims < d): a padded key lane's score is set to -inf afterwards, but "
+                             "its load still reads past K and V"),
+}
+READS_WHY = ("A load reads outside its tensor, although the values it reads there are thrown "
+             "away (never stored, or scored -inf): on a GPU that is past the end of the "
+             "allocation (an illegal address) or another tensor's data. ")
 HINT_D_MASK = ("your kernel writes past the head dim d (up to BLOCK_D) or outside the output "
                "rows: store o with mask=dims < d at o_ptr + i * stride_om + dims * stride_od")
+
+
+# ---- the learner's kernels, launched by the grader ---------------------------------------------
+
+KERNELS = {"add_kernel": 8, "copy_tile_kernel": 10, "matmul_tile_kernel": 15,
+           "attention_row_kernel": 17}         # name: the stub's number of parameters
+_READS = None     # while check_reads_inside runs: a list each launch appends (kernel, stray) to
+
+
+def _kernel(impl, name):
+    """The learner's @triton.jit kernel ``name``, checked to be one and not the stub."""
+    fn = getattr(impl, name, None)
+    if fn is None:
+        checks.fail(f"your file defines no {name}: keep the name and signature from the stub")
+    if not isinstance(fn, KernelInterface):
+        checks.fail(f"{name} is a plain Python function: keep its @triton.jit decorator")
+    source = inspect.getsource(getattr(fn, "fn", fn))
+    if "raise NotImplementedError" in source:
+        raise NotImplementedError(f"ex05b: {name}'s body is not written yet")
+    params = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
+    if len(params) != KERNELS[name]:
+        checks.fail(f"{name} takes {len(params)} arguments; keep the stub's signature "
+                    f"({KERNELS[name]})")
+    return fn, params
+
+
+def _launch(impl, name, grid, *args, **kwargs):
+    """kernel[grid](*args, **kwargs) with the learner's kernel ``name``; while _READS is a list,
+    the loads it makes outside the tensors among args are recorded there."""
+    kernel, params = _kernel(impl, name)
+    tensors = [(p.removesuffix("_ptr"), a) for p, a in zip(params, args)
+               if isinstance(a, torch.Tensor)]
+    with _loads_recorded() if _READS is not None else contextlib.nullcontext() as loads:
+        try:
+            kernel[grid](*args, **kwargs)
+        except Exception as e:
+            if "NotImplementedError" in f"{type(e).__name__}: {e}":
+                raise NotImplementedError(f"ex05b: {name}'s body is not written yet") from e
+            raise
+    if DEV.type == "cuda":
+        torch.cuda.synchronize()
+    if loads is not None:
+        _READS.append((name, _stray_loads(loads, tensors)))
+
+
+def _vector_add(impl, x, y, out, *, block=64):
+    """The stub's vector_add: one add_kernel program per block of ``block`` elements."""
+    n = x.shape[0]
+    _launch(impl, "add_kernel", (triton.cdiv(n, block),), out, x, y, n, x.stride(0), y.stride(0),
+            out.stride(0), BLOCK=block, num_warps=2)
+
+
+def _copy_matrix(impl, x, out, *, block_m=16, block_n=32):
+    """The stub's copy_matrix: a 2-D grid of copy_tile_kernel programs."""
+    M, N = x.shape
+    _launch(impl, "copy_tile_kernel", (triton.cdiv(M, block_m), triton.cdiv(N, block_n)), out, x,
+            M, N, x.stride(0), x.stride(1), out.stride(0), out.stride(1), BLOCK_M=block_m,
+            BLOCK_N=block_n, num_warps=4)
+
+
+def _matmul_tiles(impl, a, b, out, *, block_m=32, block_n=32, block_k=32):
+    """The stub's matmul: one matmul_tile_kernel program per (block_m, block_n) tile of C."""
+    (M, K), N = a.shape, b.shape[1]
+    _launch(impl, "matmul_tile_kernel", (triton.cdiv(M, block_m), triton.cdiv(N, block_n)), out,
+            a, b, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
+            out.stride(1), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+            num_stages=1 if runtime.INTERPRET else 2)
+
+
+def _attention_rows(impl, q, k, v, out, *, scale, block_n=None, block_d=None):
+    """The stub's attention_rows: one attention_row_kernel program per query row; blocks the
+    next powers of two of n_keys and d unless given."""
+    (M, d), n_keys = q.shape, k.shape[0]
+    _launch(impl, "attention_row_kernel", (M,), out, q, k, v, n_keys, d, scale, q.stride(0),
+            q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0),
+            out.stride(1), BLOCK_N=block_n or triton.next_power_of_2(n_keys),
+            BLOCK_D=block_d or triton.next_power_of_2(d), num_warps=4)
+
+
+@contextlib.contextmanager
+def _loads_recorded():
+    """While active, every tl.load that Triton's interpreter runs in this process appends the
+    addresses (bytes) its mask lets through to the yielded list; yields None where loads cannot be
+    seen (a kernel compiled for a GPU, or tensors not in this process's CPU memory)."""
+    from triton.runtime import interpreter
+
+    builder = getattr(interpreter, "interpreter_builder", None)
+    if not runtime.INTERPRET or DEV.type != "cpu" or not hasattr(builder, "create_masked_load"):
+        yield None                                        # (another Triton's interpreter: unseen)
+        return
+    loads, original = [], builder.create_masked_load      # create_load calls it too
+
+    def masked_load(ptrs, mask, *args, **kwargs):
+        where = np.broadcast_to(np.asarray(mask.data, dtype=bool), np.shape(ptrs.data))
+        loads.append(np.asarray(ptrs.data)[where].astype(np.uint64).ravel())
+        return original(ptrs, mask, *args, **kwargs)
+
+    builder.create_masked_load = masked_load
+    try:
+        yield loads
+    finally:
+        del builder.create_masked_load                    # back to the class's method
+
+
+def _addresses(t):
+    """The byte address of every element of the view t, as a flat uint64 array."""
+    index = np.zeros((), dtype=np.int64)
+    for size, stride in zip(t.shape, t.stride()):
+        index = index[..., None] + np.arange(size, dtype=np.int64) * stride
+    return (t.data_ptr() + t.element_size() * index).ravel().astype(np.uint64)
+
+
+def _stray_loads(loads, tensors):
+    """Phrases naming what the recorded loads read outside the views ``tensors`` ((name, view)
+    pairs), e.g. "x: 31 elements outside it"; empty when every load stayed inside one."""
+    read = np.unique(np.concatenate(loads)) if loads else np.zeros(0, dtype=np.uint64)
+    stray = read[~np.isin(read, np.concatenate([_addresses(t) for _, t in tensors]))]
+    starts = np.array([t.data_ptr() for _, t in tensors], dtype=np.uint64)
+    # each stray address belongs to the view that starts last before it (the one it runs past)
+    owner = np.array([int(np.argmax(np.where(starts <= a, starts, 0))) if (starts <= a).any()
+                      else -1 for a in stray], dtype=np.int64)
+    found = [f"{name}: {int((owner == i).sum())} elements outside it are loaded"
+             for i, (name, _) in enumerate(tensors) if (owner == i).any()]
+    if (owner < 0).any():
+        found.append(f"{int((owner < 0).sum())} elements before every tensor are loaded")
+    return found
 
 
 # ---- strided views inside padded buffers ------------------------------------------------------
@@ -116,12 +277,12 @@ def _ok(got, expected, rtol=1e-3, atol=1e-5):
 
 # ---- (a) strided vector add -------------------------------------------------------------------
 
-def _add(impl, x, y, *, strides=(3, 2, 2), pad=40.0, dtype=torch.float32):
+def _add(impl, x, y, *, strides=(3, 2, 2), pad=40.0, dtype=torch.float32, **blocks):
     xv, _ = _vector(x, stride=strides[0], pad=pad, dtype=dtype)
     yv, _ = _vector(y, stride=strides[1], pad=pad, dtype=dtype)
     out, out_buf = _vector(np.zeros(len(x)), stride=strides[2], pad=float("nan"), dtype=dtype)
     out.fill_(float("nan"))
-    checks.function(impl, "vector_add")(xv, yv, out)
+    _vector_add(impl, xv, yv, out, **blocks)
     return _np(out), _written_outside(out, out_buf).any(), xv, yv
 
 
@@ -151,11 +312,11 @@ def check_vector_add(impl, rng):
 
 # ---- (b) 2-D masked tile of a strided matrix ---------------------------------------------------
 
-def _copy(impl, x, *, layout, out_layout="rows", pad=40.0, dtype=torch.float32):
+def _copy(impl, x, *, layout, out_layout="rows", pad=40.0, dtype=torch.float32, **blocks):
     xv, _ = _matrix(x, layout=layout, pad=pad, dtype=dtype)
     out, out_buf = _matrix(np.zeros(np.shape(x)), layout=out_layout, pad=float("nan"), dtype=dtype)
     out.fill_(float("nan"))
-    checks.function(impl, "copy_matrix")(xv, out)
+    _copy_matrix(impl, xv, out, **blocks)
     return _np(out), _written_outside(out, out_buf).any()
 
 
@@ -196,7 +357,7 @@ def _matmul(impl, a, b, *, layouts=("rows", "transposed", "rows"), pad=40.0, dty
     out, out_buf = _matrix(np.zeros((a.shape[0], b.shape[1])), layout=layouts[2],
                            pad=float("nan"), dtype=torch.float32)
     out.fill_(float("nan"))
-    checks.function(impl, "matmul")(av, bv, out, **blocks)
+    _matmul_tiles(impl, av, bv, out, **blocks)
     return _np(out), _written_outside(out, out_buf).any(), _np(av), _np(bv)
 
 
@@ -283,13 +444,13 @@ def _attention64(q, k, v, scale):
 
 
 def _attention(impl, q, k, v, *, scale, layouts=("rows", "transposed", "every_other", "rows"),
-               pad=40.0, dtype=torch.float32):
+               pad=40.0, dtype=torch.float32, **blocks):
     qv, _ = _matrix(q, layout=layouts[0], pad=pad, dtype=dtype)
     kv, _ = _matrix(k, layout=layouts[1], pad=pad, dtype=dtype)
     vv, _ = _matrix(v, layout=layouts[2], pad=pad, dtype=dtype)
     out, out_buf = _matrix(np.zeros(q.shape), layout=layouts[3], pad=float("nan"), dtype=dtype)
     out.fill_(float("nan"))
-    checks.function(impl, "attention_rows")(qv, kv, vv, out, scale=scale)
+    _attention_rows(impl, qv, kv, vv, out, scale=scale, **blocks)
     return _np(out), _written_outside(out, out_buf).any(), (_np(qv), _np(kv), _np(vv))
 
 
@@ -341,7 +502,115 @@ def check_attention_row(impl, rng):
                             hint=lambda: _diagnose_attention(impl))
 
 
-CHECKS = [check_vector_add, check_copy_tile, check_matmul_tile, check_attention_row]
+def _offset_qkv(rng, M, n_keys, d, score, scale):
+    """Q (M, d), K and V (n_keys, d) whose scaled scores all lie near ``score`` (in the hundreds),
+    a few units apart within a row: the softmax spreads over many keys, so a score rounded to
+    float16 (by 1/8 near 300) moves p by percents."""
+    a = np.sqrt(abs(score) / (scale * d))
+    q = np.sign(score) * a * (1 + 0.01 * rng.standard_normal((M, d)))
+    k = a + 2 * rng.standard_normal((n_keys, d)) / (scale * a * np.sqrt(d))
+    return q, k, rng.standard_normal((n_keys, d))
+
+
+def check_attention_float16(impl, rng):
+    """(d) float16 attention rows with large scores (near +300 and -300, a few units apart):
+    scores and softmax computed in float32"""
+    for M, n_keys, d, scale, score in ((3, 50, 33, 1.0, 300.0), (4, 97, 48, 0.5, -300.0)):
+        q, k, v = _offset_qkv(rng, M, n_keys, d, score, scale)
+        got, outside, (q64, k64, v64) = _attention(impl, q, k, v, scale=scale, dtype=torch.float16)
+        what = (f"float16 attention of {M} queries over {n_keys} keys, d={d}, scale={scale} "
+                f"(scores near {score:.0f})")
+        if outside:
+            checks.fail(f"{what}: wrote outside O", _diagnose_attention(impl) or HINT_D_MASK)
+        t = [torch.from_numpy(x).float() for x in (q64, k64, v64)]
+        baseline = (torch.softmax(scale * t[0] @ t[1].T, -1) @ t[2]).half().double().numpy()
+        mags = attention_magnitudes(q64[None, None], k64[None, None], v64[None, None], scale=scale)
+        checks.expect_close(got, _attention64(q64, k64, v64, scale), baseline=baseline,
+                            dtype=torch.float16, name=what, magnitude=mags["out"],
+                            hint=lambda: _diagnose_attention(impl) or HINT_FP16)
+
+
+def _right_by_default(run):
+    """Whether ``run()`` (a case with the stub's block sizes) writes nothing outside its output
+    and matches its float64 expectation to 1e-3."""
+    got, expected, outside = run()
+    return not outside and _ok(got, expected, rtol=1e-3, atol=1e-3)
+
+
+def check_other_blocks(impl, rng):
+    """the four kernels with other block sizes: the add with BLOCK = 16 and 128, the copy with
+    64 x 16 tiles, the matmul with 16 x 64 x 32 tiles, attention rows with
+    BLOCK_N and BLOCK_D twice n_keys and d rounded up (every block sticks out by less than the
+    buffers' padding, SPILL)"""
+    x, y = rng.standard_normal(97), rng.standard_normal(97)
+    m = rng.standard_normal((40, 97))
+    a1, b1 = rng.standard_normal((20, 70)), rng.standard_normal((70, 37))
+    q, k, v = _qkv(rng, 3, 17, 20, 1.0)
+
+    def add(**blocks):
+        got, outside, xv, yv = _add(impl, x, y, strides=(2, 1, 3), **blocks)
+        return got, _np(xv) + _np(yv), outside
+
+    def copy(**blocks):
+        got, outside = _copy(impl, m, layout="transposed", **blocks)
+        return got, _np(_to(m, torch.float32)), outside
+
+    def matmul(a, b):
+        def run(**blocks):
+            got, outside, a64, b64 = _matmul(impl, a, b, **blocks)
+            return got, a64 @ b64, outside
+        return run
+
+    def attention(**blocks):
+        got, outside, (q64, k64, v64) = _attention(impl, q, k, v, scale=0.5, **blocks)
+        return got, _attention64(q64, k64, v64, 0.5), outside
+
+    cases = ((add, {"block": 16}, "vector_add of 97 with BLOCK = 16"),
+             (add, {"block": 128}, "vector_add of 97 with BLOCK = 128"),
+             (copy, {"block_m": 64, "block_n": 16},
+              "copy_matrix of a (40, 97) transposed view with BLOCK_M = 64, BLOCK_N = 16"),
+             (matmul(a1, b1), {"block_m": 16, "block_n": 64, "block_k": 32},
+              "matmul (20, 70) @ (70, 37) with BLOCK_M = 16, BLOCK_N = 64, BLOCK_K = 32"),
+             (attention, {"block_n": 64, "block_d": 64},
+              "attention of 3 queries over 17 keys, d=20, with BLOCK_N = 64, BLOCK_D = 64"))
+    for run, blocks, what in cases:
+        try:
+            got, expected, outside = run(**blocks)
+        except (checks.CheckFailed, NotImplementedError):
+            raise
+        except Exception as e:   # the learner's kernel failed with these blocks: was it right before?
+            if _right_by_default(run):
+                checks.fail(f"{what}: {type(e).__name__}: {str(e).splitlines()[0][:300]}",
+                            HINT_BLOCKS)
+            raise
+        if outside or not _ok(got, expected, rtol=1e-3, atol=1e-3):
+            checks.fail(f"{what}: {'wrote outside the output' if outside else 'wrong result'} "
+                        f"(max error {np.nanmax(np.abs(got - expected)):.3g})",
+                        HINT_BLOCKS if _right_by_default(run) else None)
+
+
+@checks.not_under_grade   # loads are seen only where the kernel runs: this process's interpreter
+def check_reads_inside(impl, rng):
+    """every load stays inside its tensor, even where its values are thrown away (the four
+    kernels on ragged sizes, through the interpreter)"""
+    global _READS
+    _READS = []
+    try:
+        _add(impl, rng.standard_normal(37), rng.standard_normal(37), strides=(2, 1, 3))
+        _copy(impl, rng.standard_normal((17, 45)), layout="rows")
+        _matmul(impl, rng.standard_normal((17, 70)), rng.standard_normal((70, 33)))
+        q, k, v = _qkv(rng, 3, 17, 33, 1.0)
+        _attention(impl, q, k, v, scale=0.5)
+    finally:
+        reads, _READS = _READS, None
+    for name, stray in reads:
+        if stray:
+            checks.fail(f"{name} reads outside its tensors: " + "; ".join(stray),
+                        READS_WHY + HINT_READS[name])
+
+
+CHECKS = [check_vector_add, check_copy_tile, check_matmul_tile, check_attention_row,
+          check_attention_float16, check_other_blocks, check_reads_inside]
 
 
 def _tensor_core_product(a64, b64):

@@ -6,25 +6,39 @@ for the kernel), through Triton's interpreter on a CPU, with 64 x 64 blocks, on 
 Nq != Nk, N not a multiple of the block, head dim 80 (padded to 128), several batches and heads,
 grouped heads, K/V/out laid out differently from Q, causal on and off (bottom-right; Nq > Nk
 gives rows with no key: out 0, lse -inf), rows with large logits, float32 and float16. Results
-are compared with ``attention_ref`` (float64) under flashlib.testing's rule (baselines: textbook
-attention in the same dtype, and flashlib's own FA2 kernel).
+are compared with ``attention_ref`` (float64) under flashlib.testing's rule (baseline: textbook
+attention in the same dtype, and for the GPU check flashlib's own FA2 kernel; through the
+interpreter the floor from the inputs leaves a right kernel a margin of 8 or more, and running
+flashlib's kernel there too would double the grader's time).
 
 Every tensor is a view into a larger buffer filled with NaN: a load without its mask (rows past
 N, head dims past D) reads NaN, deterministically and inside the buffer; a store without its
-mask writes where the grader sees it. The inputs must come back unchanged.
+mask writes where the grader sees it. The inputs must come back unchanged. A load whose NaN is
+thrown away (K rows past Nk whose scores become -inf, Q rows past Nq that are never stored)
+leaves the results right: one check records, through the interpreter, the address of every
+element each load reads and fails on any outside q, k and v (not under ``flashlib grade``, whose
+student process runs the kernel).
+
+Then the cases the 64 x 64 launch cannot tell apart: other block sizes (BLOCK_M = 32 over
+BLOCK_N = 16, causal, and 16 over 128: BLOCK_M and BLOCK_N swapped in a bound or an advance),
+rows whose scores all lie near -30000 (a running max started at 0 or -1e4 makes them empty), and
+non-causal attention with more queries than keys (every row sees every key).
 
 int32 offsets: one check gives the tensors a batch stride of 2**31 - 2**20 elements in a
 3-batch tensor, so batch 2 starts past 2**31 elements: ``off_b * stride_qb`` in int32 wraps round
-(to a place inside the buffer: no crash). The buffer is a 8.6 GB anonymous mapping of which only
-the touched pages are ever allocated (Linux, MAP_NORESERVE). Where that cannot be had (no such
-mapping, or ``flashlib grade``, whose student process receives copies of the tensors) the check
-falls back to reading the kernel's source for an int64 cast, and says so.
+(to a place inside the buffer: no crash), then the same head stride in a 3-head tensor (``off_h *
+stride_qh``). Each buffer is a 8.6 GB anonymous mapping of which only the touched pages are ever
+allocated (Linux, MAP_NORESERVE). Where that cannot be had (no such mapping, or ``flashlib
+grade``, whose student process receives copies of the tensors) the check falls back to reading
+the kernel's source for an int64 cast, and says so.
 
 Probes name the mistake: top-left causal, a missing tail or head-dim mask, lse in base 2, a
 tensor's strides mixed up with another's, a pointer not advanced, the loop stopping early, NaN on
-rows with no key, out not normalised, batch/head/group offsets, int32 offsets.
-Through the interpreter the whole grader takes a few seconds.
+rows with no key, out not normalised, batch/head/group offsets, int32 offsets, block sizes mixed
+up, a running max not started at -inf, the causal empty-row rule applied without causal, loads
+outside the tensors. Through the interpreter the whole grader takes a few seconds.
 """
+import contextlib
 import inspect
 import math
 import mmap
@@ -83,9 +97,10 @@ HINT_OFFSETS = ("batch and head offsets: program (pid_m, bh) owns batch bh // Hq
 HINT_GQA = ("grouped heads: query head h reads K/V head h // GROUP (GROUP query heads share one "
             "K/V head), at K + b * stride_kb + (h // GROUP) * stride_kh")
 HINT_INT64 = ("offsets overflow int32: program ids and strides are int32, and b * stride_qb "
-              "passes 2**31 elements at large batch x heads x seqlen x headdim, where the product "
-              "wraps round to a wrong address. Do the batch and head offsets in int64: "
-              "off_b.to(tl.int64) * stride_qb (for Q, K, V and Out)")
+              "(or h * stride_qh) passes 2**31 elements at large batch x heads x seqlen x "
+              "headdim, where the product wraps round to a wrong address. Do the batch and head "
+              "offsets in int64: off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * "
+              "stride_qh (for Q, K, V and Out, and the K/V head)")
 HINT_ADVANCE = ("the {what} pointers are not advanced: step start_n must load keys start_n .. "
                 "start_n + BLOCK_N - 1 of K and of V: move both by BLOCK_N * their row stride "
                 "each iteration (or recompute them from start_n)")
@@ -94,6 +109,23 @@ HINT_LOOP_BOUND = ("the loop misses key blocks: run start_n over range(0, hi, BL
 HINT_EMPTY = ("rows with no visible key (causal with Nq > Nk) must give out 0 and lse -inf, not "
               "NaN: l_i is 0 there, so divide by tl.where(l_i == 0, 1.0, l_i) and set lse to "
               "-inf where l_i == 0")
+HINT_READS = ("every load is masked, even one whose values are thrown away later (scores set to "
+              "-inf, rows never stored): the load itself reads memory that is not the tensor's, "
+              "on a GPU past the end of its allocation (an illegal address) or another tensor's "
+              "data. Load Q with (offs_m[:, None] < Nq) & (offs_d[None, :] < D), K and V with "
+              "cols < Nk and offs_d < D (other=0.0)")
+HINT_BLOCKS = ("right with 64 x 64 blocks only: BLOCK_M (query rows per program) and BLOCK_N (keys "
+               "per step) are independent. Query rows are pid_m * BLOCK_M + arange(BLOCK_M), the "
+               "causal end hi = min(Nk, max(0, (pid_m + 1) * BLOCK_M + Nk - Nq)) counts query "
+               "rows, the K and V pointers move by BLOCK_N rows per step")
+HINT_FAR_NEGATIVE = ("rows whose scores all lie far below 0 come out wrong: start the running max "
+                     "at -inf (m_i = tl.full([BLOCK_M], float(\"-inf\"), tl.float32)), not at 0 "
+                     "or a finite stand-in such as -1e4, and mask scores with -inf: a start above "
+                     "every score makes every exp2(s - m) underflow to 0 (base 2: below -126) and "
+                     "the row look empty")
+HINT_NONCAUSAL_EMPTY = ("without causal every query sees every key, also when Nq > Nk: a row has no "
+                        "key only with causal (bottom-right, the first Nq - Nk rows). Tell the "
+                        "empty rows by l_i == 0 (or apply the position rule only when CAUSAL)")
 HINT_LARGE = ("rows with large scores overflow: keep the max and the sum apart to the end, "
               "lse = (m_i + log2(l_i)) * ln(2), never log(exp2(m_i) * l_i), whose exp2 overflows "
               "float32 past 128")
@@ -122,33 +154,38 @@ def _block_d(d):
     return max(16, triton.next_power_of_2(d))
 
 
-def _launch(kernel, q, k, v, out, lse, causal, scale=None):
-    """The stub's launch: grid (cdiv(Nq, BLOCK_M), B * Hq), 64 x 64 blocks, ieee dots."""
+def _launch(kernel, q, k, v, out, lse, causal, scale=None, blocks=(BM, BN)):
+    """The stub's launch: grid (cdiv(Nq, BLOCK_M), B * Hq), 64 x 64 blocks (or ``blocks``),
+    ieee dots."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    kernel[(triton.cdiv(Nq, BM), B * Hq)](
+    block_m, block_n = blocks
+    kernel[(triton.cdiv(Nq, block_m), B * Hq)](
         q, k, v, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-        Hq, Nq, Nk, D, scale * LOG2E, Hq // Hkv, CAUSAL=bool(causal), BLOCK_M=BM, BLOCK_N=BN,
-        BLOCK_D=_block_d(D), DOT_PRECISION="ieee", num_warps=4, num_stages=1)
+        Hq, Nq, Nk, D, scale * LOG2E, Hq // Hkv, CAUSAL=bool(causal), BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_D=_block_d(D), DOT_PRECISION="ieee", num_warps=4, num_stages=1)
     if DEV.type == "cuda":
         torch.cuda.synchronize()
 
 
 def _place(x, layout="bhnd"):
-    """x (B, H, N, D) copied into a view of a NaN buffer: N padded by a block, D past BLOCK_D;
-    the buffer's dims in ``layout`` order (e.g. "bnhd": heads inside rows). Returns (view, buf)."""
+    """x (B, H, N, D) copied into a view of a NaN buffer: N padded by the largest block launched
+    (128), D past BLOCK_D; the buffer's dims in ``layout`` order (e.g. "bnhd": heads inside
+    rows). Returns (view, buf)."""
     B, H, N, D = x.shape
-    sizes = dict(b=B, h=H, n=N + BN, d=_block_d(D) + 8)
+    sizes = dict(b=B, h=H, n=N + 128, d=_block_d(D) + 8)
     buf = torch.full([sizes[c] for c in layout], float("nan"), dtype=x.dtype, device=DEV)
     view = buf.permute(*[layout.index(c) for c in "bhnd"])[:, :, :N, :D]
     view.copy_(x)
     return view, buf
 
 
-def _run(kernel, q, k, v, *, causal, layouts="bhnd bhnd bhnd bhnd", scale=None):
+def _run(kernel, q, k, v, *, causal, layouts="bhnd bhnd bhnd bhnd", scale=None, blocks=(BM, BN),
+         record=False):
     """Launch on q, k, v (B, H, N, D) tensors placed in NaN buffers. Returns a namespace with out
-    (B, Hq, Nq, D) and lse as float64 CPU tensors, and what was written outside or changed."""
+    (B, Hq, Nq, D) and lse as float64 CPU tensors, and what was written outside or changed; with
+    ``record``, also ``stray``: the loads that read outside q, k and v (see _stray_loads)."""
     lq, lk, lv, lo = layouts.split()
     (qv, qb), (kv, kb), (vv, vb) = _place(q, lq), _place(k, lk), _place(v, lv)
     inputs = [b.clone() for b in (qb, kb, vb)]
@@ -156,15 +193,78 @@ def _run(kernel, q, k, v, *, causal, layouts="bhnd bhnd bhnd bhnd", scale=None):
     B, Hq, Nq, _ = q.shape
     lse_buf = torch.full((B * Hq * Nq + BM,), float("nan"), dtype=torch.float32, device=DEV)
     lse = lse_buf[:B * Hq * Nq].view(B, Hq, Nq)
-    _launch(kernel, qv, kv, vv, ov, lse, causal, scale)
+    with _loads_recorded() if record else contextlib.nullcontext() as loads:
+        _launch(kernel, qv, kv, vv, ov, lse, causal, scale, blocks)
+    stray = None if loads is None else _stray_loads(
+        loads, [("Q", qv, qb, lq), ("K", kv, kb, lk), ("V", vv, vb, lv)])
     out = ov.detach().double().cpu()
     ob[tuple(slice(None) if c in "bh" else slice(0, q.shape[2] if c == "n" else q.shape[3])
              for c in lo)] = float("nan")                      # leaves what lies outside the view
     same = lambda a, b: torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())  # noqa: E731
     return types.SimpleNamespace(
-        out=out, lse=lse.detach().double().cpu(),
+        out=out, lse=lse.detach().double().cpu(), stray=stray,
         wrote_outside=bool((~torch.isnan(ob)).any() or (~torch.isnan(lse_buf[B * Hq * Nq:])).any()),
         changed_inputs=not all(same(a, b) for a, b in zip(inputs, (qb, kb, vb))))
+
+
+@contextlib.contextmanager
+def _loads_recorded():
+    """While active, every tl.load that Triton's interpreter runs in this process appends the
+    addresses (bytes) its mask lets through to the yielded list; yields None where loads cannot be
+    seen (a kernel compiled for a GPU, or tensors not in this process's CPU memory)."""
+    from triton.runtime import interpreter
+
+    builder = getattr(interpreter, "interpreter_builder", None)
+    if not runtime.INTERPRET or DEV.type != "cpu" or not hasattr(builder, "create_masked_load"):
+        yield None                                        # (another Triton's interpreter: unseen)
+        return
+    loads, original = [], builder.create_masked_load      # create_load calls it too
+
+    def masked_load(ptrs, mask, *args, **kwargs):
+        where = np.broadcast_to(np.asarray(mask.data, dtype=bool), np.shape(ptrs.data))
+        loads.append(np.asarray(ptrs.data)[where].astype(np.uint64).ravel())
+        return original(ptrs, mask, *args, **kwargs)
+
+    builder.create_masked_load = masked_load
+    try:
+        yield loads
+    finally:
+        del builder.create_masked_load                    # back to the class's method
+
+
+def _addresses(t):
+    """The byte address of every element of the view t, as a flat uint64 array."""
+    index = np.zeros((), dtype=np.int64)
+    for size, stride in zip(t.shape, t.stride()):
+        index = index[..., None] + np.arange(size, dtype=np.int64) * stride
+    return (t.data_ptr() + t.element_size() * index).ravel().astype(np.uint64)
+
+
+def _stray_loads(loads, tensors):
+    """What the recorded loads read outside the views: a list of phrases such as "K rows past Nk"
+    (tensors: (name, view, buffer, layout) as placed by _place), empty when every load stayed
+    inside q, k and v."""
+    read = np.unique(np.concatenate(loads)) if loads else np.zeros(0, dtype=np.uint64)
+    inside = np.concatenate([_addresses(view) for _, view, _, _ in tensors])
+    stray, found = read[~np.isin(read, inside)], []
+    for name, view, buf, layout in tensors:
+        start, size = buf.data_ptr(), buf.element_size()
+        mine = stray[(stray >= start) & (stray < start + buf.numel() * size)]
+        if mine.size == 0:
+            continue
+        where = dict(zip(layout, np.unravel_index(((mine - start) // size).astype(np.int64),
+                                                  tuple(buf.shape))))
+        n, d = view.shape[2], view.shape[3]
+        rows = "Nq" if name == "Q" else "Nk"
+        if (where["n"] >= n).any():
+            found.append(f"{name} rows past {rows} are loaded (rows "
+                         f"{int(where['n'][where['n'] >= n].min())}..{int(where['n'].max())})")
+        if (where["d"] >= d).any():
+            found.append(f"{name} head dims past D are loaded (dims {d}..{int(where['d'].max())})")
+        stray = stray[~np.isin(stray, mine)]
+    if stray.size:
+        found.append(f"{stray.size} elements outside the buffers of Q, K and V are loaded")
+    return found
 
 
 def _inputs(rng, shape_q, shape_kv, dtype=torch.float32, q_scale=1.0):
@@ -231,8 +331,10 @@ def _diagnose(kernel):
         return HINT_TAIL
     if not _probe(kernel, (1, 1, 64, 80), (1, 1, 64, 80))[0]:
         return HINT_HEAD_DIM
-    if not _probe(kernel, (1, 1, 97, 64), (1, 1, 64, 64))[0]:
-        return HINT_QUERY_ROWS
+    ok, res, _ = _probe(kernel, (1, 1, 97, 64), (1, 1, 64, 64))
+    if not ok:
+        # without causal no row is empty; the first Nq - Nk = 33 given 0 and -inf: causal's rule
+        return HINT_NONCAUSAL_EMPTY if torch.isneginf(res.lse[0, 0, :33]).all() else HINT_QUERY_ROWS
     if not _probe(kernel, (2, 3, 64, 64), (2, 3, 64, 64))[0]:
         return HINT_OFFSETS
     if not _probe(kernel, (1, 4, 64, 64), (1, 2, 64, 64))[0]:
@@ -270,32 +372,50 @@ def _naive_lse(q, k, causal):
 
 
 def _expect(impl, rng, shape_q, shape_kv, *, causal, dtype=torch.float32, q_scale=1.0,
-            layouts="bhnd bhnd bhnd bhnd", hint=None):
+            layouts="bhnd bhnd bhnd bhnd", hint=None, blocks=(BM, BN), inputs=None, note="",
+            record=False, library=False, explain=None):
+    """Run the learner's kernel on one case and compare with the oracle. inputs: (q, k, v) to use
+    instead of random ones; blocks: (BLOCK_M, BLOCK_N); note: words added to the case's name;
+    record: also fail if a load read outside q, k or v; library: flashlib's own kernel as a second
+    baseline, for the GPU, whose tensor cores round in their own way (through the interpreter,
+    where dots are float32 loops like NumPy's, the floor from the inputs covers a right kernel
+    with a margin of 5 or more, and the library's run would double the grader's time);
+    explain(res, out_ref, lse_ref): a hint read off the result itself, tried before the probes
+    (which rerun the kernel a dozen times). Returns the run's namespace."""
     kernel = _kernel(impl)
-    q, k, v = _inputs(rng, shape_q, shape_kv, dtype, q_scale)
+    q, k, v = _inputs(rng, shape_q, shape_kv, dtype, q_scale) if inputs is None else inputs
     what = (f"{str(dtype)[6:]} q {tuple(shape_q)}, k and v {tuple(shape_kv)}, causal={causal}"
-            + ("" if layouts == "bhnd bhnd bhnd bhnd" else f", layouts q k v out: {layouts}"))
-    diagnose = hint or (lambda: _diagnose(kernel) or "follow the docstring step by step")
-    res = _run(kernel, q, k, v, causal=causal, layouts=layouts)
+            + ("" if layouts == "bhnd bhnd bhnd bhnd" else f", layouts q k v out: {layouts}")
+            + ("" if blocks == (BM, BN) else f", BLOCK_M = {blocks[0]}, BLOCK_N = {blocks[1]}")
+            + note)
+    probes = hint or (lambda: _diagnose(kernel) or "follow the docstring step by step")
+    diagnose = lambda: (explain and explain(res, out_ref.cpu(), lse_ref.cpu())) or probes()  # noqa: E731
+    out_ref, lse_ref = attention_ref(q, k, v, causal=causal)
+    res = _run(kernel, q, k, v, causal=causal, layouts=layouts, blocks=blocks, record=record)
     if res.changed_inputs:
         checks.fail(f"your kernel changed its inputs q, k or v ({what})", HINT_QUERY_ROWS)
     if res.wrote_outside:
         checks.fail(f"your kernel wrote outside out[:, :, :Nq, :D] or lse ({what})", diagnose())
-    out_ref, lse_ref = attention_ref(q, k, v, causal=causal)
     for name, got in (("out", res.out), ("lse", res.lse)):
         nan = torch.isnan(got)
         if nan.any():
             rows = (nan.any(-1) if nan.dim() == 4 else nan).nonzero()[:, -1].unique().tolist()
             checks.fail(f"{name} of {what} has NaN in query rows {rows[:8]}"
                         f"{' ...' if len(rows) > 8 else ''}", diagnose())
-    out_lib, lse_lib = fa2_forward(q, k, v, causal=causal)
+    out_lib, lse_lib = fa2_forward(q, k, v, causal=causal) if library else (None, None)
     mags = attention_magnitudes(q, k, v, causal=causal)
+    baselines = [attention_naive(q, k, v, causal=causal).cpu()], [_naive_lse(q, k, causal).cpu()]
+    if library:
+        baselines[0].append(out_lib.cpu())
+        baselines[1].append(lse_lib.cpu())
     checks.expect_close(res.out, out_ref.cpu(), name=f"out of {what}", dtype=dtype,
-                        baseline=(attention_naive(q, k, v, causal=causal).cpu(), out_lib.cpu()),
-                        hint=diagnose, magnitude=mags["out"])
+                        baseline=tuple(baselines[0]), hint=diagnose, magnitude=mags["out"])
     checks.expect_close(res.lse, lse_ref.cpu(), name=f"lse of {what}", dtype=torch.float32,
-                        baseline=(_naive_lse(q, k, causal).cpu(), lse_lib.cpu()),
-                        hint=diagnose, magnitude=mags["lse"])
+                        baseline=tuple(baselines[1]), hint=diagnose, magnitude=mags["lse"])
+    if res.stray:
+        checks.fail(f"out and lse are right, but your kernel reads outside q, k and v ({what}): "
+                    + "; ".join(res.stray), HINT_READS)
+    return res
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,6 +452,58 @@ def check_large_logits(impl, rng):
             hint=lambda: _diagnose(_kernel(impl)) or HINT_LARGE)
 
 
+@checks.not_under_grade   # loads are seen only where the kernel runs: this process's interpreter
+def check_reads_inside(impl, rng):
+    """every load stays inside q, k and v, even where its values would be thrown away
+    (Nq = 33 and Nk = 70 end inside a block, head dim 40 in BLOCK_D = 64; through the interpreter)"""
+    _expect(impl, rng, (1, 1, 33, 40), (1, 1, 70, 40), causal=False, record=True)
+
+
+def check_other_blocks(impl, rng):
+    """other block sizes: BLOCK_M = 32 with BLOCK_N = 16 (causal, Nq = 20, Nk = 36: the last
+    rows see keys 32-35, a key block of their own), and BLOCK_M = 16 with BLOCK_N = 128 (Nq = 20,
+    Nk = 150)"""
+    kernel = _kernel(impl)
+    for shape_q, shape_kv, causal, blocks in (((1, 1, 20, 32), (1, 1, 36, 32), True, (32, 16)),
+                                             ((1, 1, 20, 32), (1, 1, 150, 32), False, (16, 128))):
+        def hint(shape_q=shape_q, shape_kv=shape_kv, causal=causal):
+            # the same case right with the harness's 64 x 64 blocks: the block sizes are mixed up
+            ok = _probe(kernel, shape_q, shape_kv, causal=causal)[0]
+            return HINT_BLOCKS if ok else (_diagnose(kernel) or HINT_BLOCKS)
+        _expect(impl, rng, shape_q, shape_kv, causal=causal, blocks=blocks, hint=hint)
+
+
+def _far_below_zero(rng, shape_q, shape_kv, score):
+    """q, k, v whose scaled scores (scale 1/sqrt(D)) all lie near ``score`` (far below 0), a few
+    units apart within a row and some tens between rows (float32)."""
+    D = shape_q[-1]
+    scale = D ** -0.5
+    a = math.sqrt(-score / (scale * D))
+    q = -a * (1 + 0.01 * rng.standard_normal(shape_q))
+    k = a + 3 * rng.standard_normal(shape_kv) / (scale * a * math.sqrt(D))
+    return tuple(torch.from_numpy(x).to(DEV, torch.float32)
+                 for x in (q, k, rng.standard_normal(shape_kv)))
+
+
+def check_far_negative_rows(impl, rng):
+    """rows whose scores all lie far below 0 (near -30000, past exp2's range from 0)"""
+    shape_q, shape_kv = (1, 1, 40, 32), (1, 1, 70, 32)
+    kernel = _kernel(impl)
+    _expect(impl, rng, shape_q, shape_kv, causal=False,
+            inputs=_far_below_zero(rng, shape_q, shape_kv, -3e4), note=", every score near -30000",
+            hint=lambda: _diagnose(kernel) or HINT_FAR_NEGATIVE,
+            explain=lambda res, *_: HINT_FAR_NEGATIVE if torch.isneginf(res.lse).any() else None)
+
+
+def check_more_queries_than_keys(impl, rng):
+    """non-causal with more queries than keys (Nq = 70, Nk = 33): every row sees every key"""
+    kernel = _kernel(impl)
+    _expect(impl, rng, (1, 1, 70, 32), (1, 1, 33, 32), causal=False,
+            hint=lambda: _diagnose(kernel) or HINT_NONCAUSAL_EMPTY,
+            explain=lambda res, *_: HINT_NONCAUSAL_EMPTY if torch.isneginf(res.lse[..., :37]).all()
+            or not res.out[..., :37, :].abs().sum() else None)
+
+
 def _static_int64(kernel, why):
     source = inspect.getsource(getattr(kernel, "fn", kernel))
     code = "\n".join(line.split("#")[0] for line in source.splitlines())
@@ -357,44 +529,54 @@ def _big_buffer(numel):
 
 
 def check_int64_offsets(impl, rng):
-    """a batch stride near 2**31 elements (3 batches): offsets computed in int64"""
+    """a batch stride near 2**31 elements (3 batches), then a head stride near 2**31 (3 heads):
+    batch and head offsets computed in int64"""
     kernel = _kernel(impl)
     if not isinstance(impl, types.ModuleType):
         return _static_int64(kernel, "graded in a separate process, which gets copies of the "
                                      "tensors, too large to copy here")
-    B, N, D = 3, 16, 16
-    stride_b = 2**31 - 2**20            # an int32; 2 * stride_b wraps to -2**21
+    N, D = 16, 16
+    big = 2**31 - 2**20                 # an int32; 2 * big wraps to -2**21
     lead = 2**21 + 5 * N * D            # where a wrapped offset lands: inside the buffer
-    flat = _big_buffer(lead + (B - 1) * stride_b + 5 * N * D)
-    if flat is None:
-        return _static_int64(kernel, "no 8.6 GB address range to be had on this machine")
-    q, k, v, out = (flat.as_strided((B, 1, N, D), (stride_b, N * D, D, 1), lead + i * N * D)
-                    for i in range(4))
-    data = _inputs(rng, (B, 1, N, D), (B, 1, N, D), torch.float16)
-    for view, x in zip((q, k, v), data):
-        view.copy_(x)
-    out.fill_(float("nan"))
-    lse = torch.full((B, 1, N), float("nan"), device=DEV)
-    _launch(kernel, q, k, v, out, lse, causal=False)
-    out_ref, lse_ref = attention_ref(*data)
-    wrong = [b for b in range(B) if not (_close(out[b].double().cpu(), out_ref[b].cpu(), 2e-2)
-                                         and _close(lse[b].double().cpu(), lse_ref[b].cpu(), 1e-2))]
-    if wrong == [B - 1]:
-        checks.fail(f"with a batch stride of {stride_b} elements, batch 2 (which starts past "
-                    "2**31 elements) of out or lse is wrong; batches 0 and 1 are right", HINT_INT64)
-    if wrong:
-        checks.fail(f"batches {wrong} of out or lse are wrong (float16, 3 batches of 16 x 16)",
-                    _diagnose(kernel) or "follow the docstring step by step")
+    for axis, (B, H), strides in (("batch", (3, 1), (big, N * D, D, 1)),
+                                  ("head", (1, 3), (N * D, big, D, 1))):
+        # q, k, v, out side by side (N * D apart), their batch or head 2 at 2 * big past them
+        flat = _big_buffer(lead + 2 * big + 5 * N * D)
+        if flat is None:
+            return _static_int64(kernel, "no 8.6 GB address range to be had on this machine")
+        q, k, v, out = (flat.as_strided((B, H, N, D), strides, lead + i * N * D) for i in range(4))
+        data = _inputs(rng, (B, H, N, D), (B, H, N, D), torch.float16)
+        for view, x in zip((q, k, v), data):
+            view.copy_(x)
+        out.fill_(float("nan"))
+        lse = torch.full((B, H, N), float("nan"), device=DEV)
+        _launch(kernel, q, k, v, out, lse, causal=False)
+        out_ref, lse_ref = attention_ref(*data)
+        wrong = sorted({(b, h) for b in range(B) for h in range(H)
+                        if not (_close(out[b, h].double().cpu(), out_ref[b, h].cpu(), 2e-2)
+                                and _close(lse[b, h].double().cpu(), lse_ref[b, h].cpu(), 1e-2))})
+        far = [(b, h) for b in range(B) for h in range(H) if (b if axis == "batch" else h) == 2]
+        if wrong == far:
+            checks.fail(f"with a {axis} stride of {big} elements, {axis} 2 (which starts past "
+                        f"2**31 elements) of out or lse is wrong; "
+                        f"{ {'batch': 'batches', 'head': 'heads'}[axis]} 0 and 1 are right", HINT_INT64)
+        if wrong:
+            checks.fail(f"(batch, head) {wrong} of out or lse are wrong (float16, {B} batches of "
+                        f"{H} heads of 16 x 16, a {axis} stride of {big} elements)",
+                        _diagnose(kernel) or "follow the docstring step by step")
+        del q, k, v, out, flat
 
 
 CHECKS = [check_one_block, check_ragged, check_heads_and_layouts, check_causal,
-          check_large_logits, check_int64_offsets]
+          check_large_logits, check_int64_offsets, check_reads_inside, check_other_blocks,
+          check_far_negative_rows, check_more_queries_than_keys]
 
 
 def check_gpu_real_size(impl, rng):
     """compiled for the GPU: your kernel, float16, Nq = 1000, Nk = 1100, head dim 80, causal
     (2 batches, 8 query heads over 2 K/V heads)"""
-    _expect(impl, rng, (2, 8, 1000, 80), (2, 2, 1100, 80), causal=True, dtype=torch.float16)
+    _expect(impl, rng, (2, 8, 1000, 80), (2, 2, 1100, 80), causal=True, dtype=torch.float16,
+            library=True)
 
 
 # run only on a GPU (`flashlib check` compiles them after CHECKS pass through the interpreter)

@@ -4,13 +4,14 @@ classify_blocks(allowed, block_size) and visit_lists(kinds), the tables of block
 Each function is first compared with flashlib.masks.BlockMask, the library's answer (its dense
 rule, its ``kinds``, its ``kv_index``/``q_index`` lists), on irregular shapes: n_q != n_k, lengths
 1, 17, 97, 130 that blocks of 16, 32 or 64 do not divide, windows from 1 to past the sequence,
-packed documents and random tile patterns. Then the three run end to end: a NumPy block-sparse
-FlashAttention forward (per query block, the listed key blocks, the full ones without a mask)
+packed documents, local + global masks and random tile patterns. Then the three run end to end:
+a NumPy block-sparse FlashAttention forward (per query block, the listed key blocks, the full ones without a mask)
 and backward (per key block, the listed query blocks, ``flashlib.teach.tiled.fa2_dkdv_update``) driven
 by the learner's tables, against attention_ref (and autograd through it) under the dense mask;
 the baseline is the same loops driven by BlockMask's tables. Probes name the mistake: off by
 one in the window, top-left alignment, partial tiles called full, keys past the end counted,
-floor instead of ceil, empty tiles visited, full blocks not first, lists not transposed.
+floor instead of ceil, empty tiles visited, full blocks not first, lists not transposed, a tile
+called FULL from its first and last rows (local + global masks, whose middle rows differ).
 """
 import math
 
@@ -53,6 +54,10 @@ HINT_PAST_END = ("keys past n_k count as not allowed: a tile running past the la
 HINT_ROWS_PAST = ("query rows past n_q do not count: the kernel neither computes nor stores them, so "
                   "a tile whose real rows all see all its keys is FULL (no mask needed)")
 HINT_FULL_AS_PARTIAL = "a tile whose every pair is allowed is FULL (2), not PARTIAL"
+HINT_MIDDLE_ROWS = ("every row of a tile counts, the middle rows too: here the tile's first and last "
+                    "rows see all its keys but a row between them does not (a global token's row "
+                    "sees every key, its neighbours only their window: local + global is no band), "
+                    "so the tile is PARTIAL; count the allowed pairs of the whole tile")
 HINT_VISITS_EMPTY = ("a list names a block whose tile is EMPTY: a kernel never loads an empty block, "
                      "leave it out of the list")
 HINT_MISSING = "a list leaves out a block whose tile is PARTIAL or FULL: those pairs are never attended"
@@ -190,7 +195,12 @@ def _classify_hint(allowed, block_size, got, want):
     over[:, -1] = n_k % bs != 0                                  # the key block running past n_k
     short = np.zeros(want.shape, dtype=bool)
     short[-1, :] = n_q % bs != 0                                 # the query block running past n_q
-    cases = [((got == FULL) & (want == PARTIAL) & ~all_real_allowed, HINT_PARTIAL_AS_FULL),
+    padded = _padded(allowed, bs)
+    last = np.minimum(n_q, bs * np.arange(1, nQ + 1)) - 1        # (nQ,) last real row per block
+    edge_rows_full = np.stack([padded[[r * bs, last[r]]].reshape(2, nK, bs).all(axis=(0, 2))
+                               for r in range(nQ)])             # (nQ, nK)
+    cases = [((got == FULL) & (want == PARTIAL) & edge_rows_full, HINT_MIDDLE_ROWS),
+             ((got == FULL) & (want == PARTIAL) & ~all_real_allowed, HINT_PARTIAL_AS_FULL),
              ((got != EMPTY) & (want == EMPTY) & ~over, HINT_EMPTY_VISITED),
              ((got == EMPTY) & (want != EMPTY), HINT_DROPPED),
              ((got > want) & over, HINT_PAST_END),               # the padding counted as allowed
@@ -407,6 +417,20 @@ def check_classify_any_rule(impl, rng):
         _expect_kinds(impl, allowed, 16, f"packed documents of 40, 7, 64, 19 tokens (causal={causal})")
 
 
+def check_classify_local_global(impl, rng):
+    """classify_blocks on local + global masks (global tokens see and are seen by every token:
+    a tile's middle rows can differ from its first and last) matches BlockMask.kinds"""
+    for (n_q, n_k), causal, block_size in [((130, 130), False, 16), ((97, 130), False, 32),
+                                           ((130, 97), True, 16)]:
+        # a window past the block: row 0 (global) and the block's last row see the next tile
+        window = int(rng.choice([17, 20, 33])) if block_size == 16 else 33
+        n_global = int(rng.choice([1, 3, 5]))
+        allowed = masks.local_global(n_q, n_k, window, n_global, causal=causal,
+                                     block_size=block_size).to_dense()[0, 0].numpy()
+        _expect_kinds(impl, allowed, block_size, f"a local window of {window} + {n_global} global "
+                                                 f"tokens (causal={causal})")
+
+
 def check_visit_lists(impl, rng):
     """visit_lists matches BlockMask's kv_index / q_index: full first, then partial, transposed"""
     cases = [masks.sliding_window(97, 130, 40, block_size=16), masks.causal(130, 97, block_size=32),
@@ -437,7 +461,8 @@ def check_end_to_end_documents(impl, rng):
     _expect_end_to_end(impl, rng, allowed, allowed, 16, f"packed documents of {lengths.tolist()} tokens")
 
 
-CHECKS = [check_window, check_classify_windows, check_classify_any_rule, check_visit_lists,
+CHECKS = [check_window, check_classify_windows, check_classify_any_rule, check_classify_local_global,
+          check_visit_lists,
           check_end_to_end_window, check_end_to_end_documents]
 
 

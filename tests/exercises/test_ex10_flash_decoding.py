@@ -4,11 +4,12 @@ Partial results come from real splits of attention (attention_ref over uneven ch
 one chunk empty), merged and compared with attention_ref over all the keys; and from synthetic
 lse values: far apart and in the thousands (past exp's range in float32 and float64), equal, a
 single split, empty splits (-inf) mixed in and rows whose every split is empty (out 0, lse -inf).
-float32 and float64, leading dims (batch, heads, tokens). The tolerance rule is flashlib.testing's
+float32 and float64, leading dims (batch, heads, tokens); rows whose lse lie far apart (so the
+max must be each row's own, and the largest split of a row is not its first). The tolerance rule is flashlib.testing's
 (baselines: the textbook merge in the same dtype, and the merge through the merged lse, weights
 exp(lse_s - lse), whose rounding follows |lse|). Probes name the mistake: outputs averaged,
 weights not normalised, base 2 instead of base e, max instead of log-sum-exp, no max
-subtracted, NaN on empty rows.
+subtracted, NaN on empty rows, one max for every row, a reference other than the row's max.
 """
 import numpy as np
 import pytest
@@ -33,6 +34,13 @@ HINT_MAX = ("the merged lse is log(sum_s exp(lse_s)), the log-sum-exp of the spl
             "their max: lse = m + log(sum_s exp(lse_s - m))")
 HINT_OVERFLOW = ("exp(lse_s) overflows: the lse_s can be in the thousands. Subtract the running "
                  "max m = max_s lse_s first, so every exponent lse_s - m is <= 0")
+HINT_ROW_MAX = ("each row needs its own max, m = lse_parts.max(axis=-1, keepdims=True): with one "
+                "max over the whole array (no axis), a row whose lse_s all lie more than 88.7 "
+                "(float32) below another row's max has every exp(lse_s - m) underflow to 0 and "
+                "looks empty")
+HINT_LARGEST = ("subtract the largest lse_s of the row, not another split's (e.g. the first's): "
+                "the weights cancel any reference on paper, but a split more than 88.7 (float32) "
+                "or 709.8 (float64) above the reference makes exp(lse_s - ref) overflow to inf")
 HINT_EMPTY = ("a row whose every split is empty (lse_s = -inf) must give out 0 and lse -inf, not "
               "NaN: exp(-inf - (-inf)) is NaN, so use 0 as the reference max when the max is -inf")
 
@@ -123,6 +131,13 @@ def _diagnose(impl):
     out, merged = _probe(impl, [-np.inf, -np.inf])
     if np.isnan(out).any() or np.isnan(merged).any() or not np.isneginf(merged[0]):
         return HINT_EMPTY
+    out, merged = _call(impl, np.stack([np.eye(2)] * 2).astype(np.float32),     # rows 300 apart
+                        np.asarray([[0.0, np.log(3.0)], [-300.0, -300.0 + np.log(3.0)]], np.float32))
+    if not (np.allclose(out[1], [0.25, 0.75], rtol=1e-5) and np.isfinite(merged[1])):
+        return HINT_ROW_MAX
+    out, merged = _probe(impl, [0.0, 200.0], np.float32)      # the second split 200 above the first
+    if not (np.allclose(out[0], [0.0, 1.0], atol=1e-6) and np.isclose(merged[0], 200.0)):
+        return HINT_LARGEST
     return None
 
 
@@ -223,6 +238,23 @@ def check_far_below_zero(impl, rng):
                 "looks empty; use 0 as the reference only where the max is -inf"))
 
 
+def check_rows_far_apart(impl, rng):
+    """rows whose lse lie far apart (more than exp's range), the largest split not the first"""
+    for dtype, gap in ((np.float32, 120.0), (np.float64, 800.0)):   # past 88.7 / 709.8
+        jitter = rng.uniform(-2, 2, (6, 4))
+        # per row: the first split a gap or more below the row's two largest (a few units apart,
+        # so both count), the rows' maxima up to 5 gaps apart
+        lse_parts = gap * np.array([[0, 1, 1, -0.5], [-1.5, -0.5, -2, -0.5], [0, -1, 1.5, 1.5],
+                                    [-3, -2, -2, -3.5], [-1.5, 0.5, -np.inf, 0.5], [2, 3, 1, 3]])
+        lse_parts = lse_parts + jitter
+        out_parts = rng.standard_normal((6, 4, 16))
+        out_parts[np.isneginf(lse_parts)] = 0.0
+        _expect(impl, out_parts.astype(dtype), lse_parts.astype(dtype),
+                f"lse of different rows up to {5 * gap:.0f} apart, each row's largest about "
+                f"{gap:.0f} or more above its first split",
+                "m = lse_parts.max(axis=-1, keepdims=True): the largest lse_s of each row")
+
+
 def check_equal_lse(impl, rng):
     """equal lse give equal weights: the mean of the outputs"""
     for dtype in DTYPES:
@@ -246,8 +278,7 @@ def check_empty_splits(impl, rng):
 
 
 CHECKS = [check_real_splits, check_one_split, check_leading_dims, check_far_apart, check_far_below_zero,
-          check_equal_lse,
-          check_empty_splits]
+          check_rows_far_apart, check_equal_lse, check_empty_splits]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)

@@ -11,7 +11,9 @@ each length filled with noise) catches reading past a sequence's end, and a whol
 sampled with the learner's attend must give the logits of the same model recomputing the whole
 sequence. Probes name the mistake: not causal, attended before appending, prompt not cached,
 values cached as keys, slots past the length read, top-left causal, new tokens attending only to
-themselves.
+themselves. A decode step of 20 new tokens catches a call taken for a prefill by its length, and
+the gradients of the training path (dq, dk, dv against float64 autograd; not under ``flashlib
+grade``, whose learner's code runs in another process) an attend that stops them.
 """
 import pytest
 import torch
@@ -54,6 +56,10 @@ HINT_NEW_ONLY = ("the new tokens attend to every cached token, not only to each 
                  "with cache.attend(q). A prefill is a cache holding nothing at all "
                  "(max(cache.lengths) == 0)")
 HINT_SHAPE = "return the attention output, shaped like q: (B, Hq, T, D), in q's dtype"
+HINT_GRAD = ("training needs gradients: with cache None, return flash_attention(q, k, v, "
+             "causal=True) as it is (its backward is lesson 08's kernels, through autograd), "
+             "with no torch.no_grad(), .detach() or KV cache on that path (flash_decode has no "
+             "backward)")
 
 
 def _randn(rng, shape, dtype, scale=1.0):
@@ -229,6 +235,38 @@ def check_float16(impl, rng):
     _decode_steps(impl, rng, cache, (list(k), list(v)), [1, 1], Hq, torch.float16)
 
 
+def check_long_decode(impl, rng):
+    """a decode step of 20 new tokens at once (a chunk of a long prompt, or many draft tokens)
+    after 3 and 25 cached tokens: a call with a cache holding tokens is a decode whatever T"""
+    cache, history = _filled_cache(rng, [3, 25], 2, 48, 16, torch.float32, noise=True)
+    _decode_steps(impl, rng, cache, history, [20], 4, torch.float32)
+
+
+@checks.not_under_grade   # autograd needs the learner's function in this process
+def check_gradients(impl, rng):
+    """training: gradients flow through your attend (dq, dk, dv against float64 autograd;
+    17 tokens, 2 query heads over 1 K/V head, head dim 16)"""
+    q, k, v = (t.requires_grad_() for t in _qkv(rng, 1, 2, 1, 17, 16, torch.float32))
+    dout = _randn(rng, q.shape, torch.float32)
+    what = f"training on float32 q {tuple(q.shape)}, k and v {tuple(k.shape)}"
+    out = _call(impl, q, k, v, None, what)
+    if not out.requires_grad:
+        checks.fail(f"the output of {what} carries no gradient (it does not require grad)",
+                    HINT_GRAD)
+    grads = torch.autograd.grad(out, (q, k, v), dout, allow_unused=True)
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref = torch.autograd.grad(attention_ref(*leaves64, causal=True)[0], leaves64, dout.double())
+    leaves32 = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    naive = torch.autograd.grad(attention_naive(*leaves32, causal=True), leaves32, dout)
+    mags = attention_magnitudes(q.detach(), k.detach(), v.detach(), dout, causal=True)
+    for name, g, e, b in zip(("dq", "dk", "dv"), grads, ref, naive):
+        if g is None:
+            checks.fail(f"{name} of {what} is None: the output does not depend on "
+                        f"{name[1]} through autograd", HINT_GRAD)
+        checks.expect_close(g.detach().cpu(), e.cpu(), baseline=b.cpu(), dtype=torch.float32,
+                            name=f"{name} of {what}", hint=HINT_GRAD, magnitude=mags[name])
+
+
 def _attention64(q, k, v, cache=None):
     """The oracle's attention for a model without a cache (float64, causal)."""
     return attention_ref(q, k, v, causal=True)[0].to(q.dtype)
@@ -257,7 +295,8 @@ def check_model(impl, rng):
                                 name=what, hint="the checks above test attend alone: run them first")
 
 
-CHECKS = [check_training, check_prefill, check_decode, check_ragged, check_float16, check_model]
+CHECKS = [check_training, check_prefill, check_decode, check_ragged, check_float16,
+          check_long_decode, check_gradients, check_model]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
