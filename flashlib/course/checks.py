@@ -14,6 +14,8 @@ tracemalloc traces in this process (Python objects and NumPy's buffers, not torc
 ``flashlib grade`` the learner's functions are proxies in another process, so memory checks are
 marked ``not_under_grade`` and left out there.
 """
+import contextlib
+
 import numpy as np
 
 from .files import display_path
@@ -223,3 +225,40 @@ def memory_problem(fn, make_args, sizes, per_position, what="columns") -> str | 
         return (f"your memory grows with the number of {what}: {peaks[0] / 1024:.0f} KiB at "
                 f"its peak for {small} {what}, {peaks[1] / 1024:.0f} KiB for {large}")
     return None
+
+
+# Reads a Triton kernel makes through the interpreter (ex05b's and ex07b's graders)
+
+@contextlib.contextmanager
+def loads_recorded():
+    """While active, every tl.load that Triton's interpreter runs in this process appends the
+    addresses (bytes) its mask lets through to the yielded list; yields None where loads cannot be
+    seen (a kernel compiled for a GPU, or tensors not in this process's CPU memory)."""
+    from triton.runtime import interpreter
+
+    from .. import runtime
+
+    builder = getattr(interpreter, "interpreter_builder", None)
+    if not runtime.INTERPRET or runtime.DEVICE.type != "cpu" or not hasattr(builder, "create_masked_load"):
+        yield None                                        # (another Triton's interpreter: unseen)
+        return
+    loads, original = [], builder.create_masked_load      # create_load calls it too
+
+    def masked_load(ptrs, mask, *args, **kwargs):
+        where = np.broadcast_to(np.asarray(mask.data, dtype=bool), np.shape(ptrs.data))
+        loads.append(np.asarray(ptrs.data)[where].astype(np.uint64).ravel())
+        return original(ptrs, mask, *args, **kwargs)
+
+    builder.create_masked_load = masked_load
+    try:
+        yield loads
+    finally:
+        del builder.create_masked_load                    # back to the class's method
+
+
+def element_addresses(t):
+    """The byte address of every element of the view t, as a flat uint64 array."""
+    index = np.zeros((), dtype=np.int64)
+    for size, stride in zip(t.shape, t.stride()):
+        index = index[..., None] + np.arange(size, dtype=np.int64) * stride
+    return (t.data_ptr() + t.element_size() * index).ravel().astype(np.uint64)

@@ -122,7 +122,7 @@ def _launch(impl, name, grid, *args, **kwargs):
     kernel, params = _kernel(impl, name)
     tensors = [(p.removesuffix("_ptr"), a) for p, a in zip(params, args)
                if isinstance(a, torch.Tensor)]
-    with _loads_recorded() if _READS is not None else contextlib.nullcontext() as loads:
+    with checks.loads_recorded() if _READS is not None else contextlib.nullcontext() as loads:
         try:
             kernel[grid](*args, **kwargs)
         except Exception as e:
@@ -169,44 +169,11 @@ def _attention_rows(impl, q, k, v, out, *, scale, block_n=None, block_d=None):
             BLOCK_D=block_d or triton.next_power_of_2(d), num_warps=4)
 
 
-@contextlib.contextmanager
-def _loads_recorded():
-    """While active, every tl.load that Triton's interpreter runs in this process appends the
-    addresses (bytes) its mask lets through to the yielded list; yields None where loads cannot be
-    seen (a kernel compiled for a GPU, or tensors not in this process's CPU memory)."""
-    from triton.runtime import interpreter
-
-    builder = getattr(interpreter, "interpreter_builder", None)
-    if not runtime.INTERPRET or DEV.type != "cpu" or not hasattr(builder, "create_masked_load"):
-        yield None                                        # (another Triton's interpreter: unseen)
-        return
-    loads, original = [], builder.create_masked_load      # create_load calls it too
-
-    def masked_load(ptrs, mask, *args, **kwargs):
-        where = np.broadcast_to(np.asarray(mask.data, dtype=bool), np.shape(ptrs.data))
-        loads.append(np.asarray(ptrs.data)[where].astype(np.uint64).ravel())
-        return original(ptrs, mask, *args, **kwargs)
-
-    builder.create_masked_load = masked_load
-    try:
-        yield loads
-    finally:
-        del builder.create_masked_load                    # back to the class's method
-
-
-def _addresses(t):
-    """The byte address of every element of the view t, as a flat uint64 array."""
-    index = np.zeros((), dtype=np.int64)
-    for size, stride in zip(t.shape, t.stride()):
-        index = index[..., None] + np.arange(size, dtype=np.int64) * stride
-    return (t.data_ptr() + t.element_size() * index).ravel().astype(np.uint64)
-
-
 def _stray_loads(loads, tensors):
     """Phrases naming what the recorded loads read outside the views ``tensors`` ((name, view)
     pairs), e.g. "x: 31 elements outside it"; empty when every load stayed inside one."""
     read = np.unique(np.concatenate(loads)) if loads else np.zeros(0, dtype=np.uint64)
-    stray = read[~np.isin(read, np.concatenate([_addresses(t) for _, t in tensors]))]
+    stray = read[~np.isin(read, np.concatenate([checks.element_addresses(t) for _, t in tensors]))]
     starts = np.array([t.data_ptr() for _, t in tensors], dtype=np.uint64)
     # each stray address belongs to the view that starts last before it (the one it runs past)
     owner = np.array([int(np.argmax(np.where(starts <= a, starts, 0))) if (starts <= a).any()

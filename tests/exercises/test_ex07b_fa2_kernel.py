@@ -193,7 +193,7 @@ def _run(kernel, q, k, v, *, causal, layouts="bhnd bhnd bhnd bhnd", scale=None, 
     B, Hq, Nq, _ = q.shape
     lse_buf = torch.full((B * Hq * Nq + BM,), float("nan"), dtype=torch.float32, device=DEV)
     lse = lse_buf[:B * Hq * Nq].view(B, Hq, Nq)
-    with _loads_recorded() if record else contextlib.nullcontext() as loads:
+    with checks.loads_recorded() if record else contextlib.nullcontext() as loads:
         _launch(kernel, qv, kv, vv, ov, lse, causal, scale, blocks)
     stray = None if loads is None else _stray_loads(
         loads, [("Q", qv, qb, lq), ("K", kv, kb, lk), ("V", vv, vb, lv)])
@@ -207,45 +207,12 @@ def _run(kernel, q, k, v, *, causal, layouts="bhnd bhnd bhnd bhnd", scale=None, 
         changed_inputs=not all(same(a, b) for a, b in zip(inputs, (qb, kb, vb))))
 
 
-@contextlib.contextmanager
-def _loads_recorded():
-    """While active, every tl.load that Triton's interpreter runs in this process appends the
-    addresses (bytes) its mask lets through to the yielded list; yields None where loads cannot be
-    seen (a kernel compiled for a GPU, or tensors not in this process's CPU memory)."""
-    from triton.runtime import interpreter
-
-    builder = getattr(interpreter, "interpreter_builder", None)
-    if not runtime.INTERPRET or DEV.type != "cpu" or not hasattr(builder, "create_masked_load"):
-        yield None                                        # (another Triton's interpreter: unseen)
-        return
-    loads, original = [], builder.create_masked_load      # create_load calls it too
-
-    def masked_load(ptrs, mask, *args, **kwargs):
-        where = np.broadcast_to(np.asarray(mask.data, dtype=bool), np.shape(ptrs.data))
-        loads.append(np.asarray(ptrs.data)[where].astype(np.uint64).ravel())
-        return original(ptrs, mask, *args, **kwargs)
-
-    builder.create_masked_load = masked_load
-    try:
-        yield loads
-    finally:
-        del builder.create_masked_load                    # back to the class's method
-
-
-def _addresses(t):
-    """The byte address of every element of the view t, as a flat uint64 array."""
-    index = np.zeros((), dtype=np.int64)
-    for size, stride in zip(t.shape, t.stride()):
-        index = index[..., None] + np.arange(size, dtype=np.int64) * stride
-    return (t.data_ptr() + t.element_size() * index).ravel().astype(np.uint64)
-
-
 def _stray_loads(loads, tensors):
     """What the recorded loads read outside the views: a list of phrases such as "K rows past Nk"
     (tensors: (name, view, buffer, layout) as placed by _place), empty when every load stayed
     inside q, k and v."""
     read = np.unique(np.concatenate(loads)) if loads else np.zeros(0, dtype=np.uint64)
-    inside = np.concatenate([_addresses(view) for _, view, _, _ in tensors])
+    inside = np.concatenate([checks.element_addresses(view) for _, view, _, _ in tensors])
     stray, found = read[~np.isin(read, inside)], []
     for name, view, buf, layout in tensors:
         start, size = buf.data_ptr(), buf.element_size()
