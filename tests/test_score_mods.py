@@ -72,6 +72,16 @@ def test_identity_is_the_default():
     assert score_mod.make(q, None, None).fn is score_mod.identity
 
 
+def test_the_one_instruction_tanh_only_for_bfloat16_on_a_gpu():
+    # tanh.approx.f32 errs up to 2^-10.99: under bfloat16's rounding, not float16's or float32's
+    for dtype in (torch.float16, torch.float32, torch.bfloat16):
+        q = torch.zeros(1, 2, 4, 16, dtype=dtype, device=DEV)
+        approx = dtype == torch.bfloat16 and DEV.type == "cuda"
+        assert score_mod.make(q, 30.0).fn is (score_mod.tanh_softcap_approx if approx else score_mod.tanh_softcap)
+        assert score_mod.make(q, 30.0, torch.ones(2, device=DEV)).fn is \
+            (score_mod.tanh_softcap_approx_alibi_bias if approx else score_mod.tanh_softcap_alibi_bias)
+
+
 @pytest.mark.parametrize("mod", ["softcap", "softcap_alibi"])
 def test_block_sparse(mod):
     q, k, v = qkv(2, 4, 2, 75, 90, 16)
@@ -148,6 +158,13 @@ def test_torch_compile_passes_the_modifiers():
 def test_gpu_real_sizes(dtype, D):
     run_and_check(2, 8, 2, 1500, 2100, D, True, dtype, softcap=30.0, alibi_slopes=slopes(2, 8))
     run_and_check(1, 4, 4, 2048, 2048, D, False, dtype, softcap=50.0)
+    # scores across tanh's bend and into saturation (|s| up to ~100 over a cap of 30), where the
+    # GPU's one-instruction tanh (tanh.approx.f32) errs most in absolute terms
+    q, k, v = qkv(1, 4, 2, 1000, 1300, D, dtype=dtype)
+    run_and_check(1, 4, 2, 1000, 1300, D, True, dtype, inputs=(q * 5, k * 5, v), softcap=30.0)
+    # a small cap bends most scores; few keys average little of tanh's error away. bfloat16 takes
+    # tanh.approx.f32 here (kernels/score_mod.py), float16 the exp2 formula
+    run_and_check(1, 4, 4, 70, 20, D, True, dtype, softcap=3.0, alibi_slopes=slopes(4))
 
 
 @gpu

@@ -1,0 +1,176 @@
+"""Where the production suite's slow rows lose (issue 34), on a GPU, the portable kernels only.
+
+1. ``softcap``: the plain FA2 kernel against the softcap through the hook (``kernels.score_mod``:
+   tanh from exp2, one division per score), as it was before (two divisions per score), and with
+   tanh as one PTX instruction (``tanh.approx.f32``), at the suite's first two modifier shapes:
+   error against the float64 oracle, forward and forward+backward time.
+2. ``varlen``: the forward of the suite's d64/d128 pack, of the same pack cut into equal lengths,
+   and of the dense kernel on the same tokens, under each of several fixed block configs (the
+   production run of 2026-11-26 had the packed d128 forward at 0.72x the dense one, untuned).
+   ``layout``: with the default configs, forward and forward+backward of the same four and of the
+   dense kernel on (B, N, H, D) memory seen as (B, H, N, D), the layout of a projection's output
+   and of the packed rows (row stride H x D).
+3. ``paged``: paged decode against contiguous at the short caches where it lost (eager, host time
+   per call, CUDA graph), through ``flashlib.bench.production.paged_record``.
+
+Every timed call is first checked against the oracle (``production.oracle_check``).
+
+    FLASHLIB_FA3=0 FLASHLIB_AUTOTUNE=0 python benchmarks/production_probe.py [softcap varlen layout paged]
+"""
+import os
+import sys
+
+os.environ.setdefault("FLASHLIB_FA3", "0")        # FA2 against FA2
+os.environ.setdefault("FLASHLIB_AUTOTUNE", "0")   # the configs this probe sets
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from flashlib.bench import decode as bench_decode  # noqa: E402
+from flashlib.bench import production as prod  # noqa: E402
+from flashlib.bench.harness import _time, make_inputs, shape_for  # noqa: E402
+from flashlib.kernels import fa2_fwd, score_mod  # noqa: E402
+from flashlib.ops import FlashAttention  # noqa: E402
+
+DTYPE = torch.float16
+
+
+@triton.jit
+def tanh_softcap_two_divisions(s, q_pos, k_pos, bh, args):
+    """The softcap before 2026-11-26: s / cap per score, then tanh from exp2 and a division
+    (Triton's f32 division is div.full.f32: a MUFU.RCP each)."""
+    cap = tl.load(args + bh * score_mod.ARGS_PER_HEAD)
+    y = s / cap
+    e = tl.math.exp2(-2.8853900817779268 * tl.abs(y))
+    t = (1.0 - e) / (1.0 + e)
+    t = tl.where(y < 0, -t, t)
+    return cap * t, 1.0 - t * t
+
+
+@triton.jit
+def tanh_softcap_approx(s, q_pos, k_pos, bh, args):
+    """tanh as one instruction, PTX tanh.approx.f32 (sm75+, relative error up to 2^-10.99; what
+    flash-attn's softcap uses): one special-function op per score instead of two."""
+    cap = tl.load(args + bh * score_mod.ARGS_PER_HEAD)
+    t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [s * (1.0 / cap)],
+                                  dtype=tl.float32, is_pure=True, pack=1)
+    return cap * t, 1.0 - t * t
+
+
+def timed(call, inputs, check, grad=True):
+    """(error, fwd ms, fwd_bwd ms) of call(*inputs), checked first."""
+    with torch.no_grad():
+        err, ok = check(call(*inputs))
+    if not ok:
+        return err, None, None
+    with torch.no_grad():
+        fwd = _time(lambda: call(*inputs))
+    if not grad:
+        return err, fwd, None
+    dout = torch.randn_like(call(*inputs))
+    return err, fwd, _time(lambda: torch.autograd.grad(call(*inputs), inputs, dout))
+
+
+def softcap_part():
+    print("\n# softcap: FA2 forward / forward+backward, ms (TFLOP/s), max error vs float64")
+    for D, N, causal in prod.MOD_SHAPES[:2]:
+        B, H = shape_for(D, N)["B"], prod.WIDTH // D
+        flops = prod.attention_flops(B, H, N, N, D, causal=causal)
+        q, k, v = make_inputs(B, H, H, N, N, D, DTYPE, "cuda", requires_grad=True)
+        mod, cap = score_mod.make(q, prod.SOFTCAP), {"softcap": prod.SOFTCAP}
+        variants = {"plain": (score_mod.IDENTITY, {}), "softcap": (mod, cap),
+                    "softcap_two_divisions": (score_mod.ScoreMod(tanh_softcap_two_divisions, mod.args), cap),
+                    "softcap_tanh_approx": (score_mod.ScoreMod(tanh_softcap_approx, mod.args), cap)}
+        base = None
+        for name, (mod, options) in variants.items():
+            call = lambda q, k, v, mod=mod: FlashAttention.apply(q, k, v, causal, D ** -0.5, mod)[0]  # noqa: E731
+            check = lambda out, o=options: prod.oracle_check(  # noqa: E731
+                [tuple(t[:1, :2] for t in (out, q, k, v))], DTYPE, causal=causal, **o)
+            err, fwd, fb = timed(call, (q, k, v), check)
+            if fwd is None:
+                print(f"d{D} N{N} causal={causal} {name:22} WRONG: error {err:.3g}")
+                continue
+            base = base or (fwd, fb)
+            print(f"d{D} N{N} causal={causal} {name:22} fwd {fwd:.3f} ms ({flops / fwd / 1e9:.0f}) "
+                  f"{base[0] / fwd:.3f}x plain; fwd+bwd {fb:.3f} ms ({3.5 * flops / fb / 1e9:.0f}) "
+                  f"{base[1] / fb:.3f}x plain; error {err:.3g}", flush=True)
+
+
+VARLEN_CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 3), (64, 128, 4, 3),
+                  (128, 32, 4, 3)]
+
+
+def varlen_part():
+    print("\n# varlen forward, causal, 32k tokens: TFLOP/s per fixed config (BLOCK_M, BLOCK_N, warps, stages)")
+    lengths = prod.document_lengths(prod.PACK_TOKENS, prod.PACK_DOCS)
+    equal = [prod.PACK_TOKENS // prod.PACK_DOCS] * prod.PACK_DOCS
+    kernel = fa2_fwd._fa2_fwd_kernel
+    for D in prod.PACK_DIMS:
+        H = prod.WIDTH // D
+        for bm, bn, warps, stages in VARLEN_CONFIGS:
+            fa2_fwd._choose = lambda *a, **k: (kernel, dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,  # noqa: B023
+                                                             num_stages=stages))
+            fa2_fwd._plans.clear()
+            row = []
+            for name, impl, lens in (("dense", "flashlib_dense", equal), ("pack", "flashlib_varlen", lengths),
+                                     ("equal_pack", "flashlib_varlen", equal)):
+                flops = prod.packed_flops(lens, H, D, causal=True)
+                try:
+                    call, inputs, check = prod.varlen_setup(impl, lens, H, D, DTYPE)
+                    err, fwd, _ = timed(call, inputs, check, grad=False)
+                    row.append(f"{name} {'WRONG %.3g' % err if fwd is None else '%.0f' % (flops / fwd / 1e9)}")
+                except Exception as e:   # a config that does not compile or fit
+                    row.append(f"{name} {type(e).__name__}")
+            print(f"d{D} ({bm}, {bn}, {warps}, {stages}): " + ", ".join(row), flush=True)
+
+
+def layout_part():
+    print("\n# layout: forward, forward+backward of the default configs, causal, 32k tokens; ms (TFLOP/s)")
+    lengths = prod.document_lengths(prod.PACK_TOKENS, prod.PACK_DOCS)
+    equal = [prod.PACK_TOKENS // prod.PACK_DOCS] * prod.PACK_DOCS
+    for D in prod.PACK_DIMS:
+        H, B, N = prod.WIDTH // D, len(equal), equal[0]
+        for name, lens in (("dense", equal), ("dense_bshd", equal), ("pack", lengths), ("equal_pack", equal)):
+            flops = prod.packed_flops(lens, H, D, causal=True)
+            if name == "dense_bshd":   # (B, N, H, D) in memory, seen as (B, H, N, D): a projection's layout
+                leaves = [t.detach().transpose(1, 2).contiguous().requires_grad_()
+                          for t in make_inputs(B, H, H, N, N, D, DTYPE, "cuda")]
+                inputs = tuple(t.transpose(1, 2) for t in leaves)
+                call = lambda q, k, v: prod.flash_attention(q, k, v, causal=True)  # noqa: E731
+                check = lambda out, i=inputs: prod.oracle_check(  # noqa: E731
+                    [tuple(t[:1, :2] for t in (out, *i))], DTYPE, causal=True)
+            else:
+                call, inputs, check = prod.varlen_setup(
+                    "flashlib_dense" if name == "dense" else "flashlib_varlen", lens, H, D, DTYPE)
+            err, fwd, fb = timed(call, inputs, check)
+            if fwd is None:
+                print(f"d{D} {name:11} WRONG: error {err:.3g}")
+                continue
+            print(f"d{D} {name:11} fwd {fwd:.3f} ms ({flops / fwd / 1e9:.0f}), fwd+bwd {fb:.3f} ms "
+                  f"({3.5 * flops / fb / 1e9:.0f})", flush=True)
+
+
+def paged_part():
+    print("\n# paged decode at short caches: eager ms, host us, graph ms; ratio to contiguous")
+    for label, shape, seqlens, ragged in bench_decode.cases(quick=False):
+        if ragged or max(seqlens) > 4096:
+            continue
+        base = None
+        for page, impl in ((None, "flashlib_contiguous"), (16, "flashlib_paged16"), (256, "flashlib_paged256")):
+            r = prod.paged_record(f"{label} L{max(seqlens)}", impl, shape, tuple(seqlens), page, DTYPE)[0]
+            if r.get("ms") is None:
+                print(f"{r['case']:10} {impl:20} {r.get('note')}")
+                continue
+            base = base or r
+            graph, base_graph = r["ms_graph"] or float("nan"), base["ms_graph"] or float("nan")
+            print(f"{r['case']:10} {impl:20} eager {r['ms'] * 1e3:6.1f} us ({base['ms'] / r['ms']:.3f}x), host "
+                  f"{r['host_us']:5.1f} us, graph {graph * 1e3:6.1f} us "
+                  f"({base_graph / graph:.3f}x)", flush=True)
+
+
+if __name__ == "__main__":
+    parts = sys.argv[1:] or ["softcap", "varlen", "layout", "paged"]
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
+    for part in parts:
+        globals()[f"{part}_part"]()
