@@ -209,7 +209,7 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse, ModArgs, CuSeqQ, CuSeqK,
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages); the first is used when autotuning is off
-CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4),
+CONFIGS = [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 4, 4),
            (128, 128, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3), (64, 64, 4, 2),
            (64, 32, 4, 2), (32, 32, 4, 1)]
 # SRAM: the Q block stays resident; each pipeline stage holds a K and a V block
