@@ -31,9 +31,8 @@ def check_decode_inputs(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=N
     check_table=False: the block table's entries are trusted (a ``PagedKVCache`` built it)."""
     if block_table is not None:
         Lmax = check_pages(q, k_cache, v_cache, cache_seqlens, block_table, check_table)
-        # the SDPA-layout checks (dtypes, devices, heads, headdim) on one page seen as a batch
-        scale = check_inputs(q, *(t[:1].expand(q.shape[0], -1, -1, -1) for t in (k_cache, v_cache)),
-                             scale=scale)
+        # the SDPA-layout checks (dtypes, devices, heads, headdim), the pages' first dim aside
+        scale = check_inputs(q, k_cache, v_cache, scale=scale, paged=True)
     else:
         scale = check_inputs(q, k_cache, v_cache, scale=scale)
         Lmax = k_cache.shape[2]
@@ -95,7 +94,7 @@ def check_pages(q, k_cache, v_cache, cache_seqlens, block_table, check_table=Tru
     if page_size < 16 or page_size & (page_size - 1):
         raise ValueError(f"page_size (k_cache.shape[2]) must be a power of two >= 16, got {page_size}")
     if check_table and block_table.numel() and not torch.compiler.is_compiling():
-        lo, hi = int(block_table.min()), int(block_table.max())
+        lo, hi = torch.stack(torch.aminmax(block_table)).tolist()     # one read, one sync
         if lo < 0 or hi >= num_pages:
             raise ValueError(f"block_table holds page {lo if lo < 0 else hi}, but the caches have "
                              f"pages 0 to {num_pages - 1}")

@@ -29,12 +29,14 @@ def resolve_scale(scale, D: int) -> float:
     return default_scale(D) if scale is None else float(scale)
 
 
-def check_inputs(q, k, v, *, scale=None, causal=False):
-    """Validate q, k, v for the kernels; return the resolved scale. Errors name the argument."""
+def check_inputs(q, k, v, *, scale=None, causal=False, paged=False):
+    """Validate q, k, v for the kernels; return the resolved scale. Errors name the argument.
+    paged: k and v are a paged cache (num_pages, heads_kv, page_size, headdim), whose first dim is
+    not the batch (``flashlib.decode.check_pages`` checks the rest)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    B, Hq, Hkv, Nq, Nk, D = check_qkv(q, k, v)
+    B, Hq, Hkv, Nq, Nk, D = check_qkv(q, k, v, paged=paged)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"{name} has dtype {t.dtype}; expected float16, bfloat16 or float32")
@@ -66,8 +68,9 @@ def check_scale(scale, D: int) -> float:
     return float(scale)
 
 
-def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int]:
-    """Validate SDPA-layout q, k, v; return (B, Hq, Hkv, Nq, Nk, D). Errors name the argument."""
+def check_qkv(q, k, v, *, paged=False) -> tuple[int, int, int, int, int, int]:
+    """Validate SDPA-layout q, k, v; return (B, Hq, Hkv, Nq, Nk, D). Errors name the argument.
+    paged: k and v are pages (``check_inputs``); their first dim is not compared with q's batch."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.ndim != 4:
             raise ValueError(f"{name} must have 4 dims (batch, heads, seqlen, headdim), "
@@ -77,7 +80,7 @@ def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int]:
         raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} "
                          f"and v {tuple(v.shape)}")
     Bk, Hkv, Nk, Dk = k.shape
-    if Bk != B:
+    if Bk != B and not paged:
         raise ValueError(f"k has batch {Bk} but q has batch {B}")
     if Dk != D:
         raise ValueError(f"k has headdim {Dk} but q has headdim {D}")
