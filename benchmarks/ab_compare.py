@@ -1,4 +1,4 @@
-"""Same-run A/B of the dense kernels: this checkout's flashlib against another version of it.
+"""Same-run A/B of the kernels: this checkout's flashlib against another version of it.
 
 Why: a change to the kernels' shared code (the score-modifier hook, a new prologue) must not slow
 the default path, and these machines vary 5-15% between processes, so the two versions are timed
@@ -13,6 +13,11 @@ forward+backward with ``triton.testing.do_bench`` (median). FLASHLIB_AUTOTUNE=0 
 (the portable kernels, also on Hopper), so both versions run the same block configs: the
 comparison is of the kernels' code, not of autotuning luck. With
 ``--mods``, the new version is also timed with a softcap and ALiBi (what the modifiers cost).
+
+``--suite block_sparse`` or ``--suite decode``: each worker is instead that suite of
+``python -m flashlib.bench`` with flashlib's implementations only, under the same settings and
+in the same alternating order; records of the two versions are paired by shape (and mask), and
+the table compares their ``ms`` (and ``ms_graph``, decode's time inside a CUDA graph).
 """
 import argparse
 import json
@@ -68,12 +73,45 @@ def worker(label, mods):
                                       ms=ms)), flush=True)
 
 
+SUITE_IMPLS = {"block_sparse": ["flashlib", "flashlib_dense"], "decode": ["flashlib"]}
+RECORD_KEY = ("op", "impl", "mask", "B", "Hq", "Hkv", "Nq", "Nk", "D", "causal", "seqlens")
+
+
+def suite_worker(label, suite, out, env):
+    """One version's run of a suite (``env`` picks the version): its flashlib records, tagged
+    with ``label``. Run from /tmp: ``python -m`` would put this checkout first on the path."""
+    out = out.resolve()
+    subprocess.run([sys.executable, "-m", "flashlib.bench", "--suite", suite, "--impl", *SUITE_IMPLS[suite],
+                    "--out", str(out)], check=True, stdout=subprocess.DEVNULL, env=env, cwd="/tmp")
+    records = json.loads(next(out.glob(f"{suite}_*.json")).read_text())["records"]
+    return [dict(r, label=label) for r in records if r["impl"] in SUITE_IMPLS[suite]]
+
+
+def suite_table(records):
+    """Lines of the suite A/B: per paired record, base and new medians of ms (and ms_graph)."""
+    lines = ["record | time | base ms (median of rounds) | new ms | new / base | spread of base, new rounds"]
+    keys = sorted({tuple(str(r.get(f)) for f in RECORD_KEY) for r in records})
+    for key in keys:
+        same = [r for r in records if tuple(str(r.get(f)) for f in RECORD_KEY) == key]
+        for field in ("ms", "ms_graph"):
+            base = [r[field] for r in same if r["label"] == "base" and r.get(field) is not None]
+            new = [r[field] for r in same if r["label"] == "new" and r.get(field) is not None]
+            if base and new:
+                b, n = statistics.median(base), statistics.median(new)
+                name = " ".join(f"{f}={v}" for f, v in zip(RECORD_KEY, key) if v != "None")
+                lines.append(f"{name} | {field} | {b:.4f} | {n:.4f} | {n / b:.3f} | {min(base):.4f}-{max(base):.4f}, "
+                             f"{min(new):.4f}-{max(new):.4f}")
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base", help="folder holding the baseline's flashlib package")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--mods", action="store_true", help="also time the new version's modifiers")
     parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--suite", default="dense", choices=["dense", *SUITE_IMPLS],
+                        help="dense: this file's shapes; otherwise that flashlib.bench suite")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -84,6 +122,10 @@ def main():
     for r in range(args.rounds):
         for label in (("base", "new") if r % 2 == 0 else ("new", "base")):
             env = dict(os.environ, PYTHONPATH=str(paths[label]), FLASHLIB_AUTOTUNE="0", FLASHLIB_FA3="0")
+            if args.suite != "dense":
+                out = args.out / f"{label}_{r}"
+                records += [dict(x, round=r) for x in suite_worker(label, args.suite, out, env)]
+                continue
             cmd = [sys.executable, __file__, "--worker", label] + (["--mods"] if args.mods and label == "new" else [])
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd="/tmp")
             sys.stderr.write(done.stderr[-3000:])
@@ -91,6 +133,11 @@ def main():
                 raise SystemExit(f"{label} worker failed ({done.returncode})")
             records += [dict(json.loads(line), round=r) for line in done.stdout.splitlines() if line.startswith("{")]
     (args.out / "ab_records.jsonl").write_text("".join(json.dumps(x) + "\n" for x in records))
+    if args.suite != "dense":
+        text = "\n".join(suite_table(records))
+        print(text)
+        (args.out / "ab_summary.txt").write_text(text + "\n")
+        return
     lines = ["shape | op | mod | base ms (median of rounds) | new ms | new / base | spread of base rounds"]
     for B, H, N, D, causal in SHAPES:
         for op in ("fwd", "fwd_bwd"):
