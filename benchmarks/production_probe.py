@@ -11,12 +11,19 @@
    ``layout``: with the default configs, forward and forward+backward of the same four and of the
    dense kernel on (B, N, H, D) memory seen as (B, H, N, D), the layout of a projection's output
    and of the packed rows (row stride H x D).
-3. ``paged``: paged decode against contiguous at the short caches where it lost (eager, host time
+3. ``softcap_fma``: the softcap's special-function ops moved to the FMA units (FA4's idea):
+   exp2 as a cubic on the FMA pipe (``exp2_fma``) for all or half of the softmax's scores (a
+   tile update through the forward's ``tile_update`` hook), and tanh's division as Newton steps
+   (``tanh_softcap_newton``), forward only, against the plain forward and the library's softcaps.
+   ``softcap_bounded``: bfloat16, the library's softcap (tanh.approx, no running max:
+   ``tile.tile_update_bounded``) against the same with the running max and the plain kernel,
+   forward and forward+backward, at the suite's three modifier shapes.
+4. ``paged``: paged decode against contiguous at the short caches where it lost (eager, host time
    per call, CUDA graph), through ``flashlib.bench.production.paged_record``.
 
 Every timed call is first checked against the oracle (``production.oracle_check``).
 
-    FLASHLIB_FA3=0 FLASHLIB_AUTOTUNE=0 python benchmarks/production_probe.py [softcap varlen layout paged]
+    FLASHLIB_FA3=0 FLASHLIB_AUTOTUNE=0 python benchmarks/production_probe.py [softcap varlen layout softcap_fma softcap_bounded paged]
 """
 import os
 import sys
@@ -47,6 +54,131 @@ def tanh_softcap_two_divisions(s, q_pos, k_pos, bh, args):
     t = (1.0 - e) / (1.0 + e)
     t = tl.where(y < 0, -t, t)
     return cap * t, 1.0 - t * t
+
+
+@triton.jit
+def exp2_fma(x):
+    """2^x for x <= 0 on the FMA units: x = n + f (n = round(x) from adding 1.5 * 2^23), 2^f a
+    quartic on [-0.5, 0.5] (relative error 2.7e-6, fitted here: a cubic's 7.5e-5 put the lse past
+    the float32 tolerance), n added to the exponent bits; 0 below -127 (-inf: masked scores stay
+    exactly 0)."""
+    xc = tl.maximum(x, -127.0)
+    t = xc + 12582912.0                                   # round(xc) in the low mantissa bits
+    f = xc - (t - 12582912.0)                             # [-0.5, 0.5]
+    p = (((0.00956999 * f + 0.05591754) * f + 0.24024744) * f + 0.69312185) * f + 0.99999928
+    bits = p.to(tl.int32, bitcast=True) + (t.to(tl.int32, bitcast=True) << 23)
+    return tl.where(x > -127.0, bits.to(tl.float32, bitcast=True), 0.0)
+
+
+@triton.jit
+def _tile_update_exp2(acc, m_i, l_i, s, v, DOT_PRECISION: tl.constexpr, HALF: tl.constexpr):
+    """``tile.tile_update`` with exp2_fma for every score (HALF=False) or for every second column."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_safe)
+    x = s - m_safe[:, None]                                               # (BM, BN)
+    if HALF:
+        a, b = tl.split(tl.reshape(x, (x.shape[0], x.shape[1] // 2, 2)))  # (BM, BN/2) each
+        p = tl.reshape(tl.join(tl.math.exp2(a), exp2_fma(b)), (x.shape[0], x.shape[1]))
+    else:
+        p = exp2_fma(x)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def tile_update_exp2_fma(acc, m_i, l_i, s, v, DOT_PRECISION: tl.constexpr):
+    return _tile_update_exp2(acc, m_i, l_i, s, v, DOT_PRECISION, False)
+
+
+@triton.jit
+def tile_update_exp2_half_fma(acc, m_i, l_i, s, v, DOT_PRECISION: tl.constexpr):
+    return _tile_update_exp2(acc, m_i, l_i, s, v, DOT_PRECISION, True)
+
+
+@triton.jit
+def tanh_softcap_newton(s, q_pos, k_pos, bh, args):
+    """The exp2 formula with 1 / (1 + e) as a linear guess and three Newton steps on the FMA units
+    instead of a division (two left 1.2e-5: times the cap, past the lse's float32 tolerance):
+    one special-function op per score, not two."""
+    cap = tl.load(args + bh * score_mod.ARGS_PER_HEAD)
+    y = s * (1.0 / cap)
+    e = tl.math.exp2(-2.8853900817779268 * tl.abs(y))    # (0, 1]
+    d = 1.0 + e                                           # (1, 2]
+    r = 1.4117647058823530 - 0.47058823529411764 * d     # 24/17 - 8/17 d: 1/d within 1/17
+    r = r + r * (1.0 - d * r)
+    r = r + r * (1.0 - d * r)
+    r = r + r * (1.0 - d * r)
+    t = (1.0 - e) * r
+    t = tl.where(y < 0, -t, t)
+    return cap * t, 1.0 - t * t
+
+
+def softcap_fma_part():
+    print("\n# softcap_fma: FA2 forward, ms (TFLOP/s), ratio to plain, max error vs float64")
+    update = fa2_fwd.tile_update_fn
+    for D, N, causal in prod.MOD_SHAPES[:2]:
+        B, H = shape_for(D, N)["B"], prod.WIDTH // D
+        flops = prod.attention_flops(B, H, N, N, D, causal=causal)
+        q, k, v = make_inputs(B, H, H, N, N, D, DTYPE, "cuda")
+        mod = score_mod.make(q, prod.SOFTCAP)
+        approx, newton = (score_mod.ScoreMod(fn, mod.args) for fn in (score_mod.tanh_softcap_approx,
+                                                                      tanh_softcap_newton))
+        variants = {"plain": (score_mod.IDENTITY, update), "softcap_exp2_div": (mod, update),
+                    "softcap_tanh_approx": (approx, update), "softcap_newton": (newton, update),
+                    "tanh_approx+exp2_fma": (approx, tile_update_exp2_fma),
+                    "tanh_approx+half_fma": (approx, tile_update_exp2_half_fma),
+                    "newton+half_fma": (newton, tile_update_exp2_half_fma),
+                    "newton+exp2_fma": (newton, tile_update_exp2_fma),
+                    "plain+half_fma": (score_mod.IDENTITY, tile_update_exp2_half_fma)}
+        base = None
+        for name, (mod_, tile) in variants.items():
+            options = {} if mod_ is score_mod.IDENTITY else {"softcap": prod.SOFTCAP}
+            call = lambda q, k, v, m=mod_, t=tile: fa2_fwd.fa2_forward(  # noqa: E731
+                q, k, v, causal=causal, score_mod=m, tile_update=t)[0]
+            check = lambda out, o=options: prod.oracle_check(  # noqa: E731
+                [tuple(t[:1, :2] for t in (out, q, k, v))], DTYPE, causal=causal, **o)
+            try:
+                err, fwd, _ = timed(call, (q, k, v), check, grad=False)
+            except Exception as e:   # a variant that does not compile
+                print(f"d{D} N{N} causal={causal} {name:22} {type(e).__name__}: {str(e)[:200]}")
+                continue
+            if fwd is None:
+                print(f"d{D} N{N} causal={causal} {name:22} WRONG: error {err:.3g}")
+                continue
+            base = base or fwd
+            print(f"d{D} N{N} causal={causal} {name:22} fwd {fwd:.3f} ms ({flops / fwd / 1e9:.0f}) "
+                  f"{base / fwd:.3f}x plain; error {err:.3g}", flush=True)
+
+
+def softcap_bounded_part():
+    print("\n# softcap_bounded: bfloat16 FA2, ms (TFLOP/s), ratio to plain, max error vs float64")
+    dtype = torch.bfloat16
+    for D, N, causal in prod.MOD_SHAPES:
+        B, H = shape_for(D, N)["B"], prod.WIDTH // D
+        flops = prod.attention_flops(B, H, N, N, D, causal=causal)
+        q, k, v = make_inputs(B, H, H, N, N, D, dtype, "cuda", requires_grad=True)
+        mod = score_mod.make(q, prod.SOFTCAP)
+        # forward only: an explicit tile_update keeps the running max
+        running_max = lambda q, k, v: fa2_fwd.fa2_forward(  # noqa: E731
+            q, k, v, causal=causal, score_mod=mod, tile_update=fa2_fwd.tile_update_fn)[0]
+        variants = {"plain": (lambda q, k, v: FlashAttention.apply(q, k, v, causal, D ** -0.5, score_mod.IDENTITY)[0], {}),
+                    "softcap_bounded": (lambda q, k, v: FlashAttention.apply(q, k, v, causal, D ** -0.5, mod)[0],
+                                        {"softcap": prod.SOFTCAP}),
+                    "softcap_running_max": (running_max, {"softcap": prod.SOFTCAP})}
+        base = None
+        for name, (call, options) in variants.items():
+            check = lambda out, o=options: prod.oracle_check(  # noqa: E731
+                [tuple(t[:1, :2] for t in (out, q, k, v))], dtype, causal=causal, **o)
+            err, fwd, fb = timed(call, (q, k, v), check, grad=name != "softcap_running_max")
+            if fwd is None:
+                print(f"d{D} N{N} causal={causal} {name:20} WRONG: error {err:.3g}")
+                continue
+            base = base or (fwd, fb)
+            both = "" if fb is None else f"; fwd+bwd {fb:.3f} ms ({3.5 * flops / fb / 1e9:.0f}) {base[1] / fb:.3f}x plain"
+            print(f"d{D} N{N} causal={causal} {name:20} fwd {fwd:.3f} ms ({flops / fwd / 1e9:.0f}) "
+                  f"{base[0] / fwd:.3f}x plain{both}; error {err:.3g}", flush=True)
 
 
 def timed(call, inputs, check, grad=True):
@@ -163,7 +295,7 @@ def paged_part():
 
 
 if __name__ == "__main__":
-    parts = sys.argv[1:] or ["softcap", "varlen", "layout", "paged"]
+    parts = sys.argv[1:] or ["softcap", "varlen", "layout", "softcap_fma", "softcap_bounded", "paged"]
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
     for part in parts:
         globals()[f"{part}_part"]()

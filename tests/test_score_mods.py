@@ -82,6 +82,44 @@ def test_the_one_instruction_tanh_only_for_bfloat16_on_a_gpu():
             (score_mod.tanh_softcap_approx_alibi_bias if approx else score_mod.tanh_softcap_alibi_bias)
 
 
+def launched_tile_update(monkeypatch, q, k, v, **options):
+    """The TILE_UPDATE and m_init the dense forward launches with (recorded, not run)."""
+    from flashlib.kernels import fa2_fwd
+    recorded = []
+    monkeypatch.setattr(fa2_fwd, "fast_launch", lambda kernel, grid, *args, **kw: recorded.append((args, kw)))
+    fa2_fwd.fa2_forward(q, k, v, score_mod=score_mod.make(q, **options))
+    (args, kw), = recorded
+    return kw["TILE_UPDATE"], args[list(fa2_fwd._fa2_fwd_kernel.arg_names).index("m_init")]
+
+
+def test_a_softcap_alone_drops_the_running_max_where_p_has_the_range(monkeypatch):
+    # bounded scores need no running max (tile.tile_update_bounded) when P is bfloat16 or float32;
+    # float16's range is too short, ALiBi's bias unbounded, and caps over 55.4 too wide
+    from flashlib.kernels import tile
+    for dtype, options, bounded in [(torch.float32, dict(softcap=30.0), True),
+                                    (torch.bfloat16, dict(softcap=50.0), True),
+                                    (torch.float16, dict(softcap=30.0), False),
+                                    (torch.float32, dict(softcap=30.0, alibi_slopes=torch.ones(2)), False),
+                                    (torch.float32, dict(softcap=60.0), False),
+                                    (torch.float32, {}, False)]:
+        q = torch.randn(1, 2, 8, 16).to(dtype)
+        fn, m_init = launched_tile_update(monkeypatch, q, q, q, **options)
+        assert (fn is tile.tile_update_bounded) == bounded, (dtype, options)
+        assert m_init == (max(0.0, options["softcap"] * math.log2(math.e) - 56) if bounded else float("-inf"))
+
+
+@pytest.mark.parametrize("cap", [1.0, 50.0, 55.0])
+def test_bounded_softmax_at_the_edges_of_its_range(cap):
+    # every score at -cap (the smallest p the fixed offset must keep normal), scores at +cap, and
+    # rows with no key to see (causal, more queries than keys), float32 through the bounded update
+    q, k, v = qkv(1, 2, 1, 41, 29, 32)
+    ones = torch.ones_like(q[..., :1, :]) * 10                        # (1, 2, 1, 32)
+    for qs, ks in ((ones.expand_as(q), -ones[:, :1].expand_as(k)), (ones.expand_as(q), ones[:, :1].expand_as(k)),
+                   (q * 40, k * 40)):
+        run_and_check(1, 2, 1, 41, 29, 32, True, torch.float32, inputs=(qs.contiguous(), ks.contiguous(), v),
+                      softcap=cap)
+
+
 @pytest.mark.parametrize("mod", ["softcap", "softcap_alibi"])
 def test_block_sparse(mod):
     q, k, v = qkv(2, 4, 2, 75, 90, 16)

@@ -28,7 +28,7 @@ from .. import runtime
 from .config import cdiv, packed_dims, padded_headdim, prologue, size_bucket, tuned
 from .launch import fast_launch, plan_key, remember
 from .score_mod import kernel_args as score_mod_args
-from .tile import LOG2E, finalize, key_range
+from .tile import LOG2E, bounded_offset, finalize, key_range, tile_update_bounded
 from .tile import tile_update as tile_update_fn
 
 
@@ -156,7 +156,7 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse, ModArgs, CuSeqQ, CuSeqK,
                     stride_kb, stride_kh, stride_kn,
                     stride_vb, stride_vh, stride_vn,
                     stride_ob, stride_oh, stride_om,
-                    Hq, Nq, Nk, D, qk_scale, n_bucket, total_q,
+                    Hq, Nq, Nk, D, qk_scale, m_init, n_bucket, total_q,
                     GROUP, CAUSAL: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     EVEN_M: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -164,6 +164,7 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse, ModArgs, CuSeqQ, CuSeqK,
     # one flat grid axis (CUDA caps axes 1 and 2 at 65535 programs; B x H can exceed that),
     # query blocks of one (batch, head) adjacent so they share its K/V in L2. VARLEN: Nq and Nk
     # are the longest sequence's, the grid covers it, and each entry's come from cu_seqlens.
+    # m_init: the running max's start, -inf; tile.tile_update_bounded's fixed offset.
     n_m = tl.cdiv(Nq, BLOCK_M)
     pid_m = tl.program_id(0) % n_m
     off_bh = tl.program_id(0) // n_m
@@ -187,7 +188,7 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse, ModArgs, CuSeqQ, CuSeqK,
     q = load_rows(q_base, offs_m, offs_d, stride_qm, Nq, D, EVEN_M and EVEN_D)   # (BM, BD)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + m_init
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
     # key range: [0, n_full) needs no mask; [n_full, hi) is the diagonal band and/or ragged tail
@@ -227,14 +228,18 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
     tile_update: a ``@triton.jit`` function with the signature of ``kernels.tile.tile_update``
     to use in the inner loop instead (lesson 07's exercise plugs a learner's version in here).
     score_mod: a ``kernels.score_mod.ScoreMod`` (softcap, ALiBi); None: the scores as they are.
+    One with a bound (a softcap alone) and P in bfloat16 or float32 runs without the softmax's
+    running max (``tile.tile_update_bounded``), unless ``tile_update`` is given.
     cu_seqlens=(cu_q, cu_k), max_seqlen=(max_q, max_k): packed sequences (flash-attn's varlen
     layout): q (total_q, Hq, D), k, v (total_k, Hkv, D), sequence b in rows [cu[b], cu[b + 1]);
     then out is like q and lse (Hq, total_q).
     """
     runtime.check_kernel(_fa2_fwd_kernel)
     mod_args, mod_fn = score_mod_args(score_mod, None)
+    m_init = (None if tile_update is not None or score_mod is None or score_mod.bound is None
+              else bounded_offset(score_mod.bound, v.dtype))   # not None: no running max
     pointers = (q, k, v, *(cu_seqlens or ()), *([] if mod_args is None else [mod_args]))
-    key = plan_key(pointers, (causal, scale, allow_tf32, tile_update, mod_fn, max_seqlen))
+    key = plan_key(pointers, (causal, scale, allow_tf32, tile_update, mod_fn, max_seqlen, m_init))
     plan = _plans.get(key)
     if plan is not None:   # a call like an earlier one: allocate and replay its launch
         launch, lse_shape = plan
@@ -258,11 +263,12 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
     launch = fast_launch(
         kernel, grid, q, k, v, out, lse, lse if mod_args is None else mod_args, *dims.offsets(lse),
         *dims.strides(q), *dims.strides(k), *dims.strides(v), *dims.strides(out),
-        Hq, Nq, Nk, D, scale * LOG2E, size_bucket(Nq, Nk, slices=B * Hq), dims.total_q,
-        GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d,
+        Hq, Nq, Nk, D, scale * LOG2E, float("-inf") if m_init is None else m_init,
+        size_bucket(Nq, Nk, slices=B * Hq), dims.total_q, GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d,
         EVEN_M=even_m, EVEN_D=(D == block_d),
         DOT_PRECISION=precision,
-        TILE_UPDATE=tile_update_fn if tile_update is None else tile_update, SCORE_MOD=mod_fn,
+        TILE_UPDATE=(tile_update if tile_update is not None else tile_update_fn if m_init is None
+                     else tile_update_bounded), SCORE_MOD=mod_fn,
         VARLEN=dims.cu_q is not None, **config)
     remember(_plans, key, (launch, dims.lse_shape))
     return out.to(out_dtype), lse

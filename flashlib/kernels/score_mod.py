@@ -101,9 +101,13 @@ def tanh_softcap_approx_alibi_bias(s, q_pos, k_pos, bh, args):
 
 
 class ScoreMod(NamedTuple):
-    """What a launcher passes to its kernel: the jit function and its per-head parameters."""
+    """What a launcher passes to its kernel: the jit function and its per-head parameters, and
+    a bound on the modified scores (|s| <= bound, base 2) where the modifier guarantees one (a
+    softcap alone: its cap), which lets the forward drop the softmax's running max
+    (``tile.tile_update_bounded``)."""
     fn: object                      # one of the @triton.jit functions above
     args: Optional[torch.Tensor]    # (batch * heads_q, ARGS_PER_HEAD) float32, or None
+    bound: Optional[float] = None   # base 2; None: unbounded (no modifier, or ALiBi's bias)
 
 
 IDENTITY = ScoreMod(identity, None)
@@ -123,13 +127,14 @@ def make(q, softcap=None, alibi_slopes=None, *, batch=None) -> ScoreMod:
         args[..., 1] = alibi_slopes.to(device=q.device, dtype=torch.float32) * LOG2E  # (Hq,) or (B, Hq)
     # see tanh_softcap_approx; the interpreter runs no PTX
     approx = q.dtype == torch.bfloat16 and q.device.type == "cuda" and not runtime.INTERPRET
+    bound = None
     if softcap is None:
         fn = alibi_bias
     elif alibi_slopes is None:
-        fn = tanh_softcap_approx if approx else tanh_softcap
+        fn, bound = (tanh_softcap_approx if approx else tanh_softcap), softcap * LOG2E
     else:
         fn = tanh_softcap_approx_alibi_bias if approx else tanh_softcap_alibi_bias
-    return ScoreMod(fn, args.reshape(B * Hq, ARGS_PER_HEAD.value))
+    return ScoreMod(fn, args.reshape(B * Hq, ARGS_PER_HEAD.value), bound)
 
 
 def kernel_args(mod: Optional[ScoreMod], placeholder: torch.Tensor):

@@ -6,6 +6,7 @@ registers. Scores are in base 2: the kernels multiply Q K^T by ``scale * log2(e)
 at the end. Normalisation is deferred: ``acc`` holds sum_j exp2(s_j - m) v_j and ``l`` the
 matching sum, divided once after the last tile.
 """
+import torch
 import triton
 import triton.language as tl
 
@@ -29,6 +30,35 @@ def tile_update(acc, m_i, l_i, s, v, DOT_PRECISION: tl.constexpr):
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # (BM, BD)
     return acc, m_new, l_i
+
+
+@triton.jit
+def tile_update_bounded(acc, m_i, l_i, s, v, DOT_PRECISION: tl.constexpr):
+    """``tile_update`` for scores with a known bound, without the running max.
+
+    The max is there so that exp2 neither overflows nor underflows. Scores capped to |s| <= c
+    (a softcap: ``kernels.score_mod``) need no max: with a fixed offset m (m_i, set once by the
+    kernel; see ``bounded_offset``) every exp2(s - m) lies in [2^(-c - m), 2^(c - m)], inside
+    float32's and bfloat16's range (not float16's: 2^-24 ... 2^16). Per score this saves the max,
+    and per tile the row reductions and the rescale of acc (BD / BN multiplies per score).
+    """
+    p = tl.math.exp2(s - m_i[:, None])                       # (BM, BN)
+    l_i = l_i + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # (BM, BD)
+    return acc, m_i, l_i
+
+
+BOUNDED_MAX = 80.0   # base 2: caps up to 80 / log2(e) = 55.4 (Gemma 2's attention softcap is 50)
+
+
+def bounded_offset(bound, dtype):
+    """The fixed offset m of ``tile_update_bounded`` for scores within [-bound, bound] (base 2)
+    and P in ``dtype``, or None where the running max is needed: p <= 2^56, so sums over 2^31 keys
+    of values up to 2^40 stay finite, and a row's largest p >= 2^(56 - 2 bound) >= 2^-104, a
+    normal float with 22 binades below it before float32's and bfloat16's smallest normal."""
+    if bound is None or bound > BOUNDED_MAX or dtype not in (torch.bfloat16, torch.float32):
+        return None
+    return max(0.0, bound - 56.0)
 
 
 @triton.jit
