@@ -48,9 +48,10 @@ def _softcap(s, cap, APPROX: tl.constexpr):
     """(c tanh(s / c), 1 - tanh^2). tanh from one exp2 and a division, exact at 0 and saturating
     to +-1 without overflow; APPROX: one instruction, PTX ``tanh.approx.f32`` (sm75+), relative
     error up to 2^-10.99, what flash-attn's softcap uses. Each of exp2, the division's reciprocal
-    and tanh.approx is one op of the special-function unit, which also takes the softmax's exp2
-    and bounds this loop: on an H100 the softcapped forward ran at 0.51x-0.63x the plain kernel
-    with the exp2 formula and 0.78x-0.84x with tanh.approx (benchmarks/production_probe.py)."""
+    and tanh.approx is one instruction of the special-function unit: on an H100 the softcapped
+    forward ran at 0.51x-0.63x the plain kernel with the exp2 formula and 0.78x-0.84x with
+    tanh.approx; the same work as polynomials and Newton steps on the FMA units ran slower still,
+    more instructions issued per score (benchmarks/production_probe.py)."""
     y = s * (1.0 / cap)                    # a reciprocal per tile, not a division per score
     if APPROX:
         t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [y], dtype=tl.float32,
