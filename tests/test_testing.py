@@ -133,6 +133,17 @@ def test_floor_follows_the_magnitude_and_the_accumulation_precision():
     assert tolerance(zeros, np.full(7, 1e-2), np.float32, magnitude=1.0) == FACTOR * 1e-2
     with pytest.raises(ValueError, match="magnitude"):
         tolerance(zeros, zeros, np.float32, magnitude=-1.0)
+    # an approximation made on purpose counts with its bound, and only where it is larger
+    assert tolerance(zeros, zeros, np.float32, method_error=1e-3) == FACTOR * 1e-3
+    assert tolerance(zeros, np.full(7, 1e-2), np.float32, method_error=1e-3) == FACTOR * 1e-2
+
+
+def test_the_lse_allows_for_the_gpus_tanh_only_where_a_kernel_takes_it():
+    # bfloat16 softcaps on a GPU take tanh.approx.f32 (kernels/score_mod.py); nothing else does
+    from flashlib.kernels import score_mod
+    assert not score_mod.approximate_tanh(torch.float16, "cuda")
+    assert not score_mod.approximate_tanh(torch.bfloat16, "cpu")
+    assert score_mod.TANH_APPROX_ERROR < float(torch.finfo(torch.bfloat16).eps) / 4
 
 
 def test_magnitudes_of_rows_with_nothing_to_attend_are_zero():
