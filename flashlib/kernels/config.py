@@ -96,12 +96,14 @@ def smem_bytes(resident, streamed, stages, block_d, elem_bytes, gpu=None):
     return elem_bytes * block_d * (resident + stages * streamed)
 
 
-def tuned(kernel, configs, footprint, elem_arg="Q", key=KEY):
+def tuned(kernel, configs, footprint, elem_arg="Q", key=KEY, prefer=None):
     """Wrap ``kernel`` for launching; return ``choose(block_d, elem_bytes, scores, max_block=None)
     -> (launchable, launch kwargs)``: ``triton.autotune(kernel)`` and {} when autotuning, else
     ``kernel`` and the first config that fits.
 
-    configs: (BLOCK_M, BLOCK_N, num_warps, num_stages) tuples, best guess first.
+    configs: (BLOCK_M, BLOCK_N, num_warps, num_stages) tuples, best guess first. prefer: a
+    function of the padded head dim giving the config to try before them when not autotuning
+    (the best fixed config differs between head dims: measured, not guessed).
     footprint(BLOCK_M, BLOCK_N) -> (resident_rows, streamed_rows_per_stage), see module docstring.
     scores: the problem's size, batch x heads_q x seqlen_q x seqlen_k; under ``TUNE_FROM_SCORES``
     the first config is used even when autotuning. Blocks above ``max_block`` are dropped
@@ -118,7 +120,8 @@ def tuned(kernel, configs, footprint, elem_arg="Q", key=KEY):
     def first_fitting(block_d, elem_bytes, max_block, gpu):
         if runtime.INTERPRET:
             return {k: min(v, max_block or v) for k, v in INTERPRETER_CONFIG.items()}
-        fitting = [c for c in configs if fits(c, block_d, elem_bytes, max_block)]
+        fitting = [c for c in ([prefer(block_d)] if prefer else []) + list(configs)
+                   if fits(c, block_d, elem_bytes, max_block)]
         bm, bn, warps, stages = fitting[0] if fitting else (16, 16, 4, 1)
         return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
 

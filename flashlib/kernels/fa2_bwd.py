@@ -290,9 +290,13 @@ DKDV_CONFIGS = [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3
                 (64, 128, 4, 2), (32, 64, 4, 1), (16, 32, 4, 1)]
 DQ_CONFIGS = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2),
               (128, 64, 4, 2), (64, 32, 4, 1), (32, 16, 4, 1), (128, 64, 4, 3)]
-# SRAM: dK/dV keep a K and a V block and stream Q and dO blocks; dQ keeps Q, dO and streams K, V
-_choose_dkdv = tuned(_dkdv_kernel, DKDV_CONFIGS, lambda bm, bn: (2 * bn, 2 * bm))
-_choose_dq = tuned(_dq_kernel, DQ_CONFIGS, lambda bm, bn: (2 * bm, 2 * bn))
+# SRAM: dK/dV keep a K and a V block and stream Q and dO blocks; dQ keeps Q, dO and streams K, V.
+# Untuned, per head dim (one H100, bf16, 32k tokens: benchmarks/results/h100/backward_config_probe*.log):
+# the lists' first configs ran d64 at 335 / 273 TFLOP/s (16k / 4k causal) and d128 at 341 / 309
+# (dK/dV spilling 1568 bytes); these at 386 / 291 and 403 / 341. Block-sparse keeps the lists' own.
+_choose_dkdv = tuned(_dkdv_kernel, DKDV_CONFIGS, lambda bm, bn: (2 * bn, 2 * bm),
+                     prefer=lambda block_d: (64, 64, 4, 3) if block_d <= 64 else (64, 128, 8, 3))
+_choose_dq = tuned(_dq_kernel, DQ_CONFIGS, lambda bm, bn: (2 * bm, 2 * bn), prefer=lambda block_d: (128, 64, 8, 3))
 
 
 def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf32=False,
