@@ -58,6 +58,17 @@ AUTOTUNE = DEVICE.type == "cuda" and os.environ.get("FLASHLIB_AUTOTUNE", "1") !=
 _gpu_names = {}   # a dict, not functools.cache, which torch.compile warns about
 
 
+TANH_APPROX_ERROR = 2.0 ** -10.99   # tanh.approx.f32's largest relative error (PTX ISA)
+
+
+def approximate_tanh(dtype, device) -> bool:
+    """Whether the kernels' softcap of ``dtype`` inputs on ``device`` takes the GPU's one-instruction
+    tanh (``kernels.score_mod.tanh_softcap_approx``, relative error up to ``TANH_APPROX_ERROR``):
+    bfloat16 on a GPU; the interpreter runs no PTX. Here, beside the device facts, because the
+    kernels pick by it and ``flashlib.testing`` allows for its error."""
+    return dtype == torch.bfloat16 and torch.device(device).type == "cuda" and not INTERPRET
+
+
 def gpu_name(device=None) -> str:
     """Short name of ``device``'s GPU (the current one by default): "h100", "t4", ...; "cpu"
     without one. Names benchmark folders and picks the kernels' per-GPU tables."""

@@ -226,10 +226,10 @@ def assert_attention_close(out, lse, q, k, v, *, causal=False, scale=None, refer
     # makes on purpose: a bfloat16 softcap on a GPU takes tanh as one instruction (relative error
     # <= TANH_APPROX_ERROR), which moves each capped score by at most cap x that, and the lse,
     # a log-sum-exp, by no more than its largest score moves
-    from .kernels import score_mod
+    from . import runtime
     softcap = score_mods.get("softcap")
-    tanh_error = softcap * score_mod.TANH_APPROX_ERROR if softcap is not None and \
-        score_mod.approximate_tanh(q.dtype, q.device) else 0.0
+    tanh_error = softcap * runtime.TANH_APPROX_ERROR if softcap is not None and \
+        runtime.approximate_tanh(q.dtype, q.device) else 0.0
     assert_close(lse, ref_lse, baseline=ref_lse.float(), dtype=torch.float32, name=f"lse of {name}",
                  magnitude=mags["lse"], method_error=tanh_error)
     return err

@@ -140,10 +140,10 @@ def test_floor_follows_the_magnitude_and_the_accumulation_precision():
 
 def test_the_lse_allows_for_the_gpus_tanh_only_where_a_kernel_takes_it():
     # bfloat16 softcaps on a GPU take tanh.approx.f32 (kernels/score_mod.py); nothing else does
-    from flashlib.kernels import score_mod
-    assert not score_mod.approximate_tanh(torch.float16, "cuda")
-    assert not score_mod.approximate_tanh(torch.bfloat16, "cpu")
-    assert score_mod.TANH_APPROX_ERROR < float(torch.finfo(torch.bfloat16).eps) / 4
+    from flashlib import runtime
+    assert not runtime.approximate_tanh(torch.float16, "cuda")
+    assert not runtime.approximate_tanh(torch.bfloat16, "cpu")
+    assert runtime.TANH_APPROX_ERROR < float(torch.finfo(torch.bfloat16).eps) / 4
 
 
 def test_magnitudes_of_rows_with_nothing_to_attend_are_zero():

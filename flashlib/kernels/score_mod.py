@@ -101,15 +101,6 @@ def tanh_softcap_approx_alibi_bias(s, q_pos, k_pos, bh, args):
     return biased, dcap
 
 
-TANH_APPROX_ERROR = 2.0 ** -10.99   # tanh.approx.f32's largest relative error (PTX ISA)
-
-
-def approximate_tanh(dtype, device) -> bool:
-    """Whether the softcap of inputs of ``dtype`` on ``device`` takes the one-instruction tanh
-    (``tanh_softcap_approx``): bfloat16 on a GPU; the interpreter runs no PTX."""
-    return dtype == torch.bfloat16 and torch.device(device).type == "cuda" and not runtime.INTERPRET
-
-
 class ScoreMod(NamedTuple):
     """What a launcher passes to its kernel: the jit function and its per-head parameters, and
     a bound on the modified scores (|s| <= bound, base 2) where the modifier guarantees one (a
@@ -135,7 +126,7 @@ def make(q, softcap=None, alibi_slopes=None, *, batch=None) -> ScoreMod:
         args[..., 0] = softcap * LOG2E
     if alibi_slopes is not None:
         args[..., 1] = alibi_slopes.to(device=q.device, dtype=torch.float32) * LOG2E  # (Hq,) or (B, Hq)
-    approx = approximate_tanh(q.dtype, q.device)
+    approx = runtime.approximate_tanh(q.dtype, q.device)   # see tanh_softcap_approx
     bound = None
     if softcap is None:
         fn = alibi_bias
