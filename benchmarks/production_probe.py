@@ -18,12 +18,18 @@
    ``softcap_bounded``: bfloat16, the library's softcap (tanh.approx, no running max:
    ``tile.tile_update_bounded``) against the same with the running max and the plain kernel,
    forward and forward+backward, at the suite's three modifier shapes.
+   ``fold``: bfloat16 forward and forward+backward against the plain kernel: the library's
+   softcap (1 / c folded into the kernels' scale, ``ScoreMod.input_scale``) against the same
+   dividing in the hook, and with the dK/dV configs that do not spill at d128 (ptxas for sm90:
+   (64, 128, 8, 3) spills 248 bytes with a softcap); ALiBi's bias from the
+   distance in float32 (the library's) against the distance as an int tile (the code before) and
+   a difference of per-row and per-column products (fewer instructions, rounded products).
 4. ``paged``: paged decode against contiguous at the short caches where it lost (eager, host time
    per call, CUDA graph), through ``flashlib.bench.production.paged_record``.
 
 Every timed call is first checked against the oracle (``production.oracle_check``).
 
-    FLASHLIB_FA3=0 FLASHLIB_AUTOTUNE=0 python benchmarks/production_probe.py [softcap varlen layout softcap_fma softcap_bounded paged]
+    FLASHLIB_FA3=0 FLASHLIB_AUTOTUNE=0 python benchmarks/production_probe.py [softcap varlen layout softcap_fma softcap_bounded fold paged]
 """
 import os
 import sys
@@ -38,7 +44,7 @@ import triton.language as tl  # noqa: E402
 from flashlib.bench import decode as bench_decode  # noqa: E402
 from flashlib.bench import production as prod  # noqa: E402
 from flashlib.bench.harness import _time, make_inputs, shape_for  # noqa: E402
-from flashlib.kernels import fa2_fwd, score_mod  # noqa: E402
+from flashlib.kernels import config, fa2_bwd, fa2_fwd, score_mod  # noqa: E402
 from flashlib.ops import FlashAttention  # noqa: E402
 
 DTYPE = torch.float16
@@ -123,8 +129,8 @@ def softcap_fma_part():
         flops = prod.attention_flops(B, H, N, N, D, causal=causal)
         q, k, v = make_inputs(B, H, H, N, N, D, DTYPE, "cuda")
         mod = score_mod.make(q, prod.SOFTCAP)
-        approx, newton = (score_mod.ScoreMod(fn, mod.args) for fn in (score_mod.tanh_softcap_approx,
-                                                                      tanh_softcap_newton))
+        approx = mod._replace(fn=score_mod.tanh_softcap_approx)
+        newton = score_mod.ScoreMod(tanh_softcap_newton, mod.args)   # divides by the cap itself
         variants = {"plain": (score_mod.IDENTITY, update), "softcap_exp2_div": (mod, update),
                     "softcap_tanh_approx": (approx, update), "softcap_newton": (newton, update),
                     "tanh_approx+exp2_fma": (approx, tile_update_exp2_fma),
@@ -204,7 +210,7 @@ def softcap_part():
         mod, cap = score_mod.make(q, prod.SOFTCAP), {"softcap": prod.SOFTCAP}
         variants = {"plain": (score_mod.IDENTITY, {}), "softcap": (mod, cap),
                     "softcap_two_divisions": (score_mod.ScoreMod(tanh_softcap_two_divisions, mod.args), cap),
-                    "softcap_tanh_approx": (score_mod.ScoreMod(score_mod.tanh_softcap_approx, mod.args), cap)}
+                    "softcap_tanh_approx": (mod._replace(fn=score_mod.tanh_softcap_approx), cap)}
         base = None
         for name, (mod, options) in variants.items():
             call = lambda q, k, v, mod=mod: FlashAttention.apply(q, k, v, causal, D ** -0.5, mod)[0]  # noqa: E731
@@ -274,6 +280,64 @@ def layout_part():
                 continue
             print(f"d{D} {name:11} fwd {fwd:.3f} ms ({flops / fwd / 1e9:.0f}), fwd+bwd {fb:.3f} ms "
                   f"({3.5 * flops / fb / 1e9:.0f})", flush=True)
+
+
+@triton.jit
+def tanh_softcap_approx_divide(s, q_pos, k_pos, bh, args):
+    """The bfloat16 softcap before the fold: the scores divided by the cap here, a multiply each."""
+    cap = tl.load(args + bh * score_mod.ARGS_PER_HEAD)
+    return score_mod._softcap(s * (1.0 / cap), cap, True)
+
+
+@triton.jit
+def alibi_bias_int(s, q_pos, k_pos, bh, args):
+    """ALiBi before 2026-11-26 (sixteenth session): the distance as an int tile, converted."""
+    slope = tl.load(args + bh * score_mod.ARGS_PER_HEAD + 1)
+    return s - slope * tl.abs(q_pos - k_pos).to(tl.float32), 1.0
+
+
+@triton.jit
+def alibi_bias_products(s, q_pos, k_pos, bh, args):
+    """ALiBi as |slope q_pos - slope k_pos|: one instruction per score fewer than the library's
+    exact distance, but the products round (absolute error ~ slope x position x 2^-24)."""
+    slope = tl.load(args + bh * score_mod.ARGS_PER_HEAD + 1)
+    return s - tl.abs(slope * q_pos.to(tl.float32) - slope * k_pos.to(tl.float32)), 1.0
+
+
+def fold_part():
+    print("\n# fold: bfloat16 FA2, ms (TFLOP/s), ratio to plain, max error vs float64")
+    dtype, library_dkdv = torch.bfloat16, fa2_bwd._choose_dkdv
+    for D, N, causal in prod.MOD_SHAPES:
+        B, H = shape_for(D, N)["B"], prod.WIDTH // D
+        flops = prod.attention_flops(B, H, N, N, D, causal=causal)
+        q, k, v = make_inputs(B, H, H, N, N, D, dtype, "cuda", requires_grad=True)
+        cap, alibi = {"softcap": prod.SOFTCAP}, {"alibi_slopes": prod.alibi_slopes(H).cuda()}
+        mod, bias = score_mod.make(q, **cap), score_mod.make(q, **alibi)
+        divide = score_mod.ScoreMod(tanh_softcap_approx_divide, mod.args, mod.bound, 1.0)
+        variants = [("plain", score_mod.IDENTITY, None, {}), ("softcap_divide", divide, None, cap),
+                    ("softcap_fold", mod, None, cap)]
+        variants += [(f"softcap_fold dkdv{c}", mod, c, cap) for c in ((64, 64, 8, 3), (32, 128, 8, 3))]
+        variants += [("alibi_int", bias._replace(fn=alibi_bias_int), None, alibi), ("alibi_float", bias, None, alibi),
+                     ("alibi_products", bias._replace(fn=alibi_bias_products), None, alibi)]
+        base = None
+        for name, mod_, dkdv, options in variants:
+            fa2_bwd._plans.clear()
+            fa2_bwd._choose_dkdv = library_dkdv if dkdv is None else config.tuned(
+                fa2_bwd._dkdv_kernel, [], lambda bm, bn: (2 * bn, 2 * bm), prefer=lambda _, c=dkdv: c)
+            call = lambda q, k, v, m=mod_: FlashAttention.apply(q, k, v, causal, D ** -0.5, m)[0]  # noqa: E731
+            check = lambda out, o=options: prod.oracle_check(  # noqa: E731
+                [tuple(t[:1, :2] for t in (out, q, k, v))], dtype, causal=causal,
+                **{n: x[:2] if n == "alibi_slopes" else x for n, x in o.items()})
+            err, fwd, fb = timed(call, (q, k, v), check)
+            if fwd is None:
+                print(f"d{D} N{N} causal={causal} {name:32} WRONG: error {err:.3g}")
+                continue
+            base = base or (fwd, fb)
+            print(f"d{D} N{N} causal={causal} {name:32} fwd {fwd:.3f} ms ({flops / fwd / 1e9:.0f}) "
+                  f"{base[0] / fwd:.3f}x plain; fwd+bwd {fb:.3f} ms ({3.5 * flops / fb / 1e9:.0f}) "
+                  f"{base[1] / fb:.3f}x plain; error {err:.3g}", flush=True)
+        fa2_bwd._choose_dkdv = library_dkdv
+        fa2_bwd._plans.clear()
 
 
 def paged_part():

@@ -298,13 +298,13 @@ def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False, score_m
     bs = mask.block_size
     kernel, config = _choose_fwd(block_d, q.element_size(), B * Hq * Nq * Nk, bs)
     slice_b, slice_h = _slices(mask)
-    mod_args, mod_fn = score_mod_args(score_mod, lse)
+    mod_args, mod_fn, input_scale = score_mod_args(score_mod, lse)
     fast_launch(
         kernel, lambda meta: (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
         q, k, v, out, lse, mod_args, mask.kv_count, mask.kv_full, mask.kv_index, mask.kv_bitmap, mask.bitmaps,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        slice_b, slice_h, Hq, Nq, Nk, D, mask.shape[2], mask.shape[3], scale * LOG2E,
+        slice_b, slice_h, Hq, Nq, Nk, D, mask.shape[2], mask.shape[3], scale * LOG2E * input_scale,
         size_bucket(Nq, Nk, slices=B * Hq),
         mask.kv_visits, Hq // Hkv, *_band(mask), ADJACENT=mask.kv_full_adjacent, EVEN_N=Nk % bs == 0,
         SPARSE_BLOCK=bs, BLOCK_D=block_d,
@@ -332,7 +332,7 @@ def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf
     common = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
               v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2))
     scores = B * Hq * Nq * Nk
-    mod_args, mod_fn = score_mod_args(score_mod, lse)
+    mod_args, mod_fn, input_scale = score_mod_args(score_mod, lse)
     dq_kernel, dq_config = _choose_dq(block_d, q.element_size(), scores, bs)
     dkdv_kernel, dkdv_config = _choose_dkdv(block_d, q.element_size(), scores, bs)
     fast_launch(
@@ -340,7 +340,7 @@ def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf
         q, k, v, out, dout, lse, delta, dq, mod_args, mask.kv_count, mask.kv_full, mask.kv_index,
         mask.kv_bitmap, mask.bitmaps, *common, out.stride(0), out.stride(1), out.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2), slice_b, slice_h, Hq, Nq, Nk, D, mask.shape[2],
-        mask.shape[3], scale, scale * LOG2E,
+        mask.shape[3], scale, scale * LOG2E * input_scale,
         n_bucket, mask.kv_visits, Hq // Hkv, *_band(mask), ADJACENT=mask.kv_full_adjacent,
         EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs,
         BLOCK_D=block_d, EVEN_D=D == block_d, DOT_PRECISION=precision, SCORE_MOD=mod_fn, **dq_config)
@@ -348,7 +348,7 @@ def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf
         dkdv_kernel, lambda meta: (cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,),
         q, k, v, dout, lse, delta, dk, dv, mod_args, mask.q_count, mask.q_full, mask.q_index, mask.q_bitmap,
         mask.bitmaps, *common, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
-        dv.stride(2), slice_b, slice_h, Hq, Hkv, Nq, Nk, D, mask.shape[3], mask.shape[2], scale, scale * LOG2E,
+        dv.stride(2), slice_b, slice_h, Hq, Hkv, Nq, Nk, D, mask.shape[3], mask.shape[2], scale, scale * LOG2E * input_scale,
         n_bucket, mask.q_visits, Hq // Hkv, *_band(mask), ADJACENT=mask.q_full_adjacent,
         EVEN_N=Nk % bs == 0, EVEN_M=Nq % bs == 0, SPARSE_BLOCK=bs,
         BLOCK_D=block_d, EVEN_D=D == block_d, DOT_PRECISION=precision, SCORE_MOD=mod_fn,

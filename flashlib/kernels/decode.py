@@ -342,14 +342,14 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
             lse = scratch["lse"] if lse is None else lse
             o_part, lse_part, arrivals = (scratch[role] if role in needs else None
                                           for role in ("o_part", "lse_part", "arrivals"))
-    mod_args, mod_fn = score_mod_args(score_mod, q)
+    mod_args, mod_fn, input_scale = score_mod_args(score_mod, q)
     if grid[0] > 0:
         fast_launch(
             _decode_partial_kernel, grid,
             q, k_cache, v_cache, q if cache_seqlens is None else cache_seqlens,
             *(q if t is None else t for t in (o_part, lse_part, out, lse, arrivals)), mod_args,
             q if block_table is None else block_table, *q.stride()[:3], *cache_strides,
-            Hkv, Nq, Lmax, D, scale * LOG2E, num_splits, row_blocks, Hq // Hkv,
+            Hkv, Nq, Lmax, D, scale * LOG2E * input_scale, num_splits, row_blocks, Hq // Hkv,
             HAS_SEQLENS=cache_seqlens is not None, CAUSAL=Nq > 1, MERGE=merge_into is not None,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
             BLOCK_S=merge_tile(num_splits, block_m, block_d) if arrivals is not None else 1,

@@ -309,9 +309,9 @@ def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf3
     packed sequences, as ``fa2_forward``.
     """
     runtime.check_kernel(_dkdv_kernel)
-    mod_args, mod_fn = score_mod_args(score_mod, None)
+    mod_args, mod_fn, input_scale = score_mod_args(score_mod, None)
     pointers = (q, k, v, out, dout, lse, *(cu_seqlens or ()), *([] if mod_args is None else [mod_args]))
-    key = plan_key(pointers, (causal, scale, allow_tf32, mod_fn, max_seqlen)) \
+    key = plan_key(pointers, (causal, scale, allow_tf32, mod_fn, input_scale, max_seqlen)) \
         if dout.dtype == q.dtype and lse.is_contiguous() else None
     plan = _plans.get(key)
     if plan is not None:   # a call like an earlier one: allocate and replay its two launches
@@ -342,14 +342,14 @@ def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf3
     dq_launch = fast_launch(
         dq_kernel, lambda meta: (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
         q, k, v, out, dout, lse, delta, dq, mod_args, *dims.offsets(lse), *common,
-        *dims.strides(out), *dims.strides(dq), Hq, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
+        *dims.strides(out), *dims.strides(dq), Hq, Nq, Nk, D, scale, scale * LOG2E * input_scale, n_bucket,
         dims.total_q, GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, EVEN_D=D == block_d,
         DOT_PRECISION=precision, SCORE_MOD=mod_fn, VARLEN=dims.cu_q is not None,
         **dq_config)
     dkdv_launch = fast_launch(
         dkdv_kernel, lambda meta: (cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,),
         q, k, v, dout, lse, delta, dk, dv, mod_args, *dims.offsets(lse), *common,
-        *dims.strides(dk), *dims.strides(dv), Hq, Hkv, Nq, Nk, D, scale, scale * LOG2E, n_bucket,
+        *dims.strides(dk), *dims.strides(dv), Hq, Hkv, Nq, Nk, D, scale, scale * LOG2E * input_scale, n_bucket,
         dims.total_q, GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, EVEN_D=D == block_d,
         DOT_PRECISION=precision, SCORE_MOD=mod_fn, VARLEN=dims.cu_q is not None,
         **dkdv_config)

@@ -235,11 +235,11 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
     then out is like q and lse (Hq, total_q).
     """
     runtime.check_kernel(_fa2_fwd_kernel)
-    mod_args, mod_fn = score_mod_args(score_mod, None)
+    mod_args, mod_fn, input_scale = score_mod_args(score_mod, None)
     m_init = (None if tile_update is not None or score_mod is None or score_mod.bound is None
               else bounded_offset(score_mod.bound, v.dtype))   # not None: no running max
     pointers = (q, k, v, *(cu_seqlens or ()), *([] if mod_args is None else [mod_args]))
-    key = plan_key(pointers, (causal, scale, allow_tf32, tile_update, mod_fn, max_seqlen, m_init))
+    key = plan_key(pointers, (causal, scale, allow_tf32, tile_update, mod_fn, input_scale, max_seqlen, m_init))
     plan = _plans.get(key)
     if plan is not None:   # a call like an earlier one: allocate and replay its launch
         launch, lse_shape = plan
@@ -263,7 +263,7 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
     launch = fast_launch(
         kernel, grid, q, k, v, out, lse, lse if mod_args is None else mod_args, *dims.offsets(lse),
         *dims.strides(q), *dims.strides(k), *dims.strides(v), *dims.strides(out),
-        Hq, Nq, Nk, D, scale * LOG2E, float("-inf") if m_init is None else m_init,
+        Hq, Nq, Nk, D, scale * LOG2E * input_scale, float("-inf") if m_init is None else m_init,
         size_bucket(Nq, Nk, slices=B * Hq), dims.total_q, GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d,
         EVEN_M=even_m, EVEN_D=(D == block_d),
         DOT_PRECISION=precision,

@@ -7,8 +7,10 @@ calls ``SCORE_MOD``, a constexpr, before it masks them and takes the softmax:
 
     s, ds_dscore = SCORE_MOD(s, q_pos, k_pos, bh, args)
 
-- ``s``: a tile of scores, already multiplied by ``scale * log2(e)`` (the kernels work in base 2;
-  see ``tile.py``), (rows, cols) float32 in any orientation (the dK/dV tile is transposed);
+- ``s``: a tile of scores, already multiplied by ``scale * log2(e) * input_scale`` (the kernels
+  work in base 2, see ``tile.py``; ``ScoreMod.input_scale`` is 1 except for the softcap, whose
+  ``1 / c`` rides in the kernel's one multiply of the scores), (rows, cols) float32 in any
+  orientation (the dK/dV tile is transposed);
 - ``q_pos``, ``k_pos``: int32 positions that broadcast against ``s``, the query's on the key axis
   (query i of Nq is at ``i + Nk - Nq``: bottom-right aligned, so ``k_pos <= q_pos`` is the
   causal rule) and the key's;
@@ -44,15 +46,15 @@ def identity(s, q_pos, k_pos, bh, args):
 
 
 @triton.jit
-def _softcap(s, cap, APPROX: tl.constexpr):
-    """(c tanh(s / c), 1 - tanh^2). tanh from one exp2 and a division, exact at 0 and saturating
-    to +-1 without overflow; APPROX: one instruction, PTX ``tanh.approx.f32`` (sm75+), relative
+def _softcap(y, cap, APPROX: tl.constexpr):
+    """(c tanh(y), 1 - tanh^2(y)) of y = s / c, the scores already divided by the cap
+    (``input_scale``: one multiply per score fewer than dividing here). tanh from one exp2 and a
+    division, exact at 0 and saturating to +-1 without overflow; APPROX: one instruction, PTX ``tanh.approx.f32`` (sm75+), relative
     error up to 2^-10.99, what flash-attn's softcap uses. Each of exp2, the division's reciprocal
     and tanh.approx is one instruction of the special-function unit: on an H100 the softcapped
     forward ran at 0.51x-0.63x the plain kernel with the exp2 formula and 0.78x-0.84x with
     tanh.approx; the same work as polynomials and Newton steps on the FMA units ran slower still,
     more instructions issued per score (benchmarks/production_probe.py)."""
-    y = s * (1.0 / cap)                    # a reciprocal per tile, not a division per score
     if APPROX:
         t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [y], dtype=tl.float32,
                                       is_pure=True, pack=1)
@@ -65,7 +67,7 @@ def _softcap(s, cap, APPROX: tl.constexpr):
 
 @triton.jit
 def tanh_softcap(s, q_pos, k_pos, bh, args):
-    """Gemma 2's logit softcap, c * tanh(s / c); d/ds = 1 - tanh^2. c in column 0."""
+    """Gemma 2's logit softcap, c * tanh(s / c), given s / c; d/ds = 1 - tanh^2. c in column 0."""
     return _softcap(s, tl.load(args + bh * ARGS_PER_HEAD), False)
 
 
@@ -80,9 +82,14 @@ def tanh_softcap_approx(s, q_pos, k_pos, bh, args):
 
 @triton.jit
 def alibi_bias(s, q_pos, k_pos, bh, args):
-    """ALiBi: s - slope * |q_pos - k_pos|; d/ds = 1. The slope in column 1."""
+    """ALiBi: s - slope * |q_pos - k_pos|; d/ds = 1. The slope in column 1.
+    The positions become float32 per row and per column (exact below 2^24, and so is their
+    difference), so a score costs a subtraction and a multiply-add, the absolute value riding on
+    it; the distance as an int tile cost an integer subtraction, an absolute value, a conversion
+    and a multiply per score (the backward's main loops 38% longer than the plain ones, SASS for
+    sm90)."""
     slope = tl.load(args + bh * ARGS_PER_HEAD + 1)
-    return s - slope * tl.abs(q_pos - k_pos).to(tl.float32), 1.0
+    return tl.fma(-slope, tl.abs(q_pos.to(tl.float32) - k_pos.to(tl.float32)), s), 1.0
 
 
 @triton.jit
@@ -105,10 +112,12 @@ class ScoreMod(NamedTuple):
     """What a launcher passes to its kernel: the jit function and its per-head parameters, and
     a bound on the modified scores (|s| <= bound, base 2) where the modifier guarantees one (a
     softcap alone: its cap), which lets the forward drop the softmax's running max
-    (``tile.tile_update_bounded``)."""
+    (``tile.tile_update_bounded``); and the factor the kernel's scores take before ``fn`` sees
+    them (the softcap's 1 / c, base 2), which launchers fold into their scale (``kernel_args``)."""
     fn: object                      # one of the @triton.jit functions above
     args: Optional[torch.Tensor]    # (batch * heads_q, ARGS_PER_HEAD) float32, or None
     bound: Optional[float] = None   # base 2; None: unbounded (no modifier, or ALiBi's bias)
+    input_scale: float = 1.0
 
 
 IDENTITY = ScoreMod(identity, None)
@@ -127,18 +136,19 @@ def make(q, softcap=None, alibi_slopes=None, *, batch=None) -> ScoreMod:
     if alibi_slopes is not None:
         args[..., 1] = alibi_slopes.to(device=q.device, dtype=torch.float32) * LOG2E  # (Hq,) or (B, Hq)
     approx = runtime.approximate_tanh(q.dtype, q.device)   # see tanh_softcap_approx
-    bound = None
+    bound, input_scale = None, 1.0 if softcap is None else 1.0 / (softcap * LOG2E)
     if softcap is None:
         fn = alibi_bias
     elif alibi_slopes is None:
         fn, bound = (tanh_softcap_approx if approx else tanh_softcap), softcap * LOG2E
     else:
         fn = tanh_softcap_approx_alibi_bias if approx else tanh_softcap_alibi_bias
-    return ScoreMod(fn, args.reshape(B * Hq, ARGS_PER_HEAD.value), bound)
+    return ScoreMod(fn, args.reshape(B * Hq, ARGS_PER_HEAD.value), bound, input_scale)
 
 
 def kernel_args(mod: Optional[ScoreMod], placeholder: torch.Tensor):
-    """``(args pointer, SCORE_MOD)`` for a launch: the identity's args are never read, so any
-    tensor (``placeholder``) stands in for them."""
+    """``(args pointer, SCORE_MOD, input_scale)`` for a launch: the identity's args are never
+    read, so any tensor (``placeholder``) stands in for them. The launcher multiplies its
+    ``scale * log2(e)`` by input_scale, and keys its launch plans on it (a plan bakes the scale)."""
     mod = IDENTITY if mod is None else mod
-    return (placeholder if mod.args is None else mod.args), mod.fn
+    return (placeholder if mod.args is None else mod.args), mod.fn, mod.input_scale
