@@ -22,8 +22,10 @@
    softcap (1 / c folded into the kernels' scale, ``ScoreMod.input_scale``) against the same
    dividing in the hook, and with the dK/dV configs that do not spill at d128 (ptxas for sm90:
    (64, 128, 8, 3) spills 248 bytes with a softcap); ALiBi's bias from the
-   distance in float32 (the library's) against the distance as an int tile (the code before) and
-   a difference of per-row and per-column products (fewer instructions, rounded products).
+   distance as an int tile (the library's) against the distance in float32 and a difference of
+   per-row and per-column products (fewer instructions, rounded products). The log of
+   2026-11-26 (h100/production_probe_fold.log) ran at 6a12855, where the library's ALiBi was
+   the float32 distance, since reverted: its "alibi_int" was then this file's copy of the int form.
 4. ``paged``: paged decode against contiguous at the short caches where it lost (eager, host time
    per call, CUDA graph), through ``flashlib.bench.production.paged_record``.
 
@@ -290,10 +292,12 @@ def tanh_softcap_approx_divide(s, q_pos, k_pos, bh, args):
 
 
 @triton.jit
-def alibi_bias_int(s, q_pos, k_pos, bh, args):
-    """ALiBi before 2026-11-26 (sixteenth session): the distance as an int tile, converted."""
+def alibi_bias_float(s, q_pos, k_pos, bh, args):
+    """ALiBi with the positions made float32 per row and per column (exact below 2^24, and so is
+    their difference): a subtraction and a multiply-add per score, against the library's integer
+    subtraction, absolute value, conversion and multiply (SASS for sm90)."""
     slope = tl.load(args + bh * score_mod.ARGS_PER_HEAD + 1)
-    return s - slope * tl.abs(q_pos - k_pos).to(tl.float32), 1.0
+    return tl.fma(-slope, tl.abs(q_pos.to(tl.float32) - k_pos.to(tl.float32)), s), 1.0
 
 
 @triton.jit
@@ -317,7 +321,7 @@ def fold_part():
         variants = [("plain", score_mod.IDENTITY, None, {}), ("softcap_divide", divide, None, cap),
                     ("softcap_fold", mod, None, cap)]
         variants += [(f"softcap_fold dkdv{c}", mod, c, cap) for c in ((64, 64, 8, 3), (32, 128, 8, 3))]
-        variants += [("alibi_int", bias._replace(fn=alibi_bias_int), None, alibi), ("alibi_float", bias, None, alibi),
+        variants += [("alibi_int", bias, None, alibi), ("alibi_float", bias._replace(fn=alibi_bias_float), None, alibi),
                      ("alibi_products", bias._replace(fn=alibi_bias_products), None, alibi)]
         base = None
         for name, mod_, dkdv, options in variants:

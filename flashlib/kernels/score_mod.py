@@ -83,13 +83,12 @@ def tanh_softcap_approx(s, q_pos, k_pos, bh, args):
 @triton.jit
 def alibi_bias(s, q_pos, k_pos, bh, args):
     """ALiBi: s - slope * |q_pos - k_pos|; d/ds = 1. The slope in column 1.
-    The positions become float32 per row and per column (exact below 2^24, and so is their
-    difference), so a score costs a subtraction and a multiply-add, the absolute value riding on
-    it; the distance as an int tile cost an integer subtraction, an absolute value, a conversion
-    and a multiply per score (the backward's main loops 38% longer than the plain ones, SASS for
-    sm90)."""
+    The distance as an int tile, converted per score: the positions made float per row and per
+    column first (two instructions fewer per score in the backward's SASS) ran 0.67x-0.70x the
+    plain d64 causal forward against this form's 0.85x on an H100, though 1-3% faster at d128
+    (benchmarks/production_probe.py fold)."""
     slope = tl.load(args + bh * ARGS_PER_HEAD + 1)
-    return tl.fma(-slope, tl.abs(q_pos.to(tl.float32) - k_pos.to(tl.float32)), s), 1.0
+    return s - slope * tl.abs(q_pos - k_pos).to(tl.float32), 1.0
 
 
 @triton.jit
@@ -136,6 +135,8 @@ def make(q, softcap=None, alibi_slopes=None, *, batch=None) -> ScoreMod:
     if alibi_slopes is not None:
         args[..., 1] = alibi_slopes.to(device=q.device, dtype=torch.float32) * LOG2E  # (Hq,) or (B, Hq)
     approx = runtime.approximate_tanh(q.dtype, q.device)   # see tanh_softcap_approx
+    # the softcap's 1 / c rides in the kernels' scale: one multiply per score fewer (an H100, bf16:
+    # the d64 causal forward 0.804x -> 0.853x the plain one; benchmarks/production_probe.py fold)
     bound, input_scale = None, 1.0 if softcap is None else 1.0 / (softcap * LOG2E)
     if softcap is None:
         fn = alibi_bias
