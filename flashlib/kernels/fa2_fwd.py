@@ -89,10 +89,24 @@ def _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
         visible = cols[None, :] < Nk                                      # (1, BN)
         if CAUSAL:
             visible = visible & (cols[None, :] <= q_pos[:, None])             # (BM, BN)
-        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk,
-                                    qk_scale, offs_d, D, visible, q_pos, bh, mod_args, pages,
-                                    stride_kpage, stride_vpage, MASKED, MASKED, EVEN_D,
-                                    DOT_PRECISION, TILE_UPDATE, SCORE_MOD, PAGE)
+        if PAGE >= BLOCK_N:
+            # the tile lies in one page (tiles start at multiples of their size): one page id
+            # per tile, and the bases shifted so that key j's row of the cache is row j of the
+            # page, addressed as a contiguous cache's (per-row 64-bit addresses cost the loop
+            # twice the instructions: SASS for sm90)
+            first = start_n // PAGE
+            page = tl.load(pages + first).to(tl.int64)
+            rows = (first * PAGE).to(tl.int64)
+            acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base + (page * stride_kpage - rows * stride_kn),
+                                        v_base + (page * stride_vpage - rows * stride_vn), stride_kn,
+                                        stride_vn, cols, Nk, qk_scale, offs_d, D, visible, q_pos, bh,
+                                        mod_args, pages, stride_kpage, stride_vpage, MASKED, MASKED,
+                                        EVEN_D, DOT_PRECISION, TILE_UPDATE, SCORE_MOD, 0)
+        else:
+            acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk,
+                                        qk_scale, offs_d, D, visible, q_pos, bh, mod_args, pages,
+                                        stride_kpage, stride_vpage, MASKED, MASKED, EVEN_D,
+                                        DOT_PRECISION, TILE_UPDATE, SCORE_MOD, PAGE)
     return acc, m_i, l_i
 
 
