@@ -108,6 +108,21 @@ def test_rotation_cuts_the_fp8_error_on_outlier_features():
     assert rotated * 1.5 < plain, (plain, rotated)
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 100, 64), (1, 2, 7, 128), (2, 1, 129, 80), (1, 1, 0, 64)])
+def test_v_transpose_kernel_matches_torch(shape):
+    """The FP8 forward's V^T (kernels/fa3_fwd.transpose_rows, a Triton kernel, here through the
+    interpreter on a CPU): every byte of every head in place, ragged lengths, strided heads."""
+    from flashlib.kernels.fa3_fwd import transpose_rows
+    g = torch.Generator().manual_seed(0)
+    v = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).view(torch.float8_e4m3fn)
+    strided = v.transpose(1, 2).contiguous().transpose(1, 2)        # heads not adjacent
+    width = -(-shape[2] // 16) * 16
+    for x in (v, strided):
+        out = transpose_rows(x.to(runtime.DEVICE), width)
+        assert out.shape == (*shape[:2], shape[3], width)
+        assert torch.equal(out[..., :shape[2]].view(torch.uint8).cpu(), v.transpose(2, 3).view(torch.uint8))
+
+
 def test_flash_attention_fp8_input_errors():
     q, k, v = (torch.randn(1, 2, 16, 64) for _ in range(3))
     (q8, qd), (k8, kd), (v8, vd) = quantized(q, k, v)

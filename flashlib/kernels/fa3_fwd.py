@@ -52,9 +52,12 @@ import functools
 from typing import NamedTuple
 
 import torch
+import triton
+import triton.language as tl
 
 from .. import runtime
 from ..inputs import resolve_scale
+from .config import cdiv, padded_headdim
 from .launch import Descriptor, fast_launch, plan_key, remember
 from .tile import LOG2E
 
@@ -574,8 +577,40 @@ def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None)
                          "on an H200 (0.39 s at B1 H4 N4096 d64: benchmarks/fp8_hang_repro.py); "
                          "use a two-consumer variant")
     config = kernel_config(variant, D, fp8=True)
-    v_t = torch.empty((B, Hkv, D, -(-Nk // 16) * 16), dtype=v.dtype, device=v.device)
-    v_t[..., :Nk].copy_(v.transpose(2, 3))      # columns past Nk: outside the descriptor's bounds
+    v_t = transpose_rows(v, -(-Nk // 16) * 16)  # columns past Nk: outside the descriptor's bounds
     v_desc = _descriptor(v_t, (1, 1, D, config["BLOCK_N"]), shape=(B, Hkv, D, Nk))
     _launch(q, k, v_desc, out, lse, causal, scale, descale.contiguous(), variant, config)
     return out, lse
+
+
+@triton.jit
+def _transpose_kernel(X, Y, N, D, n_blocks, Hkv, stride_xb, stride_xh, stride_xn, stride_yb, stride_yh,
+                      stride_yd, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Y[b, h, d, n] = X[b, h, n, d] for one (BLOCK_N, BLOCK_D) tile a program (bytes)."""
+    bh, start_n = tl.program_id(0) // n_blocks, tl.program_id(0) % n_blocks * BLOCK_N
+    b, h = (bh // Hkv).to(tl.int64), (bh % Hkv).to(tl.int64)
+    offs_n = start_n + tl.arange(0, BLOCK_N)                                   # (BN,)
+    offs_d = tl.arange(0, BLOCK_D)                                             # (BD,)
+    x = tl.load(X + b * stride_xb + h * stride_xh + offs_n[:, None].to(tl.int64) * stride_xn + offs_d[None, :],
+                mask=(offs_n[:, None] < N) & (offs_d[None, :] < D))           # (BN, BD)
+    tl.store(Y + b * stride_yb + h * stride_yh + offs_d[:, None] * stride_yd + offs_n[None, :], tl.trans(x),
+             mask=(offs_d[:, None] < D) & (offs_n[None, :] < N))              # (BD, BN)
+
+
+def transpose_rows(v, width):
+    """v (B, H, N, D) of 1-byte elements -> (B, H, D, width) with [..., :N] = v^T (the rest
+    unset): FP8's V^T, which 8-bit wgmma needs for its B operand. A tiled kernel: torch's
+    strided copy (``out[..., :N].copy_(v.transpose(2, 3))``) moved 1-byte elements one by one,
+    and its fixed cost (about 0.84 ms at 67 MB, fitted to h100/fp8_forward.json) left the FP8
+    forward at 4k keys slower than the float16 one."""
+    B, H, N, D = v.shape
+    out = torch.empty((B, H, D, width), dtype=v.dtype, device=v.device)
+    if v.numel() == 0:
+        return out
+    x, y = (v if v.stride(-1) == 1 else v.contiguous()).view(torch.uint8), out.view(torch.uint8)
+    block_n, block_d = 64, padded_headdim(D)
+    n_blocks = cdiv(N, block_n)
+    _transpose_kernel[(B * H * n_blocks,)](x, y, N, D, n_blocks, H, *x.stride()[:3], *y.stride()[:3],
+                                           BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4)
+    return out
+
