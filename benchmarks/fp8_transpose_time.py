@@ -13,4 +13,4 @@ for B, H, N, D in [(8, 32, 4096, 64), (2, 32, 16384, 64), (8, 16, 4096, 128), (2
         t = torch.empty((B, H, D, w), dtype=v.dtype, device="cuda"); t[..., :N].copy_(v.transpose(2, 3)); return t
     assert torch.equal(old()[..., :N].view(torch.uint8), transpose_rows(v, w)[..., :N].view(torch.uint8))
     a, b = triton.testing.do_bench(old), triton.testing.do_bench(lambda: transpose_rows(v, w))
-    print(f"B{B} H{H} N{N} d{D}: torch strided copy {a:.3f} ms, transpose_rows {b:.3f} ms ({2 * v.numel() / b / 1e9:.0f} GB/s)", flush=True)
+    print(f"B{B} H{H} N{N} d{D}: torch strided copy {a:.3f} ms, transpose_rows {b:.3f} ms ({2 * v.numel() / b / 1e9:.2f} TB/s)", flush=True)
