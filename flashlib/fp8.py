@@ -57,7 +57,9 @@ def hadamard_rotation(D, *, seed=0, device=None):
 
 def check_descales(q, k, v, q_descale, k_descale, v_descale):
     """Validate FP8 inputs for flash_attention: all three float8_e4m3fn, descales float32
-    (B, heads_kv) on q's device, finite and >= 0. Errors name the argument."""
+    (B, heads_kv) on q's device, finite and >= 0. Errors name the argument. Returns the three
+    stacked, (3, B, heads_kv), as the kernel takes them. Their values are read back from the GPU
+    once (a synchronisation: the kernel waits behind it), not once per test and descale."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype != torch.float8_e4m3fn:
             raise TypeError(f"{name} has dtype {t.dtype}: FP8 attention takes float8_e4m3fn q, "
@@ -73,5 +75,9 @@ def check_descales(q, k, v, q_descale, k_descale, v_descale):
                              f"{tuple(getattr(d, 'shape', ()))}")
         if d.device != q.device:
             raise ValueError(f"{name} is on {d.device} but q is on {q.device}")
-        if not bool(torch.isfinite(d).all()) or bool((d < 0).any()):
-            raise ValueError(f"{name} must be finite and >= 0")
+    descales = torch.stack([q_descale, k_descale, v_descale])
+    if not bool((torch.isfinite(descales) & (descales >= 0)).all()):
+        for name, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+            if not bool((torch.isfinite(d) & (d >= 0)).all()):
+                raise ValueError(f"{name} must be finite and >= 0")
+    return descales

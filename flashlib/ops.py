@@ -196,7 +196,7 @@ def _fp8_forward(q, k, v, causal, scale, softcap, alibi_slopes, q_descale, k_des
         raise TypeError("q_descale, k_descale and v_descale go with float8_e4m3fn q, k and v; got "
                         f"{q.dtype}, {k.dtype}, {v.dtype}")
     D = check_qkv(q, k, v)[-1]
-    fp8.check_descales(q, k, v, q_descale, k_descale, v_descale)
+    descales = fp8.check_descales(q, k, v, q_descale, k_descale, v_descale)
     if softcap is not None or alibi_slopes is not None:
         raise ValueError("softcap and alibi_slopes are not supported with FP8 inputs")
     if not isinstance(causal, bool):
@@ -207,8 +207,7 @@ def _fp8_forward(q, k, v, causal, scale, softcap, alibi_slopes, q_descale, k_des
         where = runtime.gpu_name() if q.device.type == "cuda" else f"a {q.device.type} tensor"
         raise RuntimeError(f"FP8 attention runs on a Hopper GPU (sm90) with Triton 3.6's Gluon, "
                            f"head dims {fa3_fwd.HEAD_DIMS}; got {where}, headdim {D}")
-    return fa3_fwd.fa3_forward_fp8(q, k, v, torch.stack([q_descale, k_descale, v_descale]),
-                                   causal=causal, scale=scale)
+    return fa3_fwd.fa3_forward_fp8(q, k, v, descales, causal=causal, scale=scale)
 
 
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,

@@ -136,6 +136,8 @@ def test_flash_attention_fp8_input_errors():
         flashlib.flash_attention(q8, k8, v8, q_descale=qd, k_descale=kd[:, :0], v_descale=vd)
     with pytest.raises(ValueError, match="v_descale must be finite"):
         flashlib.flash_attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd * float("nan"))
+    with pytest.raises(ValueError, match="k_descale must be finite and >= 0"):
+        flashlib.flash_attention(q8, k8, v8, q_descale=qd, k_descale=-kd, v_descale=vd)
     with pytest.raises(ValueError, match="softcap"):
         flashlib.flash_attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, softcap=5.0)
     if runtime.DEVICE.type != "cuda":
