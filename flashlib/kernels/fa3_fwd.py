@@ -107,7 +107,8 @@ DEFAULT_VARIANT = {64: "2wg_pingpong", 128: "2wg_pingpong"}   # H100 probe: h100
 # FP8 (H200, h200/fp8_probe_d64.log, _d128.log): overlap and ping-pong lose (0.76x-0.83x cuDNN's
 # fp16 at d64), two consumers without them reach 0.90x-0.99x at d64 and 0.99x-1.25x at d128. One
 # consumer (0.98x-1.09x at d64) runs causal about 1000x too slow (h200/fp8_hang_repro.log): refused
-DEFAULT_VARIANT_FP8 = {64: "2wg", 128: "2wg"}
+# there, taken without a mask. Keyed by (head dim, causal).
+DEFAULT_VARIANT_FP8 = {(64, False): "simple", (64, True): "2wg", (128, False): "2wg", (128, True): "2wg"}
 
 
 def kernel_config(variant: str, D: int, fp8: bool = False) -> dict:
@@ -571,7 +572,7 @@ def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None)
         return out, lse
     if Nk == 0:
         return out.zero_(), lse.fill_(float("-inf"))
-    variant = variant or DEFAULT_VARIANT_FP8[D]
+    variant = variant or DEFAULT_VARIANT_FP8[D, bool(causal)]
     if causal and VARIANTS[variant].num_wg == 1:   # not understood yet: refused, not run slowly
         raise ValueError(f"fa3_forward_fp8: variant {variant!r} ran causal FP8 about 1000x too slow "
                          "on an H200 (0.39 s at B1 H4 N4096 d64: benchmarks/fp8_hang_repro.py); "
