@@ -46,7 +46,11 @@ for D, N, causal in [shape for shape in FORWARD_SHAPES if shape[0] in args.d]:
         if D not in variant.head_dims or name not in args.variants:
             continue
         run = lambda: fa3_fwd.fa3_forward_fp8(q8, k8, v8, descale, causal=causal, variant=name)
-        err = rms(run()[0][:1, :2].double() - ref) / model
+        try:
+            err = rms(run()[0][:1, :2].double() - ref) / model
+        except ValueError as e:   # a variant the launcher refuses here (one consumer, causal)
+            print(f"{tag:<24} {name:<16} refused: {str(e)[:60]}")
+            continue
         ms = _time(run) if err <= 3 else float("nan")
         print(f"{tag:<24} {name:<16} {ms:>7.3f} {flops / ms / 1e9:>8.1f} {base / ms:>8.2f} {err:>16.2f}")
     sys.stdout.flush()
