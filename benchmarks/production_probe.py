@@ -31,7 +31,7 @@
 
 Every timed call is first checked against the oracle (``production.oracle_check``).
 
-    FLASHLIB_FA3=0 FLASHLIB_AUTOTUNE=0 python benchmarks/production_probe.py [softcap varlen layout softcap_fma softcap_bounded fold paged]
+    FLASHLIB_FA3=0 FLASHLIB_AUTOTUNE=0 python benchmarks/production_probe.py [softcap varlen layout layout_profile softcap_fma softcap_bounded fold paged]
 """
 import os
 import sys
@@ -342,6 +342,34 @@ def fold_part():
                   f"{base[1] / fb:.3f}x plain; error {err:.3g}", flush=True)
         fa2_bwd._choose_dkdv = library_dkdv
         fa2_bwd._plans.clear()
+
+
+def layout_profile_part():
+    """The layout part's dense and equal-length packed calls under torch.profiler: GPU time per
+    kernel (the fwd+bwd times above include the host's, and the varlen call's sync)."""
+    from torch.profiler import ProfilerActivity, profile
+    print("\n# layout_profile: GPU us per call of each kernel, causal, 32k tokens, 16 x 2048")
+    equal = [prod.PACK_TOKENS // prod.PACK_DOCS] * prod.PACK_DOCS
+    for D in prod.PACK_DIMS:
+        H = prod.WIDTH // D
+        for name in ("flashlib_dense", "flashlib_varlen"):
+            call, inputs, check = prod.varlen_setup(name, equal, H, D, DTYPE)
+            err, ok = check(call(*inputs).detach())
+            dout = torch.randn_like(call(*inputs))
+            step = lambda: torch.autograd.grad(call(*inputs), inputs, dout)  # noqa: E731
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(10):
+                    step()
+                torch.cuda.synchronize()
+            times = {}
+            for e in prof.key_averages():
+                if e.device_type.name == "CUDA" and e.count:
+                    times[e.key] = (getattr(e, "device_time_total", None) or e.cuda_time_total) / 10
+            top = sorted(times.items(), key=lambda x: -x[1])[:5]
+            print(f"d{D} {name:16} {'ok' if ok else 'WRONG'} " + ", ".join(f"{k[:28]} {v:.0f}" for k, v in top), flush=True)
 
 
 def paged_part():
