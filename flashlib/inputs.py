@@ -118,12 +118,33 @@ def check_score_mods(q, *, softcap=None, alibi_slopes=None, batch=None):
     return softcap
 
 
+def _offsets(cu):
+    """cu's values as a list, read from the device once per version of the tensor: the read is a
+    synchronisation (the GPU drains its queue and idles while the host launches again: on an H100
+    a packed forward+backward of 32k tokens took 4.6 ms against 3.7 ms of kernels), and a model
+    passes the same offsets to every layer. The copy is kept on the tensor with its version
+    counter, which every in-place change through torch bumps; tensors without one (inference
+    mode) and calls under torch.compile read every time."""
+    try:
+        version = cu._version
+    except RuntimeError:               # an inference tensor: no version counter
+        return cu.tolist()
+    cached = getattr(cu, "_flashlib_offsets", None)
+    if cached is not None and cached[0] == version:
+        return cached[1]
+    offsets = cu.tolist()
+    if not torch.compiler.is_compiling():
+        cu._flashlib_offsets = (version, offsets)
+    return offsets
+
+
 def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, scale=None,
                  causal=False):
     """Validate packed (varlen) inputs: q (total_q, Hq, D), k, v (total_k, Hkv, D), int32 offsets
     (batch + 1,) from 0, non-decreasing, ending at the tensors' lengths, and max_seqlen_* at least
     the longest sequence. Returns the resolved scale. The offsets are read on the host (a device
-    sync on a GPU): wrong ones would read another sequence's rows, so they are always checked."""
+    sync on a GPU, once per version of the tensor: ``_offsets``): wrong ones would read another
+    sequence's rows, so they are always checked."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -143,7 +164,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
                             f"{cu.dtype} of shape {tuple(cu.shape)}")
         if cu.device != q.device:
             raise ValueError(f"{name} is on {cu.device} but q is on {q.device}")
-        offsets = cu.tolist()
+        offsets = _offsets(cu)
         steps = [b - a for a, b in zip(offsets, offsets[1:])]
         if offsets[0] != 0 or min(steps) < 0 or offsets[-1] != total:
             raise ValueError(f"{name} must start at 0, never decrease and end at {total} (the "

@@ -119,6 +119,23 @@ def test_bad_offsets_name_the_argument(change, error, match):
         flash_attention_varlen(**args)
 
 
+def test_offsets_are_read_once_per_version(monkeypatch):
+    """Reading the offsets is a device sync: a model passes the same tensor to every layer, so it
+    is read once, and again after any in-place change (its version counter moves)."""
+    q, k, v, cu_q, cu_k = packed([10, 10, 10], [10, 10, 10], 2, 2, 16, torch.float32)
+    reads = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(1) or tolist(t))
+    first = flash_attention_varlen(q, k, v, cu_q, cu_k, 10, 10)
+    assert len(reads) == 2                                    # cu_seqlens_q and cu_seqlens_k
+    assert torch.equal(flash_attention_varlen(q, k, v, cu_q, cu_k, 10, 10), first)
+    assert len(reads) == 2
+    cu_q[1] = 25                                              # in place: read and checked again
+    with pytest.raises(ValueError, match="cu_seqlens_q must start at 0, never decrease"):
+        flash_attention_varlen(q, k, v, cu_q, cu_k, 25, 10)
+    assert len(reads) == 3
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
