@@ -203,6 +203,18 @@ def timed(call, inputs, check, grad=True):
     return err, fwd, _time(lambda: torch.autograd.grad(call(*inputs), inputs, dout))
 
 
+def print_row(label, err, fwd, fb, base, flops):
+    """One variant's line: forward and forward+backward ms, TFLOP/s and ratio to ``base`` (the
+    first variant's (fwd, fwd_bwd) times, which this returns, set by the first correct one)."""
+    if fwd is None:
+        print(f"{label} WRONG: error {err:.3g}")
+        return base
+    base = base or (fwd, fb)
+    print(f"{label} fwd {fwd:.3f} ms ({flops / fwd / 1e9:.0f}) {base[0] / fwd:.3f}x plain; fwd+bwd "
+          f"{fb:.3f} ms ({3.5 * flops / fb / 1e9:.0f}) {base[1] / fb:.3f}x plain; error {err:.3g}", flush=True)
+    return base
+
+
 def softcap_part():
     print("\n# softcap: FA2 forward / forward+backward, ms (TFLOP/s), max error vs float64")
     for D, N, causal in prod.MOD_SHAPES[:2]:
@@ -218,14 +230,7 @@ def softcap_part():
             call = lambda q, k, v, mod=mod: FlashAttention.apply(q, k, v, causal, D ** -0.5, mod)[0]  # noqa: E731
             check = lambda out, o=options: prod.oracle_check(  # noqa: E731
                 [tuple(t[:1, :2] for t in (out, q, k, v))], DTYPE, causal=causal, **o)
-            err, fwd, fb = timed(call, (q, k, v), check)
-            if fwd is None:
-                print(f"d{D} N{N} causal={causal} {name:22} WRONG: error {err:.3g}")
-                continue
-            base = base or (fwd, fb)
-            print(f"d{D} N{N} causal={causal} {name:22} fwd {fwd:.3f} ms ({flops / fwd / 1e9:.0f}) "
-                  f"{base[0] / fwd:.3f}x plain; fwd+bwd {fb:.3f} ms ({3.5 * flops / fb / 1e9:.0f}) "
-                  f"{base[1] / fb:.3f}x plain; error {err:.3g}", flush=True)
+            base = print_row(f"d{D} N{N} causal={causal} {name:22}", *timed(call, (q, k, v), check), base, flops)
 
 
 VARLEN_CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 3), (64, 128, 4, 3),
@@ -332,14 +337,7 @@ def fold_part():
             check = lambda out, o=options: prod.oracle_check(  # noqa: E731
                 [tuple(t[:1, :2] for t in (out, q, k, v))], dtype, causal=causal,
                 **{n: x[:2] if n == "alibi_slopes" else x for n, x in o.items()})
-            err, fwd, fb = timed(call, (q, k, v), check)
-            if fwd is None:
-                print(f"d{D} N{N} causal={causal} {name:32} WRONG: error {err:.3g}")
-                continue
-            base = base or (fwd, fb)
-            print(f"d{D} N{N} causal={causal} {name:32} fwd {fwd:.3f} ms ({flops / fwd / 1e9:.0f}) "
-                  f"{base[0] / fwd:.3f}x plain; fwd+bwd {fb:.3f} ms ({3.5 * flops / fb / 1e9:.0f}) "
-                  f"{base[1] / fb:.3f}x plain; error {err:.3g}", flush=True)
+            base = print_row(f"d{D} N{N} causal={causal} {name:32}", *timed(call, (q, k, v), check), base, flops)
         fa2_bwd._choose_dkdv = library_dkdv
         fa2_bwd._plans.clear()
 
