@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from . import runtime
-from .inputs import SUPPORTED_DTYPES, check_inputs, check_score_mods
+from .inputs import SUPPORTED_DTYPES, check_inputs, check_score_mods, read_once
 from .kernels import score_mod
 from .kernels.decode import flash_decode_forward
 
@@ -62,11 +62,17 @@ def check_decode_inputs(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=N
     return scale
 
 
+def _table_range(block_table):
+    """(smallest, largest) entry of the table: one read, one sync."""
+    return torch.stack(torch.aminmax(block_table)).tolist()
+
+
 def check_pages(q, k_cache, v_cache, cache_seqlens, block_table, check_table=True):
     """Validate a paged cache: pages (num_pages, Hkv, page_size, D) with page_size a power of two
     >= 16, an int32 block table (B, max_pages) on q's device whose entries are pages that exist,
     and ``cache_seqlens``, which paging requires. Returns Lmax = max_pages x page_size. The table's
-    entries are read on the host (a device sync on a GPU) unless ``check_table`` is False."""
+    entries are read on the host (a device sync on a GPU, once per version of the table:
+    ``inputs.read_once``) unless ``check_table`` is False."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("block_table", block_table)):
         if not isinstance(t, torch.Tensor):
@@ -94,7 +100,7 @@ def check_pages(q, k_cache, v_cache, cache_seqlens, block_table, check_table=Tru
     if page_size < 16 or page_size & (page_size - 1):
         raise ValueError(f"page_size (k_cache.shape[2]) must be a power of two >= 16, got {page_size}")
     if check_table and block_table.numel() and not torch.compiler.is_compiling():
-        lo, hi = torch.stack(torch.aminmax(block_table)).tolist()     # one read, one sync
+        lo, hi = read_once(block_table, _table_range)
         if lo < 0 or hi >= num_pages:
             raise ValueError(f"block_table holds page {lo if lo < 0 else hi}, but the caches have "
                              f"pages 0 to {num_pages - 1}")
@@ -116,7 +122,7 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
     position p of sequence b is row p % page_size of page block_table[b, p // page_size], pages
     in any order and shared between sequences; max_len is max_pages x page_size; cache_seqlens is
     required, and the table's entries are checked to be pages (read on the host: a device sync
-    on a GPU; ``PagedKVCache`` skips it for the tables it built).
+    on a GPU, once per version of the table; ``PagedKVCache`` skips it for the tables it built).
     num_splits: chunks each sequence's keys are split into (None: picked from the GPU's SM count,
     the batch, heads and max_len); any value gives the same result up to rounding.
     scale: multiplies q k^T; defaults to 1/sqrt(headdim). softcap, alibi_slopes: score modifiers

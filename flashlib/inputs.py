@@ -118,25 +118,25 @@ def check_score_mods(q, *, softcap=None, alibi_slopes=None, batch=None):
     return softcap
 
 
-def _offsets(cu):
-    """cu's values as a list, read from the device once per version of the tensor: the read is a
+def read_once(t, read):
+    """``read(t)``, a host read of t's values, done once per version of the tensor: the read is a
     synchronisation (the GPU drains its queue and idles while the host launches again: on an H100
-    a packed d64 forward+backward of 16 x 2048 tokens took 4.62 ms read at every call, 3.66 ms read
-    once, the dense kernel 3.58; benchmarks/results/h100/production_probe_layout*.log), and a
-    model passes the same offsets to every layer. The copy is kept on the tensor with its version
-    counter, which every in-place change through torch bumps; tensors without one (inference
-    mode) and calls under torch.compile read every time."""
+    a packed d64 forward+backward of 16 x 2048 tokens took 4.62 ms with its offsets read at every
+    call, 3.66 ms read once, the dense kernel 3.58; benchmarks/results/h100/production_probe_layout*.log),
+    and a model passes the same offsets or block table to every layer. The result is kept on the
+    tensor, per ``read``, with its version counter, which every in-place change through torch
+    bumps; tensors without one (inference mode) and calls under torch.compile read every time."""
+    if torch.compiler.is_compiling():
+        return read(t)
     try:
-        version = cu._version
+        version = t._version
     except RuntimeError:               # an inference tensor: no version counter
-        return cu.tolist()
-    cached = getattr(cu, "_flashlib_offsets", None)
-    if cached is not None and cached[0] == version:
-        return cached[1]
-    offsets = cu.tolist()
-    if not torch.compiler.is_compiling():
-        cu._flashlib_offsets = (version, offsets)
-    return offsets
+        return read(t)
+    cache = t.__dict__.setdefault("_flashlib_reads", {})
+    cached = cache.get(read)
+    if cached is None or cached[0] != version:
+        cached = cache[read] = (version, read(t))
+    return cached[1]
 
 
 def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, scale=None,
@@ -144,7 +144,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     """Validate packed (varlen) inputs: q (total_q, Hq, D), k, v (total_k, Hkv, D), int32 offsets
     (batch + 1,) from 0, non-decreasing, ending at the tensors' lengths, and max_seqlen_* at least
     the longest sequence. Returns the resolved scale. The offsets are read on the host (a device
-    sync on a GPU, once per version of the tensor: ``_offsets``): wrong ones would read another
+    sync on a GPU, once per version of the tensor: ``read_once``): wrong ones would read another
     sequence's rows, so they are always checked."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -165,7 +165,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
                             f"{cu.dtype} of shape {tuple(cu.shape)}")
         if cu.device != q.device:
             raise ValueError(f"{name} is on {cu.device} but q is on {q.device}")
-        offsets = _offsets(cu)
+        offsets = read_once(cu, torch.Tensor.tolist)
         steps = [b - a for a, b in zip(offsets, offsets[1:])]
         if offsets[0] != 0 or min(steps) < 0 or offsets[-1] != total:
             raise ValueError(f"{name} must start at 0, never decrease and end at {total} (the "

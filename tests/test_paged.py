@@ -86,6 +86,27 @@ def test_paged_cache_holds_what_the_contiguous_one_holds():
     assert paged.free_pages == 10 and paged.lengths == [0, 0]
 
 
+def test_the_table_is_read_once_per_version(monkeypatch):
+    """The table's check reads it on the host (a device sync): once per version of the tensor, as
+    a model's layers pass the same table; an in-place change is read and checked again, also
+    against a smaller pool."""
+    import flashlib.decode
+    reads, table_range = [], flashlib.decode._table_range
+    monkeypatch.setattr(flashlib.decode, "_table_range", lambda t: reads.append(1) or table_range(t))
+    k, v = (torch.randn(4, 2, 16, 16, device=DEV) for _ in range(2))
+    q, lens = torch.randn(1, 2, 1, 16, device=DEV), torch.tensor([20], device=DEV)
+    table = torch.tensor([[3, 1]], dtype=torch.int32, device=DEV)
+    first = flash_decode(q, k, v, cache_seqlens=lens, block_table=table)
+    assert torch.equal(flash_decode(q, k, v, cache_seqlens=lens, block_table=table), first)
+    assert len(reads) == 1
+    with pytest.raises(ValueError, match="block_table holds page 3, but the caches have pages 0 to 2"):
+        flash_decode(q, k[:3], v[:3], cache_seqlens=lens, block_table=table)   # same table, fewer pages
+    table[0, 1] = 7                                            # in place: read and checked again
+    with pytest.raises(ValueError, match="block_table holds page 7"):
+        flash_decode(q, k, v, cache_seqlens=lens, block_table=table)
+    assert len(reads) == 2
+
+
 @pytest.mark.parametrize("change, error, match", [
     (dict(block_table=torch.tensor([[0, 9]], dtype=torch.int32)), ValueError, "block_table holds page 9"),
     (dict(block_table=torch.tensor([[0, -1]], dtype=torch.int32)), ValueError, "block_table holds page -1"),

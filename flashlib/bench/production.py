@@ -12,7 +12,7 @@ with a ``part`` and a ``case``. Three parts:
    over documents (each causal, halved), so TFLOP/s of different packings compare; a pack's record
    is B=1, Nq=Nk=total with ``density`` = sum(n^2) / total^2 (the harness's FLOP formula holds) and
    ``seqlens``. The varlen call reads its offsets on the host once per offsets tensor (a device
-   sync: the suite's first call; ``inputs._offsets``).
+   sync: the suite's first call; ``inputs.read_once``).
 2. ``paged_decode``: one new token at the decode suite's cases (``decode.cases``: B=1 H=32 and
    B=8 Hq=32 Hkv=8, d128, L = 1k .. 128k, the ragged batch): ``flashlib_paged16`` / ``_paged256``
    (``flash_decode`` with a ``block_table``, pages of 16 / 256 tokens in a fixed-seed shuffled
