@@ -111,11 +111,14 @@ def check_score_mods(q, *, softcap=None, alibi_slopes=None, batch=None):
                              f"query head, got {tuple(alibi_slopes.shape)}")
         if alibi_slopes.device != q.device:
             raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {q.device}")
-        # values are read only on the host (a device sync per call otherwise) and eagerly
-        if alibi_slopes.device.type == "cpu" and not torch.compiler.is_compiling() \
-                and not bool(torch.isfinite(alibi_slopes).all()):
+        # read on the host once per version of the tensor (a device sync), eagerly
+        if not torch.compiler.is_compiling() and not read_once(alibi_slopes, _all_finite):
             raise ValueError("alibi_slopes holds a value that is not finite")
     return softcap
+
+
+def _all_finite(t):
+    return bool(torch.isfinite(t).all())
 
 
 def read_once(t, read):
