@@ -107,7 +107,8 @@ DEFAULT_VARIANT = {64: "2wg_pingpong", 128: "2wg_pingpong"}   # H100 probe: h100
 # FP8 (H200, h200/fp8_probe_d64.log, _d128.log): overlap and ping-pong lose (0.76x-0.83x cuDNN's
 # fp16 at d64), two consumers without them reach 0.90x-0.99x at d64 and 0.99x-1.25x at d128. One
 # consumer (0.98x-1.09x at d64) runs causal about 1000x too slow (h200/fp8_hang_repro.log): refused
-# there, taken without a mask. Keyed by (head dim, causal).
+# under a causal mask, taken without one at d64 (H100: 0.99x / 1.11x against two consumers' 0.90x /
+# 1.02x, h100/fp8_probe_d64.log). Keyed by (head dim, causal).
 DEFAULT_VARIANT_FP8 = {(64, False): "simple", (64, True): "2wg", (128, False): "2wg", (128, True): "2wg"}
 
 
@@ -601,9 +602,9 @@ def _transpose_kernel(X, Y, N, D, n_blocks, Hkv, stride_xb, stride_xh, stride_xn
 def transpose_rows(v, width):
     """v (B, H, N, D) of 1-byte elements -> (B, H, D, width) with [..., :N] = v^T (the rest
     unset): FP8's V^T, which 8-bit wgmma needs for its B operand. A tiled kernel: torch's
-    strided copy (``out[..., :N].copy_(v.transpose(2, 3))``) moved 1-byte elements one by one,
-    and its fixed cost (about 0.84 ms at 67 MB, fitted to h100/fp8_forward.json) left the FP8
-    forward at 4k keys slower than the float16 one."""
+    strided copy (``out[..., :N].copy_(v.transpose(2, 3))``) of 1-byte elements took 0.22 ms at
+    d64 and 0.45 ms at d128 for 67 MB on an H100, this kernel 0.051 ms
+    (benchmarks/fp8_transpose_time.py)."""
     B, H, N, D = v.shape
     out = torch.empty((B, H, D, width), dtype=v.dtype, device=v.device)
     if v.numel() == 0:
@@ -614,4 +615,3 @@ def transpose_rows(v, width):
     _transpose_kernel[(B * H * n_blocks,)](x, y, N, D, n_blocks, H, *x.stride()[:3], *y.stride()[:3],
                                            BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4)
     return out
-
