@@ -111,8 +111,10 @@ def check_score_mods(q, *, softcap=None, alibi_slopes=None, batch=None):
                              f"query head, got {tuple(alibi_slopes.shape)}")
         if alibi_slopes.device != q.device:
             raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {q.device}")
-        # read on the host once per version of the tensor (a device sync), eagerly
-        if not torch.compiler.is_compiling() and not read_once(alibi_slopes, _all_finite):
+        # read on the host once per version of the tensor (a device sync), eagerly; not while a
+        # CUDA graph is captured (no sync is allowed then: the eager warm-up call checked them)
+        if not torch.compiler.is_compiling() and not _capturing(alibi_slopes) \
+                and not read_once(alibi_slopes, _all_finite):
             raise ValueError("alibi_slopes holds a value that is not finite")
     return softcap
 
@@ -121,11 +123,16 @@ def _all_finite(t):
     return bool(torch.isfinite(t).all())
 
 
+def _capturing(t):
+    return t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def read_once(t, read):
     """``read(t)``, a host read of t's values, done once per version of the tensor: the read is a
-    synchronisation (the GPU drains its queue and idles while the host launches again: on an H100
+    synchronisation (the GPU drains its queue and idles while the host launches again: on H100s
     a packed d64 forward+backward of 16 x 2048 tokens took 4.62 ms with its offsets read at every
-    call, 3.66 ms read once, the dense kernel 3.58; benchmarks/results/h100/production_probe_layout*.log),
+    call, and in a later run 3.66 ms read once, the dense kernel 3.58 in that run;
+    benchmarks/results/h100/production_probe_layout.log, _offsets_once.log),
     and a model passes the same offsets or block table to every layer. The result is kept on the
     tensor, per ``read``, with its version counter, which every in-place change through torch
     bumps; tensors without one (inference mode) and calls under torch.compile read every time."""
