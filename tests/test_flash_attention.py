@@ -389,3 +389,21 @@ def test_custom_ops_pass_torch_opcheck():
                                                  None, None))
     torch.library.opcheck(ops._fa2_backward_op, (q.detach(), k, v, out, lse, torch.randn_like(out), True, 0.25,
                                                  5.0, slopes))
+
+
+def test_autotuning_keys_the_code_a_kernel_runs(monkeypatch):
+    # a config tuned for plain scores must not be reused for a softcap (or packed sequences, or
+    # another tile update) of the same size: every constexpr that chooses code is in the key
+    from flashlib.kernels import block_sparse, config, fa1, fa2_bwd, fa2_fwd
+    monkeypatch.setattr(config.runtime, "AUTOTUNE", True)
+    monkeypatch.setattr(config.runtime, "INTERPRET", False)
+    kernels = [(k, config.KEY) for k in (fa2_fwd._fa2_fwd_kernel, fa2_bwd._dkdv_kernel,
+                                         fa2_bwd._dq_kernel, fa1._fa1_fwd_kernel)]
+    kernels += [(k, block_sparse.KEY) for k in (block_sparse._bs_fwd_kernel,
+                                                block_sparse._bs_dkdv_kernel, block_sparse._bs_dq_kernel)]
+    for kernel, key in kernels:
+        autotuner, _ = config.tuned(kernel, [(64, 64, 4, 2)], lambda bm, bn: (bm, bn), key=key)(
+            64, 2, config.TUNE_FROM_SCORES)
+        choosers = {"SCORE_MOD", "TILE_UPDATE", "VARLEN", "CAUSAL"} & set(kernel.arg_names)
+        assert choosers <= set(autotuner.keys), (kernel.__name__, choosers - set(autotuner.keys))
+    assert "SCORE_MOD" in fa2_fwd._fa2_fwd_kernel.arg_names   # the check above is not vacuous

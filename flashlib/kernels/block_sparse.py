@@ -36,7 +36,8 @@ from .launch import fast_launch
 from .score_mod import kernel_args as score_mod_args
 from .tile import LOG2E, tile_update
 
-KEY = ["n_bucket", "visits", "BAND", "ADJACENT", "BLOCK_D", "SPARSE_BLOCK", "DOT_PRECISION"]
+KEY = ["n_bucket", "visits", "BAND", "ADJACENT", "BLOCK_D", "SPARSE_BLOCK", "DOT_PRECISION",
+       "SCORE_MOD"]
 
 
 @triton.jit

@@ -1,9 +1,9 @@
 """Block configs: autotuned on a GPU, one fixed config otherwise, always sized to fit SRAM.
 
 Autotuning compiles and times every config once per key (problem size bucket, head dim, causal,
-precision), so it runs only on a GPU with ``runtime.AUTOTUNE``, and only for problems of at least
-``TUNE_FROM_SCORES`` scores; otherwise (and with FLASHLIB_AUTOTUNE=0) kernels take the first config
-that fits. Through the interpreter (no GPU) kernels use 64x64 blocks: the interpreter's
+precision, score modifier, packed or dense), so it runs only on a GPU with ``runtime.AUTOTUNE``,
+and only for problems of at least ``TUNE_FROM_SCORES`` scores; otherwise (and with
+FLASHLIB_AUTOTUNE=0) kernels take the first config that fits. Through the interpreter (no GPU) kernels use 64x64 blocks: the interpreter's
 cost is per program per loop step, whatever the tile size.
 
 Shared memory: a kernel keeps ``resident`` rows of headdim (e.g. its Q block) and pipelines
@@ -22,7 +22,10 @@ from .. import runtime
 from ..inputs import resolve_scale
 
 INTERPRETER_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64}
-KEY = ["n_bucket", "BLOCK_D", "CAUSAL", "DOT_PRECISION"]
+# The autotuner's key: the sizes that move the best tile, and the constexprs that choose code (a score modifier, the softmax's tile update, packed
+# sequences): a config tuned on plain scores is not reused for a softcap at the same size, where
+# the registers it needs differ (the d128 dK/dV kernel spills 248 bytes with one, ptxas for sm90)
+KEY = ["n_bucket", "BLOCK_D", "CAUSAL", "DOT_PRECISION", "SCORE_MOD", "TILE_UPDATE", "VARLEN"]
 # Problems with fewer scores (batch x heads x seqlen_q x seqlen_k) are not autotuned: their kernels
 # take microseconds, less than the host's time per call, and tuning them compiled every config
 # for each new shape (lesson 11's sampling and gradient check: minutes on an H200).
@@ -139,6 +142,7 @@ def tuned(kernel, configs, footprint, elem_arg="Q", key=KEY, prefer=None):
 
     triton_configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
                       for bm, bn, w, s in configs]
+    key = [name for name in key if name in kernel.arg_names]   # newer Tritons refuse other names
     autotuner = triton.autotune(triton_configs, key=key, prune_configs_by={"early_config_prune": prune})(kernel)
 
     def choose(block_d, elem_bytes, scores, max_block=None):
