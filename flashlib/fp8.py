@@ -17,6 +17,8 @@ import math
 
 import torch
 
+from .inputs import all_once, capturing
+
 E4M3_MAX = 448.0      # the largest finite float8_e4m3fn
 
 
@@ -75,9 +77,14 @@ def check_descales(q, k, v, q_descale, k_descale, v_descale):
                              f"{tuple(getattr(d, 'shape', ()))}")
         if d.device != q.device:
             raise ValueError(f"{name} is on {d.device} but q is on {q.device}")
-    descales = torch.stack([q_descale, k_descale, v_descale])
-    if not bool((torch.isfinite(descales) & (descales >= 0)).all()):
-        for name, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
-            if not bool((torch.isfinite(d) & (d >= 0)).all()):
-                raise ValueError(f"{name} must be finite and >= 0")
-    return descales
+    # read once per version of each tensor (a layer's static scales: a sync on the first call
+    # only), not while a CUDA graph is captured (no sync allowed: the eager warm-up checked them)
+    named = (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
+    if not capturing(q) and not all_once([d for _, d in named], _valid_descales):
+        raise ValueError(" and ".join(name for name, d in named if not _valid_descales(d))
+                         + " must be finite and >= 0")
+    return torch.stack([q_descale, k_descale, v_descale])
+
+
+def _valid_descales(d):
+    return bool((torch.isfinite(d) & (d >= 0)).all())

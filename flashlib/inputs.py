@@ -113,8 +113,8 @@ def check_score_mods(q, *, softcap=None, alibi_slopes=None, batch=None):
             raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {q.device}")
         # read on the host once per version of the tensor (a device sync), eagerly; not while a
         # CUDA graph is captured (no sync is allowed then: the eager warm-up call checked them)
-        if not torch.compiler.is_compiling() and not _capturing(alibi_slopes) \
-                and not read_once(alibi_slopes, _all_finite):
+        if not torch.compiler.is_compiling() and not capturing(alibi_slopes) \
+                and not all_once([alibi_slopes], _all_finite):
             raise ValueError("alibi_slopes holds a value that is not finite")
     return softcap
 
@@ -123,8 +123,21 @@ def _all_finite(t):
     return bool(torch.isfinite(t).all())
 
 
-def _capturing(t):
+def capturing(t):
+    """Whether a CUDA graph is being captured on t's device's current stream (no sync allowed)."""
     return t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _kept_reads(t):
+    """(t's dict of kept host reads, t's version), or None where nothing may be kept: under
+    torch.compile, and for inference tensors (no version counter)."""
+    if torch.compiler.is_compiling():
+        return None
+    try:
+        version = t._version
+    except RuntimeError:               # an inference tensor: no version counter
+        return None
+    return t.__dict__.setdefault("_flashlib_reads", {}), version
 
 
 def read_once(t, read):
@@ -136,17 +149,33 @@ def read_once(t, read):
     and a model passes the same offsets or block table to every layer. The result is kept on the
     tensor, per ``read``, with its version counter, which every in-place change through torch
     bumps; tensors without one (inference mode) and calls under torch.compile read every time."""
-    if torch.compiler.is_compiling():
+    kept = _kept_reads(t)
+    if kept is None:
         return read(t)
-    try:
-        version = t._version
-    except RuntimeError:               # an inference tensor: no version counter
-        return read(t)
-    cache = t.__dict__.setdefault("_flashlib_reads", {})
-    cached = cache.get(read)
+    reads, version = kept
+    cached = reads.get(read)
     if cached is None or cached[0] != version:
-        cached = cache[read] = (version, read(t))
+        cached = reads[read] = (version, read(t))
     return cached[1]
+
+
+def all_once(tensors, test):
+    """Whether ``test`` (an elementwise check reduced to a bool, such as "all finite") holds for
+    every one of ``tensors``, read as ``read_once`` reads: the tensors not yet tested at their
+    version are tested together, in one read (one sync) of their values concatenated."""
+    pending = []
+    for t in tensors:
+        kept = _kept_reads(t)
+        if kept is None or kept[0].get(test, (None, False)) != (kept[1], True):
+            pending.append((t, kept))
+    if not pending:
+        return True
+    if not test(torch.cat([t.reshape(-1) for t, _ in pending])):
+        return False
+    for t, kept in pending:
+        if kept is not None:
+            kept[0][test] = (kept[1], True)
+    return True
 
 
 def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, scale=None,

@@ -201,3 +201,23 @@ def test_gpu_fp8_rotation_cuts_the_kernel_error_on_outlier_features():
     fp16 = rms(flashlib.flash_attention(q.half(), k.half(), v.half()).double() - ref)
     print(f"rms error: fp8 {errors[0]:.2e}, fp8 rotated {errors[1]:.2e}, fp16 {fp16:.2e}")
     assert errors[1] * 1.5 < errors[0], errors
+
+
+def test_descales_are_read_once_per_version(monkeypatch):
+    """The descales' check reads them on the host (a device sync): a layer's static scales are
+    read on the first call only, all three in one read, and again after an in-place change. The
+    check runs before the kernel, so this holds on a CPU too (the kernel then refuses)."""
+    reads, valid = [], fp8._valid_descales
+    monkeypatch.setattr(fp8, "_valid_descales", lambda d: reads.append(d.numel()) or valid(d))
+    q8, qd = fp8.quantize(torch.randn(2, 4, 8, 64), 2)
+    (k8, kd), (v8, vd) = (fp8.quantize(torch.randn(2, 2, 8, 64), 2) for _ in range(2))
+    for _ in range(2):
+        assert torch.equal(fp8.check_descales(q8, k8, v8, qd, kd, vd), torch.stack([qd, kd, vd]))
+    assert reads == [12]                              # one read of the three (B, Hkv) = (2, 2)
+    kd[1, 0] = float("inf")                           # in place: read again, the culprit named
+    with pytest.raises(ValueError, match="^k_descale must be finite and >= 0$"):
+        fp8.check_descales(q8, k8, v8, qd, kd, vd)
+    assert reads == [12, 4, 4, 4, 4]   # k_descale alone was due a read; then the error names it
+    kd[1, 0] = 1.0
+    fp8.check_descales(q8, k8, v8, qd, kd, vd)
+    assert reads[5:] == [4]            # the failed read kept nothing: k_descale read again
