@@ -26,10 +26,8 @@
    per-row and per-column products (fewer instructions, rounded products). The log of
    2026-11-26 (h100/production_probe_fold.log) ran at 6a12855, where the library's ALiBi was
    the float32 distance, since reverted: its "alibi_int" was then this file's copy of the int form.
-4. ``paged``: paged decode against contiguous up to 16k keys (eager, host time per call, CUDA
-   graph), through ``flashlib.bench.production.paged_record``; pages of 16 as 64/128-key blocks
-   gathered row by row, and as blocks of one page (``kernels.decode.page_block_config``) under
-   several (warps, stages).
+4. ``paged``: paged decode against contiguous at the short caches where it lost (eager, host time
+   per call, CUDA graph), through ``flashlib.bench.production.paged_record``.
 
 Every timed call is first checked against the oracle (``production.oracle_check``).
 
@@ -373,33 +371,21 @@ def layout_profile_part():
 
 
 def paged_part():
-    print("\n# paged decode at short caches: eager ms, host us, graph ms; ratio to contiguous. page16 "
-          "blocks: rows (64/128-key blocks, a page id per row) or one page a block at (warps, stages)")
-    from flashlib.kernels import decode as kdecode
-    library = kdecode.page_block_config
-    variants = [(None, "flashlib_contiguous", library), (16, "flashlib_paged16 rows", lambda c, p: c)]
-    variants += [(16, f"flashlib_paged16 {w}w{st}", lambda c, p, w=w, st=st: c if not p else (p, w, st))
-                 for w, st in ((4, 3), (4, 6), (4, 8), (2, 6))]
-    variants += [(16, "flashlib_paged16 library", library), (256, "flashlib_paged256", library)]
+    print("\n# paged decode at short caches: eager ms, host us, graph ms; ratio to contiguous")
     for label, shape, seqlens, ragged in bench_decode.cases(quick=False):
-        if ragged or max(seqlens) > 16384:
+        if ragged or max(seqlens) > 4096:
             continue
         base = None
-        for page, impl, rule in variants:
-            kdecode.page_block_config = rule
-            kdecode._plan.cache_clear()
-            r = prod.paged_record(f"{label} L{max(seqlens)}", impl.split()[0], shape, tuple(seqlens),
-                                  page, DTYPE)[0]
+        for page, impl in ((None, "flashlib_contiguous"), (16, "flashlib_paged16"), (256, "flashlib_paged256")):
+            r = prod.paged_record(f"{label} L{max(seqlens)}", impl, shape, tuple(seqlens), page, DTYPE)[0]
             if r.get("ms") is None:
-                print(f"{r['case']:10} {impl:26} {r.get('note')}")
+                print(f"{r['case']:10} {impl:20} {r.get('note')}")
                 continue
             base = base or r
             graph, base_graph = r["ms_graph"] or float("nan"), base["ms_graph"] or float("nan")
-            print(f"{r['case']:10} {impl:26} eager {r['ms'] * 1e3:6.1f} us ({base['ms'] / r['ms']:.3f}x), host "
+            print(f"{r['case']:10} {impl:20} eager {r['ms'] * 1e3:6.1f} us ({base['ms'] / r['ms']:.3f}x), host "
                   f"{r['host_us']:5.1f} us, graph {graph * 1e3:6.1f} us "
                   f"({base_graph / graph:.3f}x)", flush=True)
-    kdecode.page_block_config = library
-    kdecode._plan.cache_clear()
 
 
 if __name__ == "__main__":

@@ -58,7 +58,6 @@ KEY_BLOCK_CONFIGS = [(64, 4, 3), (32, 4, 3), (64, 8, 3), (64, 4, 2), (32, 4, 2),
 LONG_SPLIT_KEY_BLOCK = (128, 4, 3)
 LONG_SPLIT = {"h100": 1024, "h200": 512}
 INTERPRETER_BLOCK_N = 32
-PAGE_MAX_STAGES = 8      # page_block_config's cap
 MAX_ROWS = 64            # query rows per program (group x new tokens); more rows: more row blocks
 MAX_SPLITS = 128         # the heuristic's cap; an explicit num_splits may be anything >= 1
 MIN_BLOCKS_PER_SPLIT = 4  # the heuristic gives each split at least this many key blocks
@@ -278,18 +277,7 @@ def launch_plan(q, k_cache, cache_seqlens=None, *, num_splits=None, config=None,
     num_splits), from the shapes (and ``num_splits_heuristic`` unless num_splits is given)."""
     B, Hq, Nq, D = q.shape
     return _plan(B, Hq, Nq, D, k_cache.shape[1], cache_length(k_cache, block_table), q.element_size(),
-                 q.device, cache_seqlens is not None, num_splits, config,
-                 0 if block_table is None else k_cache.shape[2])
-
-
-def page_block_config(config, page_size):
-    """The key-block config for pages of ``page_size`` rows (0: a contiguous cache): pages shorter
-    than the block make blocks of one page, so that a block is one page id and a contiguous run of
-    rows (``fa2_fwd._attend_key_blocks``); more stages keep as many bytes in flight."""
-    block_n, warps, stages = config
-    if not page_size or page_size >= block_n:
-        return config
-    return page_size, warps, min(PAGE_MAX_STAGES, stages * block_n // page_size)
+                 q.device, cache_seqlens is not None, num_splits, config)
 
 
 def cache_length(k_cache, block_table=None):
@@ -299,7 +287,7 @@ def cache_length(k_cache, block_table=None):
 
 
 @functools.lru_cache(maxsize=4096)  # a decoding loop asks for the same plan at every step
-def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, num_splits, config, page_size=0):
+def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, num_splits, config):
     rows = Hq // Hkv * Nq
     block_m = max(16, min(MAX_ROWS, next_power_of_2(rows)))
     row_blocks = cdiv(rows, block_m)
@@ -314,8 +302,6 @@ def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, num_splits, confi
     if chosen and long_split and not runtime.INTERPRET and \
             fits(LONG_SPLIT_KEY_BLOCK, block_d, elem_bytes, target()):
         config = LONG_SPLIT_KEY_BLOCK
-    if chosen:
-        config = page_block_config(config, page_size)
     return block_m, row_blocks, tuple(config), num_splits
 
 
