@@ -128,7 +128,7 @@ def precompile_one(task):
         import torch
 
         import flashlib  # noqa: F401
-        from flashlib.kernels import fa3_fwd
+        from flashlib.kernels import fa3_fwd, score_mod
         dtype = getattr(torch, dtype_name)
         config = fa3_fwd.kernel_config(name, D)
         q = torch.empty(1, 2, 256, D, dtype=dtype)
@@ -139,8 +139,9 @@ def precompile_one(task):
             fa3_fwd._descriptor(q, (1, 1, fa3_fwd.BLOCK_M, D)),
             fa3_fwd._descriptor(k, (1, 1, config["BLOCK_N"], D)),
             fa3_fwd._descriptor(k, (1, 1, config["BLOCK_N"], D)),
-            fa3_fwd._descriptor(q, (1, 1, fa3_fwd.BLOCK_M, D)), lse, 2, 256, 256, 0.1, 2,
-            grid=(1,), CAUSAL=causal, **config, **fa3_fwd.launch_options(name))
+            fa3_fwd._descriptor(q, (1, 1, fa3_fwd.BLOCK_M, D)), lse, lse, lse, 2, 256, 256, 0.1, 2, 1,
+            grid=(1,), CAUSAL=causal, SCORE_MOD=score_mod.identity, **config,
+            **fa3_fwd.launch_options(name))
         return f"{name} d{D} causal={causal} {dtype_name}: {time.time() - t0:.1f} s"
     except Exception as e:  # noqa: BLE001  (only a head start; the variant's run compiles anyway)
         return f"{name} d{D} causal={causal} {dtype_name}: FAILED {type(e).__name__}: {str(e)[:300]}"

@@ -34,19 +34,19 @@ FA3_FROM_FLOPS = 1 << 36
 FA3_ENABLED = os.environ.get("FLASHLIB_FA3", "1") != "0"
 
 
-def _fa3_worth_it(q, k, mod, cu_seqlens, causal):
+def _fa3_worth_it(q, k, cu_seqlens, causal):
     """Whether the Hopper kernels should take this problem, if they can run it: turned on, dense,
-    no score modifier, and large enough (FA3_FROM_FLOPS) to pay for their host time."""
-    if not FA3_ENABLED or cu_seqlens is not None or mod.fn is not score_mod.identity:
+    and large enough (FA3_FROM_FLOPS) to pay for their host time."""
+    if not FA3_ENABLED or cu_seqlens is not None:
         return False    # (packed q is 3-D: no FLOP count below)
     return 4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3] >> bool(causal) >= FA3_FROM_FLOPS
 
 
 def attention_forward(q, k, v, causal, scale, mod, cu_seqlens=None, max_seqlen=None):
     """The forward kernel for these inputs: FA3 on Hopper (sm90, fp16/bf16, head dim 64 or 128,
-    dense, no score modifier, large enough), FA2 otherwise. Returns (out, lse)."""
-    if _fa3_worth_it(q, k, mod, cu_seqlens, causal) and fa3_fwd.supported(q, k, v):
-        return fa3_fwd.fa3_forward(q, k, v, causal=causal, scale=scale)
+    dense, large enough; score modifiers included), FA2 otherwise. Returns (out, lse)."""
+    if _fa3_worth_it(q, k, cu_seqlens, causal) and fa3_fwd.supported(q, k, v):
+        return fa3_fwd.fa3_forward(q, k, v, causal=causal, scale=scale, score_mod=mod)
     return fa2_forward(q, k, v, causal=causal, scale=scale, score_mod=mod, cu_seqlens=cu_seqlens,
                        max_seqlen=max_seqlen)
 
@@ -57,7 +57,8 @@ def attention_backward(q, k, v, out, lse, dout, causal, scale, mod, cu_seqlens=N
     otherwise. Returns (dq, dk, dv)."""
     from .kernels import fa3_bwd
     from .kernels.fa2_bwd import fa2_backward
-    if _fa3_worth_it(q, k, mod, cu_seqlens, causal) and fa3_bwd.supported(q, k, v, out, lse, dout):
+    if mod.fn is score_mod.identity and _fa3_worth_it(q, k, cu_seqlens, causal) \
+            and fa3_bwd.supported(q, k, v, out, lse, dout):
         return fa3_bwd.fa3_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
     return fa2_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=mod,
                         cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)

@@ -207,6 +207,31 @@ def test_gpu_real_sizes(dtype, D):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_hopper_forward_with_modifiers(monkeypatch, dtype):
+    """The FA3 forward (kernels/fa3_fwd.py) runs the same hook: out, lse and (FA2's backward from
+    FA3's lse) gradients against the oracle, ragged, grouped, bottom-right causal with Nq > Nk
+    (rows that see no key), every modifier, both head dims."""
+    from flashlib import ops
+    from flashlib.kernels import fa3_fwd
+    probe = torch.empty(1, 1, 64, 64, dtype=dtype, device=DEV)
+    if not fa3_fwd.supported(probe, probe, probe):
+        pytest.skip("needs an sm90 GPU with Triton 3.6 (FA3 kernels)")
+    monkeypatch.setattr(ops, "FA3_FROM_FLOPS", 0)
+    monkeypatch.setattr(ops, "FA3_ENABLED", True)
+    calls, real = [], fa3_fwd.fa3_forward
+    monkeypatch.setattr(fa3_fwd, "fa3_forward", lambda *a, **kw: calls.append(kw["score_mod"].fn) or real(*a, **kw))
+    for D in (64, 128):
+        run_and_check(2, 8, 2, 1500, 2100, D, True, dtype, softcap=30.0, alibi_slopes=slopes(2, 8))
+        run_and_check(1, 4, 4, 777, 500, D, True, dtype, softcap=20.0)           # Nq > Nk
+        run_and_check(1, 4, 2, 1000, 1300, D, False, dtype, alibi_slopes=slopes(4))
+        q, k, v = qkv(1, 4, 2, 1000, 1300, D, dtype=dtype)                       # past tanh's bend
+        run_and_check(1, 4, 2, 1000, 1300, D, True, dtype, inputs=(q * 5, k * 5, v), softcap=30.0)
+    assert len(calls) == 8 and score_mod.identity not in calls
+
+
+@gpu
+@pytest.mark.gpu
 def test_gpu_block_sparse_and_decode():
     q, k, v = qkv(1, 8, 8, 4096, 4096, 128, dtype=torch.float16)
     mask = masks.sliding_window(4096, 4096, 1000, device=DEV)

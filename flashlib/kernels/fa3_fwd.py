@@ -59,6 +59,7 @@ from .. import runtime
 from ..inputs import resolve_scale
 from .config import cdiv, padded_headdim
 from .launch import Descriptor, fast_launch, plan_key, remember
+from .score_mod import kernel_args as score_mod_args
 from .tile import LOG2E
 
 TESTED_TRITON = ("3.6.",)   # Gluon's API as this file uses it; other releases fall back to FA2
@@ -179,6 +180,18 @@ if _GLUON:
         return s
 
     @gluon.jit
+    def _scores(s, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                CAUSAL: gl.constexpr, SCORE_MOD: gl.constexpr, s_layout: gl.constexpr):
+        """Key block j's scaled scores s (BM, BN) through the score-modifier hook
+        (``kernels.score_mod``, the same @triton.jit functions as the portable kernels', compiled
+        here with Gluon's layouts), then the mask. The identity's positions are never used and
+        compile away."""
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))   # (BN,)
+        q_pos = row0 + Nk - Nq + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        s, _ = SCORE_MOD(s, gl.expand_dims(q_pos, 1), gl.expand_dims(cols, 0), bh, mod_args)
+        return _mask_scores(s, j, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL, s_layout)
+
+    @gluon.jit
     def _softmax_step(s, m_i, l_i):
         """Online softmax on one block of scaled, masked scores s (BM, BN), base 2. Returns the new
         max, the new sum, alpha (the old state's rescale factor) and P (float32, S's layout)."""
@@ -214,10 +227,11 @@ if _GLUON:
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars, k_ready,
                   k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv, start_m, n_blocks,
-                  Nq, Nk, lse_row0, qk_scale, v_scale,
+                  Nq, Nk, lse_row0, qk_scale, v_scale, bh, mod_args,
                   WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                   NUM_WG: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                  OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FP8: gl.constexpr):
+                  OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FP8: gl.constexpr,
+                  SCORE_MOD: gl.constexpr):
         """One warpgroup: rows [row0, row0 + BLOCK_M) of the CTA's query block against n_blocks
         key blocks; writes out (TMA store from o_smem, clipped at Nq) and lse (masked store).
         qk_scale holds the softmax scale, log2(e) and (FP8) Q's and K's descales; v_scale V's."""
@@ -257,8 +271,8 @@ if _GLUON:
                                   use_acc=False, is_async=True)
                 s = warpgroup_mma_wait(0, deps=(s, ))
                 mbarrier.arrive(k_empty.index(0))
-                s = _mask_scores(s * qk_scale, 0, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL,
-                                 s_layout)
+                s = _scores(s * qk_scale, 0, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
+                            CAUSAL, SCORE_MOD, s_layout)
                 m_i, l_i, alpha, p = _softmax_step(s, m_i, l_i)
                 p = _p_operand(p, p_layout, dtype)
                 for j in range(1, n_blocks):
@@ -278,8 +292,8 @@ if _GLUON:
                         mbarrier.arrive(turn_bars.index((WG + 1) % NUM_WG))
                     s = warpgroup_mma_wait(1, deps=(s, ))      # S_j done, P_{j-1} V_{j-1} may run on
                     mbarrier.arrive(k_empty.index(st))
-                    s = _mask_scores(s * qk_scale, j, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N,
-                                     CAUSAL, s_layout)
+                    s = _scores(s * qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M,
+                                BLOCK_N, CAUSAL, SCORE_MOD, s_layout)
                     m_i, l_i, alpha, p_next = _softmax_step(s, m_i, l_i)
                     p_next = _p_operand(p_next, p_layout, dtype)
                     # P_{j-1} stays a dependency until its wgmma is done: its registers are read
@@ -310,8 +324,8 @@ if _GLUON:
                                   use_acc=False, is_async=True)
                 s = warpgroup_mma_wait(0, deps=(s, ))
                 mbarrier.arrive(k_empty.index(st))
-                s = _mask_scores(s * qk_scale, j, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL,
-                                 s_layout)
+                s = _scores(s * qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
+                            CAUSAL, SCORE_MOD, s_layout)
                 m_i, l_i, alpha, p = _softmax_step(s, m_i, l_i)
                 p = _p_operand(p, p_layout, dtype)
                 acc = _rescale(acc, alpha, o_layout)
@@ -339,13 +353,14 @@ if _GLUON:
 
     # sizes are not specialised (on being 1 or multiples of 16): one compile per configuration
     @gluon.jit(do_not_specialize=["Hq", "Nq", "Nk", "GROUP", "n_descale"])
-    def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Lse, Descale, Hq, Nq, Nk, qk_scale, GROUP,
-                        n_descale,
+    def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Lse, Descale, ModArgs, Hq, Nq, Nk, qk_scale,
+                        GROUP, n_descale,
                         CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         HEAD_D: gl.constexpr, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
                         OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                        FP8: gl.constexpr):
-        # Descale (FP8 only): float32 (3, B, Hkv), Q's, K's and V's factors, n_descale = B * Hkv
+                        FP8: gl.constexpr, SCORE_MOD: gl.constexpr):
+        # Descale (FP8 only): float32 (3, B, Hkv), Q's, K's and V's factors, n_descale = B * Hkv.
+        # ModArgs, SCORE_MOD: the score modifier's per-(batch, query head) row and function
         # one flat grid axis as in fa2_fwd: query blocks of one (batch, head) adjacent (K/V shared
         # in L2); causal: the heaviest (last) query blocks first
         CTA_M: gl.constexpr = BLOCK_M * NUM_WG
@@ -404,8 +419,9 @@ if _GLUON:
             gl.warp_specialize([
                 (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars,
                              k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv,
-                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, 0, BLOCK_M, BLOCK_N, HEAD_D,
-                             NUM_WG, STAGES, CAUSAL, OVERLAP, False, FP8)),
+                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs, 0,
+                             BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL, OVERLAP, False, FP8,
+                             SCORE_MOD)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                              v_ready, v_empty, off_b, off_h, off_hkv, start_m, n_blocks,
                              BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
@@ -415,12 +431,14 @@ if _GLUON:
             gl.warp_specialize([
                 (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars,
                              k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv,
-                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, 0, BLOCK_M, BLOCK_N, HEAD_D,
-                             NUM_WG, STAGES, CAUSAL, OVERLAP, PINGPONG, FP8)),
+                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs, 0,
+                             BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL, OVERLAP, PINGPONG, FP8,
+                             SCORE_MOD)),
                 (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars,
                              k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv,
-                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, 1, BLOCK_M, BLOCK_N, HEAD_D,
-                             NUM_WG, STAGES, CAUSAL, OVERLAP, PINGPONG, FP8)),
+                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs, 1,
+                             BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL, OVERLAP, PINGPONG, FP8,
+                             SCORE_MOD)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                              v_ready, v_empty, off_b, off_h, off_hkv, start_m, n_blocks,
                              BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
@@ -492,15 +510,18 @@ def _descriptor(t, block, shape=None):
                             _smem_layout(gdtype, tuple(block)))
 
 
-def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None):
+def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None, score_mod=None):
     """Launch the FA3 forward kernel. Returns ``(out, lse)`` exactly as ``fa2_forward``.
 
     q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D), float16/bfloat16, D in (64, 128), on an sm90 GPU
     (check ``supported`` first). out: like q; lse: (B, Hq, Nq) float32, natural log, -inf for
     rows with no key to attend to (their out is 0). variant: a key of ``VARIANTS`` (default
-    ``DEFAULT_VARIANT[D]``).
+    ``DEFAULT_VARIANT[D]``). score_mod: a ``kernels.score_mod.ScoreMod`` (softcap, ALiBi), None:
+    the scores as they are.
     """
-    key = plan_key((q, k, v), (causal, scale, variant)) \
+    mod_args, mod_fn, input_scale = score_mod_args(score_mod, None)
+    pointers = (q, k, v, *([] if mod_args is None else [mod_args]))
+    key = plan_key(pointers, (causal, scale, variant, mod_fn, input_scale)) \
         if all(isinstance(t, torch.Tensor) for t in (q, k, v)) else None
     plan = _plans.get(key)
     if plan is not None:   # a call like an earlier one: allocate and replay its launch (launch.py)
@@ -508,7 +529,7 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None):
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if dense_out else torch.empty_like(q)
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
         launch(Descriptor(q, *q_view), Descriptor(k, *k_view), Descriptor(v, *v_view),
-               Descriptor(out, *o_view), lse, lse)
+               Descriptor(out, *o_view), lse, lse, lse if mod_args is None else mod_args)
         return out, lse
     if not supported(q, k, v):
         raise ValueError("fa3_forward: unsupported inputs (see fa3_fwd.supported); use fa2_forward")
@@ -526,7 +547,8 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None):
     variant = variant or DEFAULT_VARIANT[D]
     config = kernel_config(variant, D)
     v_desc = _descriptor(v, (1, 1, config["BLOCK_N"], D))
-    launch, views = _launch(q, k, v_desc, out, lse, causal, resolve_scale(scale, D), None, variant, config)
+    launch, views = _launch(q, k, v_desc, out, lse, causal, resolve_scale(scale, D), None, variant,
+                            config, score_mod)
     remember(_plans, key, (launch, dense_out, views))
     return out, lse
 
@@ -534,17 +556,18 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None):
 _plans = {}   # launch.plan_key -> (Launch, out made dense?, (shape, strides) of each descriptor)
 
 
-def _launch(q, k, v_desc, out, lse, causal, scale, descale, variant, config):
+def _launch(q, k, v_desc, out, lse, causal, scale, descale, variant, config, score_mod=None):
     """Launch the kernel; returns its ``Launch`` (None on Triton's plain path) and the
     (shape, strides) of its four descriptors, for a plan."""
+    mod_args, mod_fn, input_scale = score_mod_args(score_mod, lse)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     descs = (_descriptor(q, (1, 1, BLOCK_M, D)), _descriptor(k, (1, 1, config["BLOCK_N"], D)),
              v_desc, _descriptor(out, (1, 1, BLOCK_M, D)))
     grid = (-(-Nq // (BLOCK_M * config["NUM_WG"])) * B * Hq,)   # query blocks x (batch, head)
     launch = fast_launch(_fa3_fwd_kernel, grid, *descs, lse, lse if descale is None else descale,
-                         Hq, Nq, Nk, scale * LOG2E, Hq // Hkv, B * Hkv,
-                         CAUSAL=bool(causal), **config, **launch_options(variant))
+                         mod_args, Hq, Nq, Nk, scale * LOG2E * input_scale, Hq // Hkv, B * Hkv,
+                         CAUSAL=bool(causal), SCORE_MOD=mod_fn, **config, **launch_options(variant))
     return launch, tuple(Descriptor.view(d) for d in descs)
 
 

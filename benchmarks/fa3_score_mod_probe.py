@@ -1,0 +1,78 @@
+"""Score modifiers in the Hopper kernels against the portable ones, on a GPU (issues 31 and 34).
+
+At the production suite's modifier shapes (``flashlib.bench.production.MOD_SHAPES``), for the
+plain scores, the softcap and ALiBi: the forward of each kernel (``fa2_fwd.fa2_forward``,
+``fa3_fwd.fa3_forward``) called directly, and ``flash_attention``'s forward+backward with the
+Hopper kernels on and off (``ops.FA3_ENABLED``: which backward runs follows ``ops``' choice).
+Every call is first checked against the float64 oracle on a slice of its own inputs
+(``production.oracle_check``); a wrong one is reported and not timed.
+
+    FLASHLIB_AUTOTUNE=0 python benchmarks/fa3_score_mod_probe.py [bfloat16] [float16]
+
+Prints per row ms, TFLOP/s and the ratio to the same kernel's plain scores, and the Hopper
+kernel's ratio to the portable one with the same modifier.
+"""
+import sys
+
+import torch
+import triton
+
+from flashlib import ops
+from flashlib.bench import production as prod
+from flashlib.bench.harness import _time, make_inputs, shape_for
+from flashlib.kernels import fa2_fwd, fa3_fwd, score_mod
+
+
+def check(out, q, k, v, causal, dtype, options):
+    sliced = {n: (o[:2] if isinstance(o, torch.Tensor) else o) for n, o in options.items()}
+    return prod.oracle_check([tuple(t[:1, :2] for t in (out, q, k, v))], dtype, causal=causal, **sliced)
+
+
+def forward_backward(q, k, v, causal, options, dout):
+    out = ops.flash_attention(q, k, v, causal=causal, **options)
+    return torch.autograd.grad(out, (q, k, v), dout)
+
+
+def probe(dtype):
+    print(f"\n# {dtype}: ms (TFLOP/s), ratio to the same kernel's plain scores; fa3/fa2: same modifier")
+    for D, N, causal in prod.MOD_SHAPES:
+        B, H = shape_for(D, N)["B"], prod.WIDTH // D
+        flops = prod.attention_flops(B, H, N, N, D, causal=causal)
+        q, k, v = make_inputs(B, H, H, N, N, D, dtype, "cuda", requires_grad=True)
+        dout = torch.randn_like(q)
+        mods = {"plain": {}, "softcap": dict(softcap=prod.SOFTCAP),
+                "alibi": dict(alibi_slopes=prod.alibi_slopes(H).to("cuda"))}
+        plain = {}
+        for name, options in mods.items():
+            mod = score_mod.make(q, **options)
+            row = {}
+            for kernel, fwd in (("fa2", fa2_fwd.fa2_forward), ("fa3", fa3_fwd.fa3_forward)):
+                call = lambda fwd=fwd, mod=mod: fwd(q, k, v, causal=causal, score_mod=mod)[0]  # noqa: E731
+                with torch.no_grad():
+                    err, ok = check(call(), q, k, v, causal, dtype, options)
+                    row[f"{kernel} fwd"] = _time(call) if ok else None
+                ops.FA3_ENABLED = kernel == "fa3"
+                with torch.no_grad():
+                    err2, ok2 = check(ops.flash_attention(q, k, v, causal=causal, **options), q, k, v,
+                                      causal, dtype, options)
+                row[f"{kernel} fwd+bwd"] = (_time(lambda: forward_backward(q, k, v, causal, options, dout))
+                                            if ok2 else None)
+                if not (ok and ok2):
+                    print(f"d{D} N{N} causal={causal} {name} {kernel}: WRONG (error {max(err, err2):.3g})")
+            ops.FA3_ENABLED = True
+            plain = plain or row
+            cells = []
+            for op, mult in (("fwd", 1.0), ("fwd+bwd", 3.5)):
+                for kernel in ("fa2", "fa3"):
+                    ms, base = row[f"{kernel} {op}"], plain[f"{kernel} {op}"]
+                    cells.append(f"{kernel} {op} " + ("wrong" if ms is None else
+                                 f"{ms:.3f} ({mult * flops / ms / 1e9:.0f}) {base / ms:.3f}x"))
+                a, b = row[f"fa2 {op}"], row[f"fa3 {op}"]
+                cells.append(f"fa3/fa2 {a / b:.3f}x" if a and b else "fa3/fa2 -")
+            print(f"d{D} N{N} causal={causal} {name:8} | " + " | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
+    for dtype_name in sys.argv[1:] or ["bfloat16", "float16"]:
+        probe(getattr(torch, dtype_name))
