@@ -16,7 +16,9 @@ contract (``fa2_fwd.fa2_forward``: same inputs and outputs, bottom-right causal,
   back to back, waits for S_j only, and runs its softmax while the PV wgmma is still in flight.
 
 Scores are in base 2 (``qk_scale = scale * log2(e)``, ``exp2``), normalisation is deferred and
-lse is written in natural log, as in FA2. Q, K, V and O move through 4-D tensor descriptors
+lse is written in natural log, as in FA2. They pass through the portable kernels' score-modifier
+hook (``kernels.score_mod``: softcap, ALiBi; SCORE_MOD, the same ``@triton.jit`` functions, which
+Gluon compiles with the scores' wgmma layout) before the mask. Q, K, V and O move through 4-D tensor descriptors
 (batch, head, row, dim): TMA zero-fills rows past a head's Nq or Nk and drops stores past Nq, so
 a ragged tail never reads or writes the next head; keys past Nk still score 0 and are masked to
 -inf. Only key blocks that cross Nk or the causal diagonal pay for the mask. O leaves through the
