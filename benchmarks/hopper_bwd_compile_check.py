@@ -167,9 +167,11 @@ def check_protocol(seeds=30):
 # ----------------------------------------------------------------------------- 2. compiles
 
 
-def compile_variant(name, D, causal, dtype, sizes=(2, 6, 2, 1000, 1531)):
+def compile_variant(name, D, causal, dtype, sizes=(2, 6, 2, 1000, 1531), mod=None):
     """Compile the main kernel of one (variant, head dim, causal, dtype) for inputs of sizes
-    (B, Hq, Hkv, Nq, Nk); return the CompiledKernel."""
+    (B, Hq, Hkv, Nq, Nk), with the score modifier ``mod`` (a ``kernels.score_mod`` function; None:
+    the identity); return the CompiledKernel."""
+    from flashlib.kernels import score_mod
     from triton.backends.compiler import GPUTarget
     from triton.compiler import compile as triton_compile
     from triton.compiler.compiler import make_backend
@@ -188,11 +190,13 @@ def compile_variant(name, D, causal, dtype, sizes=(2, 6, 2, 1000, 1531)):
                 k_desc=fa3_bwd._descriptor(k, bk), v_desc=fa3_bwd._descriptor(k, bk),
                 dk_desc=fa3_bwd._descriptor(k, bk), dv_desc=fa3_bwd._descriptor(k, bk),
                 dqa_desc=fa3_bwd._descriptor(acc, bdq), Lse2=stat, Delta=stat, DqAccum=acc,
-                Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, Nq_pad=nq_pad, scale=0.1, qk_scale=0.14, GROUP=Hq // Hkv)
+                ModArgs=stat, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, Nq_pad=nq_pad, scale=0.1, qk_scale=0.14,
+                GROUP=Hq // Hkv)
     target = GPUTarget("cuda", TARGET_ARCH, 32)
     backend = make_backend(target)
     fn = fa3_bwd._fa3_bwd_kernel
-    signature, consts, attrs = specialize(fn, args, dict(CAUSAL=causal, **config), backend)
+    constexprs = dict(CAUSAL=causal, SCORE_MOD=mod or score_mod.identity, **config)
+    signature, consts, attrs = specialize(fn, args, constexprs, backend)
     return triton_compile(GluonASTSource(fn, signature, consts, attrs), target=target,
                           options=fa3_bwd.launch_options(name))
 

@@ -32,6 +32,12 @@ from .masks import KernelView
 # FLASHLIB_FA3=0 turns FA3 off.
 FA3_FROM_FLOPS = 1 << 36
 FA3_ENABLED = os.environ.get("FLASHLIB_FA3", "1") != "0"
+# ... and with a score modifier, at these head dims only. FA3's forward over FA2's with the same
+# modifier (H100, bf16, both untuned; benchmarks/results/h100/fa3_score_mod_probe.log): d128 4k
+# and 16k softcap 1.13x / 1.10x, ALiBi 1.05x / 1.06x; d64 causal 4k 0.84x / 0.83x (where FA3's
+# plain forward is 0.94x FA2's too): the hook's extra instructions per score fall on FA3's
+# softmax warpgroups, already its bound at d64.
+FA3_MOD_HEAD_DIMS = (128,)
 
 
 def _fa3_worth_it(q, k, cu_seqlens, causal):
@@ -44,8 +50,10 @@ def _fa3_worth_it(q, k, cu_seqlens, causal):
 
 def attention_forward(q, k, v, causal, scale, mod, cu_seqlens=None, max_seqlen=None):
     """The forward kernel for these inputs: FA3 on Hopper (sm90, fp16/bf16, head dim 64 or 128,
-    dense, large enough; score modifiers included), FA2 otherwise. Returns (out, lse)."""
-    if _fa3_worth_it(q, k, cu_seqlens, causal) and fa3_fwd.supported(q, k, v):
+    dense, large enough; with a score modifier at ``FA3_MOD_HEAD_DIMS``), FA2 otherwise. Returns
+    (out, lse)."""
+    if _fa3_worth_it(q, k, cu_seqlens, causal) and fa3_fwd.supported(q, k, v) \
+            and (mod.fn is score_mod.identity or q.shape[-1] in FA3_MOD_HEAD_DIMS):
         return fa3_fwd.fa3_forward(q, k, v, causal=causal, scale=scale, score_mod=mod)
     return fa2_forward(q, k, v, causal=causal, scale=scale, score_mod=mod, cu_seqlens=cu_seqlens,
                        max_seqlen=max_seqlen)

@@ -273,7 +273,8 @@ def test_gpu_hopper_planned_launches_replay_the_plain_ones(monkeypatch):
 @pytest.mark.gpu
 def test_gpu_hopper_forward_is_picked_where_it_runs(monkeypatch):
     """flash_attention's forward runs kernels/fa3_fwd.py on sm90 for large 16-bit problems at head
-    dims 64/128, score modifiers included, and FA2 for the rest (small, host-bound calls included)."""
+    dims 64/128 (with a score modifier at d128 only), and FA2 for the rest (small, host-bound
+    calls included)."""
     from flashlib import ops
     from flashlib.kernels import fa3_fwd
     monkeypatch.setattr(ops, "FA3_ENABLED", True)
@@ -282,7 +283,9 @@ def test_gpu_hopper_forward_is_picked_where_it_runs(monkeypatch):
     monkeypatch.setattr(fa3_fwd, "fa3_forward", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
     big = rand(2, 8, 4096, 128, dtype=torch.bfloat16)
     flash_attention(big, big, big, causal=True)
-    flash_attention(big, big, big, softcap=20.0)                       # score modifiers too
+    flash_attention(big, big, big, softcap=20.0)                       # a modifier, at d128: FA3
+    d64 = rand(2, 8, 8192, 64, dtype=torch.bfloat16)
+    flash_attention(d64, d64, d64, softcap=20.0)                       # at d64: FA2
     small = rand(1, 2, 300, 128, dtype=torch.bfloat16)
     flash_attention(small, small, small)                               # host-bound: FA2
     hopper = fa3_fwd.supported(big, big, big)

@@ -219,6 +219,7 @@ def test_gpu_hopper_forward_with_modifiers(monkeypatch, dtype):
         pytest.skip("needs an sm90 GPU with Triton 3.6 (FA3 kernels)")
     monkeypatch.setattr(ops, "FA3_FROM_FLOPS", 0)
     monkeypatch.setattr(ops, "FA3_ENABLED", True)
+    monkeypatch.setattr(ops, "FA3_MOD_HEAD_DIMS", (64, 128))
     calls, real = [], fa3_fwd.fa3_forward
     monkeypatch.setattr(fa3_fwd, "fa3_forward", lambda *a, **kw: calls.append(kw["score_mod"].fn) or real(*a, **kw))
     for D in (64, 128):

@@ -19,6 +19,9 @@ bottom-right causal, grouped heads):
   (DQ_TMA; otherwise ``atomic_add`` from registers); a last small kernel scales it and casts it.
   A first one computes delta = rowsum(dO * O) and lse in base 2, padded to whole query blocks.
 
+The score-modifier hook (``kernels.score_mod``: softcap, ALiBi) runs on the scaled S^T or S before
+the mask and exp2, as in ``fa2_bwd``; its derivative multiplies dS (the identity's compiles away).
+
 dK and dV (scaled, cast) leave through the K and V buffers and TMA stores clipped at Nk. Q, dO,
 K, V, dK, dV and dq_accum move through 4-D descriptors (batch, head, row, dim): TMA zero-fills
 rows past a head's length, so ragged tails never touch the next head. Padded query rows have
@@ -54,6 +57,7 @@ from ..inputs import resolve_scale
 from . import fa3_fwd
 from .fa3_fwd import _descriptor, _tma_ok
 from .launch import Descriptor, fast_launch, plan_key, remember
+from .score_mod import kernel_args as score_mod_args
 from .tile import LOG2E
 
 TESTED_TRITON = ("3.6.",)   # Gluon's API as this file uses it; other releases fall back to FA2
@@ -206,11 +210,13 @@ if _GLUON:
 
     @gluon.jit
     def _step_keys_m(k, v, q_smem, do_smem, q_bar, do_bar, phase, ds_view, dk, dv, lse2_ptr, delta_ptr,
-                     row0, n0, full_row, causal_offset, Nk, qk_scale, BLOCK_M: gl.constexpr,
-                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, CAUSAL: gl.constexpr):
+                     row0, n0, full_row, causal_offset, Nk, qk_scale, bh, mod_args,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                     CAUSAL: gl.constexpr, SCORE_MOD: gl.constexpr):
         """One query block, keys along wgmma's M (FA2's dK/dV tiles): S^T = K Q^T, dP^T = V dO^T;
         P^T stays in registers (the A operand of dV += P^T dO); dS^T goes to shared memory for
-        dK += dS^T Q and dQ = dS K (read transposed). Returns (dk, dv, dq)."""
+        dK += dS^T Q and dQ = dS K (read transposed). SCORE_MOD on the scaled S^T, as
+        ``fa2_bwd.dkdv_tile``; its derivative scales dS^T. Returns (dk, dv)."""
         dtype: gl.constexpr = k.dtype
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_M, 16])
@@ -229,7 +235,12 @@ if _GLUON:
         dpt = warpgroup_mma(v, do.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
                             use_acc=False, is_async=True)
         st = warpgroup_mma_wait(1, deps=(st, ))                      # S^T done, dP^T may run on
-        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
+        # the modifier's positions (the identity's compile away): query rows on the key axis, keys
+        q_pos = row0 + causal_offset + cols
+        k_pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+        st, dmod = SCORE_MOD(st * qk_scale, gl.expand_dims(q_pos, 0), gl.expand_dims(k_pos, 1), bh,
+                             mod_args)
+        pt = gl.exp2(st - gl.expand_dims(lse2, 0))
         if row0 < full_row:   # uniform branch: the causal band or the ragged key tail
             # key n0 + j, query row0 + i: visible iff n0 + j < Nk and (causal) n0 + j <= row0 + i +
             # Nk - Nq. The query positions are computed here, from row0: loop-invariant key or
@@ -241,6 +252,8 @@ if _GLUON:
             pt = gl.where(visible, pt, 0.0)
         p_op = gl.convert_layout(pt.to(dtype), op_layout)
         dv = warpgroup_mma(p_op, do, dv, is_async=True)
+        # dS^T = P^T dmod (dP^T - delta): P^T dmod at once, one tile live until dP^T instead of two
+        pt = pt * dmod
         dpt = warpgroup_mma_wait(1, deps=(dpt, ))                    # dP^T done, dV may run on
         dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
         ds_view.store(dst)
@@ -251,11 +264,13 @@ if _GLUON:
 
     @gluon.jit
     def _step_rows_m(k, v, q_smem, do_smem, q_bar, do_bar, phase, ds_view, p_view, dk, dv, lse2_ptr,
-                     delta_ptr, row0, n0, full_row, causal_offset, Nk, qk_scale, BLOCK_M: gl.constexpr,
-                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, CAUSAL: gl.constexpr):
+                     delta_ptr, row0, n0, full_row, causal_offset, Nk, qk_scale, bh, mod_args,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                     CAUSAL: gl.constexpr, SCORE_MOD: gl.constexpr):
         """One query block, query rows along wgmma's M (FA3's SdP without swapAB): S = Q K^T,
         dP = dO V^T, lse and delta two registers a thread; P and dS go to shared memory, read
-        transposed by dV += P^T dO and dK += dS^T Q, and as is by dQ = dS K. Returns (dk, dv, dq)."""
+        transposed by dV += P^T dO and dK += dS^T Q, and as is by dQ = dS K. SCORE_MOD on the
+        scaled S, as ``fa2_bwd.dq_tile``; its derivative scales dS. Returns (dk, dv)."""
         dtype: gl.constexpr = k.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -271,7 +286,12 @@ if _GLUON:
         dp = warpgroup_mma(do, v.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
                            use_acc=False, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s, ))                        # S done, dP may run on
-        p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
+        # the modifier's positions (the identity's compile away): query rows on the key axis, keys
+        q_pos = row0 + causal_offset + rows
+        k_pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s, dmod = SCORE_MOD(s * qk_scale, gl.expand_dims(q_pos, 1), gl.expand_dims(k_pos, 0), bh,
+                            mod_args)
+        p = gl.exp2(s - gl.expand_dims(lse2, 1))
         if row0 < full_row:   # uniform branch: the causal band or the ragged key tail
             # key n0 + j, query row0 + i: visible iff j < Nk - n0 and (causal) j <= row0 + i +
             # Nk - Nq - n0; both sides shifted by row0 so that the key vector (16 values a thread)
@@ -288,6 +308,7 @@ if _GLUON:
         p_view.store(p.to(dtype))
         fence_async_shared()
         dv = warpgroup_mma(p_view.permute((1, 0)), do, dv, is_async=True)
+        p = p * dmod            # dS = P dmod (dP - delta): one tile live until dP instead of two
         dp = warpgroup_mma_wait(1, deps=(dp, ))                      # dP done, dV may run on
         ds_view.store((p * (dp - gl.expand_dims(delta, 1))).to(dtype))
         fence_async_shared()
@@ -298,10 +319,11 @@ if _GLUON:
     @gluon.jit
     def _consumer(dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem,
                   dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum, off_b, off_hkv,
-                  start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk, Nq_pad, scale, qk_scale,
+                  start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk, Nq_pad, scale, qk_scale, ModArgs,
                   WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                  DQ_TMA: gl.constexpr, KEYS_M: gl.constexpr, DQ_N: gl.constexpr):
+                  DQ_TMA: gl.constexpr, KEYS_M: gl.constexpr, DQ_N: gl.constexpr,
+                  SCORE_MOD: gl.constexpr):
         """One warpgroup: dK, dV of keys [n0, n0 + 64) over every step; dQ partials out."""
         dtype: gl.constexpr = dk_desc.dtype
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -329,19 +351,21 @@ if _GLUON:
             g = t // n_mb
             row0 = (m_lo + t - g * n_mb) * BLOCK_M
             off_h = off_hkv * GROUP + g
-            stat_row = (off_b * Hq + off_h).to(gl.int64) * Nq_pad + row0
+            bh = off_b * Hq + off_h                   # the modifier's row: per query head
+            stat_row = bh.to(gl.int64) * Nq_pad + row0
             if KEYS_M:
                 dk, dv = _step_keys_m(k, v, q_smem.index(s), do_smem.index(s), q_ready.index(s),
                                       do_ready.index(s), (t // STAGES) & 1, ds_smem.index(WG), dk, dv,
                                       Lse2 + stat_row, Delta + stat_row, row0, n0, full_row,
-                                      causal_offset, Nk, qk_scale, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL)
+                                      causal_offset, Nk, qk_scale, bh, ModArgs, BLOCK_M, BLOCK_N,
+                                      HEAD_D, CAUSAL, SCORE_MOD)
                 ds = ds_smem.index(WG).permute((1, 0))              # dS (BLOCK_M, 64)
             else:
                 dk, dv = _step_rows_m(k, v, q_smem.index(s), do_smem.index(s), q_ready.index(s),
                                       do_ready.index(s), (t // STAGES) & 1, ds_smem.index(WG),
                                       p_smem.index(WG), dk, dv, Lse2 + stat_row, Delta + stat_row,
-                                      row0, n0, full_row, causal_offset, Nk, qk_scale, BLOCK_M,
-                                      BLOCK_N, HEAD_D, CAUSAL)
+                                      row0, n0, full_row, causal_offset, Nk, qk_scale, bh, ModArgs,
+                                      BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, SCORE_MOD)
                 ds = ds_smem.index(WG)
             mbarrier.arrive(empty.index(s))   # dK += dS^T Q was the stage's last reader
             # dQ = dS K in column slices of DQ_N: an accumulator of BLOCK_M x DQ_N beside dK and
@@ -359,7 +383,7 @@ if _GLUON:
                 else:
                     rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
                     dcols = part * DQ_N + gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_layout))
-                    ptrs = (DqAccum + (off_b * Hq + off_h).to(gl.int64) * Nq * HEAD_D
+                    ptrs = (DqAccum + bh.to(gl.int64) * Nq * HEAD_D
                             + gl.expand_dims(rows * HEAD_D, 1) + gl.expand_dims(dcols, 0))
                     gl.atomic_add(ptrs, dq, mask=gl.expand_dims(rows < Nq, 1), sem="relaxed")
 
@@ -375,11 +399,13 @@ if _GLUON:
     # sizes are not specialised (on being 1 or multiples of 16): one compile per configuration
     @gluon.jit(do_not_specialize=["Hq", "Hkv", "Nq", "Nk", "Nq_pad", "GROUP"])
     def _fa3_bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, Lse2, Delta,
-                        DqAccum, Hq, Hkv, Nq, Nk, Nq_pad, scale, qk_scale, GROUP,
+                        DqAccum, ModArgs, Hq, Hkv, Nq, Nk, Nq_pad, scale, qk_scale, GROUP,
                         CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         HEAD_D: gl.constexpr, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
                         DQ_TMA: gl.constexpr, KEYS_M: gl.constexpr, DQ_N: gl.constexpr,
-                        CONSUMER_REGS: gl.constexpr):
+                        CONSUMER_REGS: gl.constexpr, SCORE_MOD: gl.constexpr):
+        # qk_scale: scale * log2(e) * the modifier's input_scale (dK and dQ take scale alone);
+        # ModArgs, SCORE_MOD: the score modifier's per-(batch, query head) rows and function
         # one flat grid axis: the key blocks of one (batch, kv head) adjacent; causal: the first
         # key blocks (seen by the most query rows) are the heaviest and go first
         CTA_N: gl.constexpr = BLOCK_N * NUM_WG
@@ -434,8 +460,8 @@ if _GLUON:
                 (_consumer, (dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem, ds_smem,
                              p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum, off_b,
                              off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk, Nq_pad, scale,
-                             qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA, KEYS_M,
-                             DQ_N)),
+                             qk_scale, ModArgs, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA,
+                             KEYS_M, DQ_N, SCORE_MOD)),
                 (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
                              q_ready, do_ready, empty, off_b, off_hkv, start_n, m_lo, n_mb, n_steps,
                              GROUP, BLOCK_M, BLOCK_N, NUM_WG, STAGES)),
@@ -446,13 +472,13 @@ if _GLUON:
                 (_consumer, (dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem, ds_smem,
                              p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum, off_b,
                              off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk, Nq_pad, scale,
-                             qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA, KEYS_M,
-                             DQ_N)),
+                             qk_scale, ModArgs, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA,
+                             KEYS_M, DQ_N, SCORE_MOD)),
                 (_consumer, (dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem, ds_smem,
                              p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum, off_b,
                              off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk, Nq_pad, scale,
-                             qk_scale, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA, KEYS_M,
-                             DQ_N)),
+                             qk_scale, ModArgs, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA,
+                             KEYS_M, DQ_N, SCORE_MOD)),
                 (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
                              q_ready, do_ready, empty, off_b, off_hkv, start_n, m_lo, n_mb, n_steps,
                              GROUP, BLOCK_M, BLOCK_N, NUM_WG, STAGES)),
@@ -472,20 +498,23 @@ def supported(q, k, v, out=None, lse=None, dout=None) -> bool:
     return _GLUON and fa3_fwd.supported(q, k, v)
 
 
-def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=None):
+def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=None, score_mod=None):
     """Gradients of attention from the saved (q, k, v, out, lse), as ``fa2_backward``.
 
     q, out, dout: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D), float16/bfloat16, D in (64, 128), on an
     sm90 GPU (check ``supported`` first); lse (B, Hq, Nq) float32 natural log (-inf: a row with no
     key). Returns ``(dq, dk, dv)`` in q's dtype; dk, dv summed over each group of query heads.
-    variant: a key of ``VARIANTS`` (default ``DEFAULT_VARIANT[D]``).
+    variant: a key of ``VARIANTS`` (default ``DEFAULT_VARIANT[D]``). score_mod: the forward's
+    ``kernels.score_mod.ScoreMod`` (softcap, ALiBi), None: the scores as they are.
     """
     tensors = (q, k, v, out, lse, dout)
-    key = plan_key(tensors, (causal, scale, variant)) \
+    mod_args, mod_fn, input_scale = score_mod_args(score_mod, None)
+    key = plan_key(tensors + (() if mod_args is None else (mod_args, )),
+                   (causal, scale, variant, mod_fn, input_scale)) \
         if all(isinstance(t, torch.Tensor) for t in tensors) else None
     plan = _plans.get(key)
     if plan is not None:   # a call like an earlier one: allocate and replay its launches (launch.py)
-        return _replay(plan, q, k, v, out, lse, dout)
+        return _replay(plan, q, k, v, out, lse, dout, mod_args)
     if not supported(q, k, v, out, lse, dout):
         raise ValueError("fa3_backward: unsupported inputs (see fa3_bwd.supported); use fa2_backward")
     B, Hq, Nq, D = q.shape
@@ -528,9 +557,12 @@ def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=N
              _descriptor(dq_accum, block_dq))
     cta_n = config["BLOCK_N"] * config["NUM_WG"]
     grid = (-(-Nk // cta_n) * B * Hkv,)
-    main = fast_launch(_fa3_bwd_kernel, grid, *descs, lse2, delta, dq_accum, Hq, Hkv, Nq, Nk, nq_pad,
-                       scale, scale * LOG2E, Hq // Hkv, CAUSAL=bool(causal), **config,
-                       **launch_options(variant))
+    # the identity's args are never read: lse2 stands in; the softcap's 1 / c joins the scores'
+    # scale only (dK and dQ take the softmax scale alone)
+    main = fast_launch(_fa3_bwd_kernel, grid, *descs, lse2, delta, dq_accum,
+                       lse2 if mod_args is None else mod_args, Hq, Hkv, Nq, Nk, nq_pad, scale,
+                       scale * LOG2E * input_scale, Hq // Hkv, CAUSAL=bool(causal), SCORE_MOD=mod_fn,
+                       **config, **launch_options(variant))
     convert = fast_launch(_convert_dq_kernel, (-(-Nq // rows), B * Hq), dq_accum, dq, *dq.stride()[:3],
                           Hq, Nq, scale, HEAD_D=D, ROWS=rows, num_warps=4)
     if plannable:
@@ -542,8 +574,9 @@ def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=N
 _plans = {}   # launch.plan_key -> (its three Launches, dk/dv made dense?, lse2's shape, descriptor views)
 
 
-def _replay(plan, q, k, v, out, lse, dout):
-    """fa3_backward's launches again, on new tensors laid out as the plan's (its key says so)."""
+def _replay(plan, q, k, v, out, lse, dout, mod_args):
+    """fa3_backward's launches again, on new tensors laid out as the plan's (its key says so);
+    mod_args: the score modifier's, None for the identity."""
     preprocess, main, convert, dense_kv, lse2_shape, views = plan
     dq = torch.empty_like(q)
     dk, dv = (torch.empty(k.shape, dtype=k.dtype, device=k.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)) \
@@ -554,6 +587,6 @@ def _replay(plan, q, k, v, out, lse, dout):
     preprocess(out, dout, lse, lse2, delta)
     dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     main(*(Descriptor(t, *view) for t, view in zip((q, dout, k, v, dk, dv, dq_accum), views)),
-         lse2, delta, dq_accum)
+         lse2, delta, dq_accum, lse2 if mod_args is None else mod_args)
     convert(dq_accum, dq)
     return dq, dk, dv
