@@ -281,17 +281,15 @@ if _GLUON:
         q = q_smem.reshape([BLOCK_M, HEAD_D])
         s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
                           use_acc=False, is_async=True)
-        mbarrier.wait(do_bar, phase)
-        do = do_smem.reshape([BLOCK_M, HEAD_D])
-        dp = warpgroup_mma(do, v.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
-                           use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s, ))                        # S done, dP may run on
+        s = warpgroup_mma_wait(0, deps=(s, ))                        # S done, dP may run on
         # the modifier's positions (the identity's compile away): query rows on the key axis, keys
-        q_pos = row0 + causal_offset + rows
-        k_pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        q_pos = rows + (2 * row0 + causal_offset - n0)
+        k_pos = row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         s, dmod = SCORE_MOD(s * qk_scale, gl.expand_dims(q_pos, 1), gl.expand_dims(k_pos, 0), bh,
                             mod_args)
         p = gl.exp2(s - gl.expand_dims(lse2, 1))
+        pd = p * dmod
+        p = p.to(dtype)
         if row0 < full_row:   # uniform branch: the causal band or the ragged key tail
             # key n0 + j, query row0 + i: visible iff j < Nk - n0 and (causal) j <= row0 + i +
             # Nk - Nq - n0; both sides shifted by row0 so that the key vector (16 values a thread)
@@ -305,12 +303,16 @@ if _GLUON:
             else:
                 visible = gl.expand_dims(keys <= last, 0)
             p = gl.where(visible, p, 0.0)
-        p_view.store(p.to(dtype))
+            pd = gl.where(visible, pd, 0.0)
+        p_view.store(p)
         fence_async_shared()
+        mbarrier.wait(do_bar, phase)
+        do = do_smem.reshape([BLOCK_M, HEAD_D])
+        dp = warpgroup_mma(do, v.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                           use_acc=False, is_async=True)
         dv = warpgroup_mma(p_view.permute((1, 0)), do, dv, is_async=True)
-        p = p * dmod            # dS = P dmod (dP - delta): one tile live until dP instead of two
         dp = warpgroup_mma_wait(1, deps=(dp, ))                      # dP done, dV may run on
-        ds_view.store((p * (dp - gl.expand_dims(delta, 1))).to(dtype))
+        ds_view.store((pd * (dp - gl.expand_dims(delta, 1))).to(dtype))
         fence_async_shared()
         dk = warpgroup_mma(ds_view.permute((1, 0)), q, dk, is_async=True)
         dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
