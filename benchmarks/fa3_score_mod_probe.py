@@ -11,7 +11,8 @@ Every call is first checked against the float64 oracle on a slice of its own inp
 
 Prints per row ms, TFLOP/s and the ratio to the same kernel's plain scores, and the Hopper
 kernel's ratio to the portable one with the same modifier. ``softcap_max``: the softcap with the
-softmax's running max, forward only (in bfloat16 the library drops it, ``tile.bounded_offset``).
+softmax's running max, forward only (in bfloat16 FA2's forward drops it, ``tile.bounded_offset``;
+FA3's keeps it: dropping it there gained 0-1.5%, h100/fa3_score_mod_probe_bounded.log).
 A wrong result is reported on its own line.
 """
 import sys
@@ -48,7 +49,7 @@ def probe(dtype):
         plain = {}
         for name, options in mods.items():
             mod = score_mod.make(q, **options)
-            if name == "softcap_max":   # with the running max (bfloat16 drops it: tile.bounded_offset)
+            if name == "softcap_max":   # with the running max (FA2 in bfloat16 drops it otherwise)
                 mod = mod._replace(bound=None)
             row = {}
             for kernel, fwd in (("fa2", fa2_fwd.fa2_forward), ("fa3", fa3_fwd.fa3_forward)):

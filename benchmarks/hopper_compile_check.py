@@ -250,11 +250,10 @@ def specialize(fn, args, constexprs, backend):
     return signature, consts, attrs
 
 
-def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531), mod=None, bounded=None):
+def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531), mod=None):
     """Compile one (variant, head dim, causal, dtype) for inputs of sizes (B, Hq, Hkv, Nq, Nk)
     (Triton specialises ints on being 1 or a multiple of 16), with the score modifier ``mod`` (a
-    ``kernels.score_mod`` function; None: the identity) and the fixed softmax offset ``bounded``
-    (None: the running max); return the CompiledKernel."""
+    ``kernels.score_mod`` function; None: the identity); return the CompiledKernel."""
     from flashlib.kernels import score_mod
     from triton.backends.compiler import GPUTarget
     from triton.compiler import compile as triton_compile
@@ -276,9 +275,8 @@ def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531), mod=Non
                 k_desc=fa3_fwd._descriptor(k, (1, 1, config["BLOCK_N"], D)),
                 v_desc=v_desc, o_desc=fa3_fwd._descriptor(out, (1, 1, fa3_fwd.BLOCK_M, D)),
                 Lse=lse, Descale=lse, ModArgs=lse, Hq=Hq, Nq=Nq, Nk=Nk, qk_scale=0.1, GROUP=Hq // Hkv,
-                n_descale=B * Hkv, m_init=float("-inf") if bounded is None else bounded)
-    constexprs = dict(CAUSAL=causal, SCORE_MOD=mod or score_mod.identity, BOUNDED=bounded is not None,
-                      **config)
+                n_descale=B * Hkv)
+    constexprs = dict(CAUSAL=causal, SCORE_MOD=mod or score_mod.identity, **config)
     target = GPUTarget("cuda", TARGET_ARCH, 32)
     backend = make_backend(target)
     fn = fa3_fwd._fa3_fwd_kernel
@@ -376,14 +374,13 @@ def main(verbose=False):
     # the score modifiers (softcap, ALiBi, both) through the hook, the default 16-bit variants
     from flashlib.kernels import score_mod
     print("score modifiers: compiled for the default variants, causal, bfloat16")
-    for mod, bounded in ((score_mod.tanh_softcap, None), (score_mod.tanh_softcap_approx, None),
-                         (score_mod.tanh_softcap_approx, 0.0), (score_mod.alibi_bias, None),
-                         (score_mod.tanh_softcap_approx_alibi_bias, None)):
+    for mod in (score_mod.tanh_softcap, score_mod.tanh_softcap_approx, score_mod.alibi_bias,
+                score_mod.tanh_softcap_approx_alibi_bias):
         for D in fa3_fwd.HEAD_DIMS:
             name = fa3_fwd.DEFAULT_VARIANT[D]
-            tag = f"{name:>14} {D:>4} {mod.__name__ + (' bounded' if bounded is not None else ''):>36} |"
+            tag = f"{name:>14} {D:>4} {mod.__name__:>32} |"
             try:
-                ck = compile_variant(name, D, True, torch.bfloat16, mod=mod, bounded=bounded)
+                ck = compile_variant(name, D, True, torch.bfloat16, mod=mod)
                 regs, spill = ptxas_report(ck.asm["ptx"])
                 ok = bool(ck.asm.get("cubin")) and spill == 0
                 print(f"{tag} smem {ck.metadata.shared}, regs {regs}, spill {spill}: "

@@ -62,7 +62,7 @@ from ..inputs import resolve_scale
 from .config import cdiv, padded_headdim
 from .launch import Descriptor, fast_launch, plan_key, remember
 from .score_mod import kernel_args as score_mod_args
-from .tile import LOG2E, bounded_offset
+from .tile import LOG2E
 
 TESTED_TRITON = ("3.6.",)   # Gluon's API as this file uses it; other releases fall back to FA2
 
@@ -194,15 +194,9 @@ if _GLUON:
         return _mask_scores(s, j, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL, s_layout)
 
     @gluon.jit
-    def _softmax_step(s, m_i, l_i, BOUNDED: gl.constexpr):
+    def _softmax_step(s, m_i, l_i):
         """Online softmax on one block of scaled, masked scores s (BM, BN), base 2. Returns the new
-        max, the new sum, alpha (the old state's rescale factor) and P (float32, S's layout).
-        BOUNDED: scores with a known bound (a softcap alone) keep the fixed offset m_i and need no
-        max and no rescale, as ``tile.tile_update_bounded`` (alpha would be 1: the callers skip
-        the rescale, and m_i stands in for it, the branches' types having to agree)."""
-        if BOUNDED:
-            p = gl.exp2(s - gl.expand_dims(m_i, 1))
-            return m_i, l_i + gl.sum(p, 1), m_i, p
+        max, the new sum, alpha (the old state's rescale factor) and P (float32, S's layout)."""
         m_new = gl.maximum(m_i, gl.max(s, 1))
         # a row that has seen only masked keys keeps m = -inf; exp2(-inf - -inf) would be NaN
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -235,11 +229,11 @@ if _GLUON:
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars, k_ready,
                   k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv, start_m, n_blocks,
-                  Nq, Nk, lse_row0, qk_scale, v_scale, bh, mod_args, m_init,
+                  Nq, Nk, lse_row0, qk_scale, v_scale, bh, mod_args,
                   WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                   NUM_WG: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                   OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FP8: gl.constexpr,
-                  SCORE_MOD: gl.constexpr, BOUNDED: gl.constexpr):
+                  SCORE_MOD: gl.constexpr):
         """One warpgroup: rows [row0, row0 + BLOCK_M) of the CTA's query block against n_blocks
         key blocks; writes out (TMA store from o_smem, clipped at Nq) and lse (masked store).
         qk_scale holds the softmax scale, log2(e) and (FP8) Q's and K's descales; v_scale V's."""
@@ -262,7 +256,7 @@ if _GLUON:
         else:
             n_full = Nk // BLOCK_N
 
-        m_i = gl.full([BLOCK_M], m_init, gl.float32, row_layout)    # -inf unless BOUNDED
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
         l_i = gl.full([BLOCK_M], 0.0, gl.float32, row_layout)
         acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
 
@@ -281,7 +275,7 @@ if _GLUON:
                 mbarrier.arrive(k_empty.index(0))
                 s = _scores(s * qk_scale, 0, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
                             CAUSAL, SCORE_MOD, s_layout)
-                m_i, l_i, alpha, p = _softmax_step(s, m_i, l_i, BOUNDED)
+                m_i, l_i, alpha, p = _softmax_step(s, m_i, l_i)
                 p = _p_operand(p, p_layout, dtype)
                 for j in range(1, n_blocks):
                     st = j % STAGES
@@ -302,7 +296,7 @@ if _GLUON:
                     mbarrier.arrive(k_empty.index(st))
                     s = _scores(s * qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M,
                                 BLOCK_N, CAUSAL, SCORE_MOD, s_layout)
-                    m_i, l_i, alpha, p_next = _softmax_step(s, m_i, l_i, BOUNDED)
+                    m_i, l_i, alpha, p_next = _softmax_step(s, m_i, l_i)
                     p_next = _p_operand(p_next, p_layout, dtype)
                     # P_{j-1} stays a dependency until its wgmma is done: its registers are read
                     # asynchronously, P_j must not land on them. Triton 3.6 takes no 8-bit
@@ -314,8 +308,7 @@ if _GLUON:
                     else:
                         acc, p = warpgroup_mma_wait(0, deps=(acc, p))
                     mbarrier.arrive(v_empty.index(prev))
-                    if not BOUNDED:
-                        acc = _rescale(acc, alpha, o_layout)
+                    acc = _rescale(acc, alpha, o_layout)
                     p = p_next
                 last = (n_blocks - 1) % STAGES
                 mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
@@ -335,10 +328,9 @@ if _GLUON:
                 mbarrier.arrive(k_empty.index(st))
                 s = _scores(s * qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
                             CAUSAL, SCORE_MOD, s_layout)
-                m_i, l_i, alpha, p = _softmax_step(s, m_i, l_i, BOUNDED)
+                m_i, l_i, alpha, p = _softmax_step(s, m_i, l_i)
                 p = _p_operand(p, p_layout, dtype)
-                if not BOUNDED:
-                    acc = _rescale(acc, alpha, o_layout)
+                acc = _rescale(acc, alpha, o_layout)
                 mbarrier.wait(v_ready.index(st), phase)
                 v = _v_operand(v_smem, st, BLOCK_N, HEAD_D, FP8)
                 acc = warpgroup_mma(p, v, acc, is_async=True)
@@ -364,14 +356,13 @@ if _GLUON:
     # sizes are not specialised (on being 1 or multiples of 16): one compile per configuration
     @gluon.jit(do_not_specialize=["Hq", "Nq", "Nk", "GROUP", "n_descale"])
     def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Lse, Descale, ModArgs, Hq, Nq, Nk, qk_scale,
-                        GROUP, n_descale, m_init,
+                        GROUP, n_descale,
                         CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         HEAD_D: gl.constexpr, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
                         OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                        FP8: gl.constexpr, SCORE_MOD: gl.constexpr, BOUNDED: gl.constexpr):
+                        FP8: gl.constexpr, SCORE_MOD: gl.constexpr):
         # Descale (FP8 only): float32 (3, B, Hkv), Q's, K's and V's factors, n_descale = B * Hkv.
-        # ModArgs, SCORE_MOD: the score modifier's per-(batch, query head) row and function;
-        # BOUNDED: its scores are bounded (a softcap alone), the softmax's fixed offset m_init
+        # ModArgs, SCORE_MOD: the score modifier's per-(batch, query head) row and function
         # one flat grid axis as in fa2_fwd: query blocks of one (batch, head) adjacent (K/V shared
         # in L2); causal: the heaviest (last) query blocks first
         CTA_M: gl.constexpr = BLOCK_M * NUM_WG
@@ -430,10 +421,9 @@ if _GLUON:
             gl.warp_specialize([
                 (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars,
                              k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv,
-                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs,
-                             m_init, 0,
+                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs, 0,
                              BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL, OVERLAP, False, FP8,
-                             SCORE_MOD, BOUNDED)),
+                             SCORE_MOD)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                              v_ready, v_empty, off_b, off_h, off_hkv, start_m, n_blocks,
                              BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
@@ -443,16 +433,14 @@ if _GLUON:
             gl.warp_specialize([
                 (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars,
                              k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv,
-                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs,
-                             m_init, 0,
+                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs, 0,
                              BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL, OVERLAP, PINGPONG, FP8,
-                             SCORE_MOD, BOUNDED)),
+                             SCORE_MOD)),
                 (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars,
                              k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv,
-                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs,
-                             m_init, 1,
+                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs, 1,
                              BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL, OVERLAP, PINGPONG, FP8,
-                             SCORE_MOD, BOUNDED)),
+                             SCORE_MOD)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                              v_ready, v_empty, off_b, off_h, off_hkv, start_m, n_blocks,
                              BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
@@ -534,9 +522,8 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None, score_mod=No
     the scores as they are.
     """
     mod_args, mod_fn, input_scale = score_mod_args(score_mod, None)
-    m_init = bounded_offset(score_mod.bound, q.dtype) if score_mod is not None else None
     pointers = (q, k, v, *([] if mod_args is None else [mod_args]))
-    key = plan_key(pointers, (causal, scale, variant, mod_fn, input_scale, m_init)) \
+    key = plan_key(pointers, (causal, scale, variant, mod_fn, input_scale)) \
         if all(isinstance(t, torch.Tensor) for t in (q, k, v)) else None
     plan = _plans.get(key)
     if plan is not None:   # a call like an earlier one: allocate and replay its launch (launch.py)
@@ -563,7 +550,7 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None, score_mod=No
     config = kernel_config(variant, D)
     v_desc = _descriptor(v, (1, 1, config["BLOCK_N"], D))
     launch, views = _launch(q, k, v_desc, out, lse, causal, resolve_scale(scale, D), None, variant,
-                            config, score_mod, m_init)
+                            config, score_mod)
     remember(_plans, key, (launch, dense_out, views))
     return out, lse
 
@@ -571,11 +558,9 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None, score_mod=No
 _plans = {}   # launch.plan_key -> (Launch, out made dense?, (shape, strides) of each descriptor)
 
 
-def _launch(q, k, v_desc, out, lse, causal, scale, descale, variant, config, score_mod=None,
-            m_init=None):
+def _launch(q, k, v_desc, out, lse, causal, scale, descale, variant, config, score_mod=None):
     """Launch the kernel; returns its ``Launch`` (None on Triton's plain path) and the
-    (shape, strides) of its four descriptors, for a plan. m_init: the softmax's fixed offset
-    for bounded scores (``tile.bounded_offset``), None: the running max."""
+    (shape, strides) of its four descriptors, for a plan."""
     mod_args, mod_fn, input_scale = score_mod_args(score_mod, lse)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -584,8 +569,7 @@ def _launch(q, k, v_desc, out, lse, causal, scale, descale, variant, config, sco
     grid = (-(-Nq // (BLOCK_M * config["NUM_WG"])) * B * Hq,)   # query blocks x (batch, head)
     launch = fast_launch(_fa3_fwd_kernel, grid, *descs, lse, lse if descale is None else descale,
                          mod_args, Hq, Nq, Nk, scale * LOG2E * input_scale, Hq // Hkv, B * Hkv,
-                         float("-inf") if m_init is None else m_init, CAUSAL=bool(causal),
-                         SCORE_MOD=mod_fn, BOUNDED=m_init is not None, **config, **launch_options(variant))
+                         CAUSAL=bool(causal), SCORE_MOD=mod_fn, **config, **launch_options(variant))
     return launch, tuple(Descriptor.view(d) for d in descs)
 
 
