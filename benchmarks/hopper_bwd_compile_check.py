@@ -11,7 +11,8 @@
 2. Every variant compiled with ``triton.compile`` for ``GPUTarget("cuda", 90, 32)`` through
    ptxas, from CPU stand-ins, as the forward's check does (same columns), plus the backward's two
    small Triton kernels; the PTX is checked for the dQ path the variant asks for (a TMA
-   reduce-add, or atomics).
+   reduce-add, or atomics); then the default variants with each score modifier (softcap, its
+   one-instruction tanh, ALiBi, both), beside the plain kernel's spill.
 
 Exit status 1 if anything fails. Needs Triton 3.6 (the GPU machines' version):
 
@@ -30,7 +31,7 @@ os.environ["TRITON_INTERPRET"] = "0"     # before flashlib: it turns the interpr
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
-from flashlib.kernels import fa3_bwd  # noqa: E402
+from flashlib.kernels import fa3_bwd, score_mod  # noqa: E402
 from hopper_compile_check import (SETMAXNREG, TARGET_ARCH, WARNINGS, ModelBarrier,  # noqa: E402
                                   ProtocolError, interleave, ptxas_report, specialize)
 
@@ -171,7 +172,6 @@ def compile_variant(name, D, causal, dtype, sizes=(2, 6, 2, 1000, 1531), mod=Non
     """Compile the main kernel of one (variant, head dim, causal, dtype) for inputs of sizes
     (B, Hq, Hkv, Nq, Nk), with the score modifier ``mod`` (a ``kernels.score_mod`` function; None:
     the identity); return the CompiledKernel."""
-    from flashlib.kernels import score_mod
     from triton.backends.compiler import GPUTarget
     from triton.compiler import compile as triton_compile
     from triton.compiler.compiler import make_backend
@@ -228,6 +228,32 @@ def compile_helpers(D, dtype):
     return out
 
 
+def check_score_mods(plain_spill):
+    """The score modifiers through the hook (softcap, ALiBi, both) in the default variants,
+    bfloat16, causal and not; the same rule as the plain kernels (a spill fails at d64, is
+    reported at d128). Returns the number of failures."""
+    failures = 0
+    print("score modifiers: compiled for the default variants, bfloat16 (plain: the kernel without one)")
+    for mod in (score_mod.tanh_softcap, score_mod.tanh_softcap_approx, score_mod.alibi_bias,
+                score_mod.tanh_softcap_approx_alibi_bias):
+        for D in fa3_bwd.HEAD_DIMS:
+            name = fa3_bwd.DEFAULT_VARIANT[D]
+            for causal in (False, True):
+                tag = f"{name:>11} {D:>4} {causal!s:>6} {mod.__name__:>30} |"
+                try:
+                    ck = compile_variant(name, D, causal, torch.bfloat16, mod=mod)
+                    regs, spill = ptxas_report(ck.asm["ptx"])
+                    ok = bool(ck.asm.get("cubin")) and (spill == 0 or D == 128)
+                    print(f"{tag} smem {ck.metadata.shared}, regs {regs}, spill {spill} (plain "
+                          f"{plain_spill.get((name, D, causal, torch.bfloat16), '?')}): "
+                          f"{('ok: cubin' + (', spills' if spill else '')) if ok else 'PROBLEM'}")
+                    failures += not ok
+                except Exception as e:  # noqa: BLE001
+                    failures += 1
+                    print(f"{tag} FAILED: {type(e).__name__}: {str(e).strip().splitlines()[:6]}")
+    return failures
+
+
 def main(verbose=False):
     import triton
     failures = check_protocol()
@@ -241,6 +267,7 @@ def main(verbose=False):
           "dq: the PTX's dQ instructions (reduce: cp.reduce.async.bulk.tensor, red: atomics)")
     print(f"{'variant':>11} {'D':>4} {'causal':>6} {'dtype':>9} {'st':>2} | {'smem':>6} {'warps':>5} "
           f"{'regs':>4} {'setmaxnreg':>12} {'spill':>5} {'scratch':>7} {'dq':>12}  status")
+    plain_spill = {}   # (variant, D, causal, dtype) -> spill bytes, beside the modifiers' below
     for name, variant in fa3_bwd.VARIANTS.items():
         for D in variant.head_dims:
             for causal in (False, True):
@@ -260,6 +287,7 @@ def main(verbose=False):
                     ptx = ck.asm.get("ptx", "")
                     setmaxnreg = sorted({int(r) for r in SETMAXNREG.findall(ptx)})
                     regs, spill = ptxas_report(ptx)
+                    plain_spill[name, D, causal, dtype] = spill
                     scratch = getattr(md, "global_scratch_size", 0)
                     n_reduce = len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", ptx))
                     n_red = len(re.findall(r"\b(?:red|atom)\.global\S*\.f32", ptx))
@@ -295,6 +323,7 @@ def main(verbose=False):
                 except Exception as e:  # noqa: BLE001
                     failures += 1
                     print(f"{tag} FAILED: {type(e).__name__}: {str(e).strip().splitlines()[:3]}")
+    failures += check_score_mods(plain_spill)
     for D in fa3_bwd.HEAD_DIMS:
         for dtype in (torch.float16, torch.bfloat16):
             try:

@@ -9,19 +9,24 @@ is reported and killed instead of stopping the run:
    random inputs: ragged lengths (1000/3000), grouped heads, causal and not, causal with Nq > Nk
    (rows with no key: their gradients must be 0, never NaN), Nq = 1, Nk = 1, large logits
    (q x 20), q/k/v/dout as strided (B, N, H, D) views; float16 and bfloat16; head dims 64 and
-   128. (out, lse) come from ``fa2_forward``. Prints each gradient's max error / tolerance
-   (<= 1 passes) and the largest difference from ``fa2_backward`` on the same inputs;
+   128. (out, lse) come from ``fa2_forward``. Then the score modifiers (``MOD_CASES``: softcap,
+   ALiBi with slopes per (batch, head), both; ragged, grouped, causal with Nq > Nk, past tanh's
+   bend, strided), (out, lse) from ``fa3_forward`` with the same modifier, against the oracle
+   with it. Prints each gradient's max error / tolerance (<= 1 passes) and the largest
+   difference from ``fa2_backward`` on the same inputs;
 2. unless --quick: forward+backward and backward-only TFLOP/s (do_bench medians; the backward
    counts 2.5x the forward's 4 B H Nq Nk D, halved for causal) at B x N = 32k tokens, H x D =
    2048, N in {4096, 16384}, causal and not, float16, for each (head dim, causal) whose checks
    passed. The forward is flashlib's (``fa3_forward`` where it runs, else ``fa2_forward``).
+   With --mods also the softcap (``production.SOFTCAP``) and ALiBi (``production.alibi_slopes``),
+   with their backward's ratio to the plain one.
 
 Then (unless --quick), in one more subprocess, the baselines at the same shapes: flashlib's
 ``fa2_backward`` (same forward), SDPA's flash backend and SDPA's cuDNN backend (autograd; their
 backward-only time is fwd+bwd minus a timed forward); and a table of TFLOP/s with the ratio to
 cuDNN.
 
-    PYTHONPATH=$PWD python benchmarks/hopper_bwd_probe.py OUTDIR [--quick] [--variants a,b] [--timeout S]
+    PYTHONPATH=$PWD python benchmarks/hopper_bwd_probe.py OUTDIR [--quick] [--mods] [--variants a,b] [--timeout S]
 
 --timeout: seconds a subprocess may go without printing before it is taken as hung and killed
 (default 90; the baselines get 3x). --budget: seconds for the variants (default 600), the rest
@@ -51,6 +56,16 @@ CHECK_CASES = [
     (1, 4, 2, 513, 1041, (False, True), "large logits: q x 20", False, 20.0),
     (2, 4, 2, 333, 517, (False, True), "q, k, v, dout strided (B, N, H, D) views", True, 1.0),
 ]
+# as CHECK_CASES, then the score modifiers: the softcap's cap, ALiBi (slopes per (batch, head))
+MOD_CASES = [
+    (2, 6, 2, 1000, 3000, (False, True), "softcap 3, ragged, GQA 3:1", False, 1.0, dict(softcap=3.0)),
+    (2, 6, 2, 1000, 3000, (False, True), "ALiBi, ragged, GQA 3:1", False, 1.0, dict(alibi=True)),
+    (1, 4, 4, 3000, 1000, (True,), "softcap 3 + ALiBi, Nq > Nk causal", False, 1.0,
+     dict(softcap=3.0, alibi=True)),
+    (1, 4, 2, 513, 1041, (False, True), "softcap 30 past tanh's bend: q x 5", False, 5.0, dict(softcap=30.0)),
+    (2, 4, 2, 333, 517, (False, True), "softcap 3 + ALiBi, strided views", True, 1.0,
+     dict(softcap=3.0, alibi=True)),
+]
 
 
 timing_shapes, fwd_flops, _emit = hopper_probe.timing_shapes, hopper_probe.flops, hopper_probe._emit
@@ -69,29 +84,43 @@ def _inputs(B, Hq, Hkv, Nq, Nk, D, dtype, *, strided=False, q_scale=1.0):
     return q, k, v, dout
 
 
-def _forward(q, k, v, causal):
-    """flashlib's forward: fa3 where it runs, else fa2 (the backward's saved out and lse)."""
+def _forward(q, k, v, causal, mod=None):
+    """flashlib's forward: fa3 where it runs, else fa2 (the backward's saved out and lse); mod: a
+    ``kernels.score_mod.ScoreMod`` or None."""
     from flashlib.kernels import fa3_fwd
     from flashlib.kernels.fa2_fwd import fa2_forward
     if fa3_fwd.supported(q, k, v):
-        return fa3_fwd.fa3_forward(q, k, v, causal=causal)
-    return fa2_forward(q, k, v, causal=causal)
+        return fa3_fwd.fa3_forward(q, k, v, causal=causal, score_mod=mod)
+    return fa2_forward(q, k, v, causal=causal, score_mod=mod)
 
 
-def grad_ratios(grads, q, k, v, dout, causal):
+def score_mods(spec, B, Hq):
+    """The oracle's and ``score_mod.make``'s options for a case's modifiers: ALiBi's slopes per
+    (batch, head), Press et al.'s over the heads (``production.alibi_slopes``) times a factor from
+    0.5 to 1.5 over the batch."""
+    import torch
+    from flashlib.bench import production as prod
+    options = {name: value for name, value in spec.items() if name != "alibi"}
+    if spec.get("alibi"):
+        options["alibi_slopes"] = (prod.alibi_slopes(Hq) * torch.linspace(0.5, 1.5, B)[:, None]).cuda()
+    return options
+
+
+def grad_ratios(grads, q, k, v, dout, causal, **mods):
     """{name: max error / tolerance} of (dq, dk, dv) and a verdict (None: all pass), against
     float64 autograd through attention_ref; the baseline is autograd through attention_naive
-    in q's dtype (flashlib.testing's rule, as tests/test_flash_attention.py applies it)."""
+    in q's dtype (flashlib.testing's rule, as tests/test_flash_attention.py applies it). mods:
+    ``softcap``, ``alibi_slopes`` as in attention_ref."""
     import torch
     from flashlib import testing
     from flashlib.reference import attention_naive, attention_ref
     ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    ref, _ = attention_ref(*ref_leaves, causal=causal)
+    ref, _ = attention_ref(*ref_leaves, causal=causal, **mods)
     ref_grads = torch.autograd.grad(ref, ref_leaves, dout.double())
     base_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    base = attention_naive(*base_leaves, causal=causal)
+    base = attention_naive(*base_leaves, causal=causal, **mods)
     base_grads = torch.autograd.grad(base, base_leaves, dout)
-    mags = testing.attention_magnitudes(q, k, v, dout, causal=causal)
+    mags = testing.attention_magnitudes(q, k, v, dout, causal=causal, **mods)
     ratios, verdicts = {}, []
     for name, g, r, b in zip(("dq", "dk", "dv"), grads, ref_grads, base_grads):
         if g.shape != r.shape or g.dtype != q.dtype:
@@ -106,13 +135,14 @@ def grad_ratios(grads, q, k, v, dout, causal):
     return ratios, ("; ".join(verdicts) or None)
 
 
-def child_variant(name, outdir, quick):
+def child_variant(name, outdir, quick, mods=False):
     import torch
     import triton
     import triton.testing
 
     import flashlib  # noqa: F401  (runtime first)
-    from flashlib.kernels import fa3_bwd
+    from flashlib.bench import production as prod
+    from flashlib.kernels import fa3_bwd, score_mod
     from flashlib.kernels.fa2_bwd import fa2_backward
 
     variant = fa3_bwd.VARIANTS[name]
@@ -120,31 +150,35 @@ def child_variant(name, outdir, quick):
     fh = open(os.path.join(outdir, f"{name}.jsonl"), "w")
     print(f"[{name}] {variant.about}; head dims {variant.head_dims}; triton {triton.__version__}, "
           f"{torch.cuda.get_device_name()}", flush=True)
-    failed = set()   # (D, causal) with a failed check: not timed
+    failed = set()   # (D, causal, "softcap+alibi", "alibi", ... or "") with a failed check: not timed
     for D in variant.head_dims:
         config = fa3_bwd.kernel_config(name, D)
         print(f"[{name}] d{D}: {config}", flush=True)
         for dtype in (torch.float16, torch.bfloat16):
-            for B, Hq, Hkv, Nq, Nk, causals, what, strided, q_scale in CHECK_CASES:
+            for B, Hq, Hkv, Nq, Nk, causals, what, strided, q_scale, spec in (
+                    [(*case, {}) for case in CHECK_CASES] + MOD_CASES):
                 for causal in causals:
                     tag = (f"[{name}] d{D} {str(dtype)[6:]:8} {(B, Hq, Hkv, Nq, Nk)!s:26} "
                            f"causal={causal!s:5} {what}")
                     print(f"{tag} ...", flush=True)
                     torch.manual_seed(hash((B, Hq, Nq, Nk, D, causal)) % 1000)
                     rec = dict(kind="check", variant=name, D=D, dtype=str(dtype)[6:],
-                               shape=[B, Hq, Hkv, Nq, Nk], causal=causal, what=what)
+                               shape=[B, Hq, Hkv, Nq, Nk], causal=causal, what=what, mods="+".join(spec))
                     try:
                         q, k, v, dout = _inputs(B, Hq, Hkv, Nq, Nk, D, dtype, strided=strided, q_scale=q_scale)
-                        out, lse = _forward(q, k, v, causal)
+                        options = score_mods(spec, B, Hq)
+                        mod = score_mod.make(q, **options)
+                        out, lse = _forward(q, k, v, causal, mod)
                         assert fa3_bwd.supported(q, k, v, out, lse, dout), "fa3_bwd.supported() is False"
                         t0 = time.perf_counter()
-                        grads = fa3_bwd.fa3_backward(q, k, v, out, lse, dout, causal=causal, variant=name)
+                        grads = fa3_bwd.fa3_backward(q, k, v, out, lse, dout, causal=causal, variant=name,
+                                                     score_mod=mod)
                         torch.cuda.synchronize()
                         rec["first_call_s"] = round(time.perf_counter() - t0, 2)
-                        fa2 = fa2_backward(q, k, v, out, lse, dout, causal=causal)
+                        fa2 = fa2_backward(q, k, v, out, lse, dout, causal=causal, score_mod=mod)
                         rec["vs_fa2"] = max((a.float() - b.float()).abs().max().item() if a.numel() else 0.0
                                             for a, b in zip(grads, fa2))
-                        ratios, verdict = grad_ratios(grads, q, k, v, dout, causal)
+                        ratios, verdict = grad_ratios(grads, q, k, v, dout, causal, **options)
                         rec.update(ratios=ratios, ok=verdict is None, error=verdict)
                         shown = ", ".join(f"{n} {r:.3f}" for n, r in ratios.items())
                         print(f"{tag}: err/tol {shown}; max |fa3 - fa2| {rec['vs_fa2']:.2e} "
@@ -155,45 +189,60 @@ def child_variant(name, outdir, quick):
                         traceback.print_exc()
                         sys.stdout.flush()
                     if not rec["ok"]:
-                        failed.add((D, causal))
+                        failed.add((D, causal, "+".join(spec)))
                     _emit(records, fh, **rec)
     n_ok = sum(r["ok"] for r in records)
     print(f"[{name}] correctness: {n_ok}/{len(records)} cases pass", flush=True)
     if quick:
         return
     for B, H, N, D, causal in timing_shapes(variant.head_dims):
-        tag = f"[{name}] time B={B} H={H} N={N} d{D} causal={causal!s:5}"
-        if (D, causal) in failed:
-            print(f"{tag}: skipped (a correctness check failed)", flush=True)
-            continue
-        print(f"{tag} ...", flush=True)
-        rec = dict(kind="time", impl=f"fa3:{name}", B=B, H=H, N=N, D=D, causal=causal)
-        try:
-            q, k, v, dout = (torch.randn(B, H, N, D, dtype=torch.float16, device="cuda") for _ in range(4))
-            out, lse = _forward(q, k, v, causal)
+        plain_ms = None
+        # the plain scores, then (--mods) the production suite's softcap and ALiBi (slopes per head)
+        timed = {"": {}, "softcap": dict(softcap=prod.SOFTCAP),
+                 "alibi": dict(alibi_slopes=prod.alibi_slopes(H).cuda())} if mods else {"": {}}
+        for label, options in timed.items():
+            tag = f"[{name}] time B={B} H={H} N={N} d{D} causal={causal!s:5} {label or 'plain'}"
+            if any((d, c) == (D, causal) and label in m.split("+") for d, c, m in failed):
+                print(f"{tag}: skipped (a correctness check failed)", flush=True)
+                continue
+            print(f"{tag} ...", flush=True)
+            rec = dict(kind="time", impl=f"fa3:{name} {label}".strip(), B=B, H=H, N=N, D=D, causal=causal)
+            try:
+                q, k, v, dout = (torch.randn(B, H, N, D, dtype=torch.float16, device="cuda") for _ in range(4))
+                _time_variant(rec, name, q, k, v, dout, causal, score_mod.make(q, **options))
+                plain_ms = rec["bwd_ms"] if not label else plain_ms
+                vs_plain = f", {plain_ms / rec['bwd_ms']:.3f}x plain's bwd" if label and plain_ms else ""
+                print(f"{tag}: bwd {rec['bwd_ms']:.3f} ms {rec['bwd_tflops']:.1f} TFLOP/s{vs_plain}, fwd+bwd "
+                      f"{rec['fwd_bwd_ms']:.3f} ms {rec['fwd_bwd_tflops']:.1f} TFLOP/s (max |fa3 - fa2| "
+                      f"{rec['vs_fa2']:.1e}{', NaN' if rec['nan'] else ''}"
+                      f"{', SUSPICIOUS' if rec['suspicious'] else ''})", flush=True)
+            except Exception as e:  # noqa: BLE001
+                rec["error"] = f"{type(e).__name__}: {e}"
+                print(f"{tag}: EXCEPTION {rec['error']}", flush=True)
+            _emit(records, fh, **rec)
 
-            def bwd():
-                return fa3_bwd.fa3_backward(q, k, v, out, lse, dout, causal=causal, variant=name)
 
-            def fwd_bwd():
-                o, s = _forward(q, k, v, causal)
-                return fa3_bwd.fa3_backward(q, k, v, o, s, dout, causal=causal, variant=name)
-            # the timed shape against fa2_backward on the same inputs (the ring wraps N / 64 times)
-            ref = fa2_backward(q, k, v, out, lse, dout, causal=causal)
-            rec["vs_fa2"] = max((a.float() - b.float()).abs().max().item() for a, b in zip(bwd(), ref))
-            rec["nan"] = any(not torch.isfinite(g).all().item() for g in bwd())
-            del ref
-            _time(rec, bwd, fwd_bwd, B, H, N, D, causal)
-            suspicious = rec["nan"] or rec["vs_fa2"] > 5e-2
-            rec["suspicious"] = suspicious
-            print(f"{tag}: bwd {rec['bwd_ms']:.3f} ms {rec['bwd_tflops']:.1f} TFLOP/s, fwd+bwd "
-                  f"{rec['fwd_bwd_ms']:.3f} ms {rec['fwd_bwd_tflops']:.1f} TFLOP/s (max |fa3 - fa2| "
-                  f"{rec['vs_fa2']:.1e}{', NaN' if rec['nan'] else ''}{', SUSPICIOUS' if suspicious else ''})",
-                  flush=True)
-        except Exception as e:  # noqa: BLE001
-            rec["error"] = f"{type(e).__name__}: {e}"
-            print(f"{tag}: EXCEPTION {rec['error']}", flush=True)
-        _emit(records, fh, **rec)
+def _time_variant(rec, name, q, k, v, dout, causal, mod):
+    """Time fa3_backward's ``name`` on these inputs with the score modifier ``mod`` (its forward
+    with the same), after comparing it with fa2_backward on them (the ring wraps N / 64 times)."""
+    import torch
+    from flashlib.kernels import fa3_bwd
+    from flashlib.kernels.fa2_bwd import fa2_backward
+    B, H, N, D = q.shape
+    out, lse = _forward(q, k, v, causal, mod)
+
+    def bwd():
+        return fa3_bwd.fa3_backward(q, k, v, out, lse, dout, causal=causal, variant=name, score_mod=mod)
+
+    def fwd_bwd():
+        o, s = _forward(q, k, v, causal, mod)
+        return fa3_bwd.fa3_backward(q, k, v, o, s, dout, causal=causal, variant=name, score_mod=mod)
+    ref = fa2_backward(q, k, v, out, lse, dout, causal=causal, score_mod=mod)
+    rec["vs_fa2"] = max((a.float() - b.float()).abs().max().item() for a, b in zip(bwd(), ref))
+    rec["nan"] = any(not torch.isfinite(g).all().item() for g in bwd())
+    del ref
+    _time(rec, bwd, fwd_bwd, B, H, N, D, causal)
+    rec["suspicious"] = rec["nan"] or rec["vs_fa2"] > 5e-2
 
 
 def _time(rec, bwd, fwd_bwd, B, H, N, D, causal, fwd=None):
@@ -283,6 +332,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("outdir")
     ap.add_argument("--quick", action="store_true", help="correctness only: no timings, no baselines")
+    ap.add_argument("--mods", action="store_true",
+                    help="also time the softcap and ALiBi (score modifiers) against the plain scores")
     ap.add_argument("--timeout", type=float, default=90.0,
                     help="seconds without output before a subprocess is killed as hung")
     ap.add_argument("--budget", type=float, default=600.0,
@@ -293,7 +344,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.outdir, exist_ok=True)
     if args.child_variant:
-        return child_variant(args.child_variant, args.outdir, args.quick)
+        return child_variant(args.child_variant, args.outdir, args.quick, args.mods)
     if args.child_baselines:
         return child_baselines(args.outdir)
 
@@ -323,8 +374,9 @@ def main():
             continue
         log(f"=== variant {name}")
         # fa2 serves only as a cross-check there: one config, quick compiles
-        status[name] = run_child(["--child-variant", name, args.outdir] + (["--quick"] if args.quick else []),
-                                 args.timeout, log, env={"FLASHLIB_AUTOTUNE": "0"})
+        flags = (["--quick"] if args.quick else []) + (["--mods"] if args.mods else [])
+        status[name] = run_child(["--child-variant", name, args.outdir] + flags, args.timeout, log,
+                                 env={"FLASHLIB_AUTOTUNE": "0"})
         log(f"=== variant {name}: {status[name][0]} ({status[name][1]:.0f} s)")
     if not args.quick:
         log("=== baselines")

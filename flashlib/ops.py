@@ -61,13 +61,13 @@ def attention_forward(q, k, v, causal, scale, mod, cu_seqlens=None, max_seqlen=N
 
 def attention_backward(q, k, v, out, lse, dout, causal, scale, mod, cu_seqlens=None, max_seqlen=None):
     """The backward kernels for these inputs, chosen as ``attention_forward`` chooses: FA3's
-    (kernels/fa3_bwd.py) on Hopper for large dense problems without a score modifier, FA2's
-    otherwise. Returns (dq, dk, dv)."""
+    (kernels/fa3_bwd.py) on Hopper for large dense problems (with a score modifier at
+    ``FA3_MOD_HEAD_DIMS``), FA2's otherwise. Returns (dq, dk, dv)."""
     from .kernels import fa3_bwd
     from .kernels.fa2_bwd import fa2_backward
-    if mod.fn is score_mod.identity and _fa3_worth_it(q, k, cu_seqlens, causal) \
-            and fa3_bwd.supported(q, k, v, out, lse, dout):
-        return fa3_bwd.fa3_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
+    if _fa3_worth_it(q, k, cu_seqlens, causal) and fa3_bwd.supported(q, k, v, out, lse, dout) \
+            and (mod.fn is score_mod.identity or q.shape[-1] in FA3_MOD_HEAD_DIMS):
+        return fa3_bwd.fa3_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=mod)
     return fa2_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=mod,
                         cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
 

@@ -1,17 +1,18 @@
 """The FA3 backward for Hopper (flashlib/kernels/fa3_bwd.py).
 
 CPU: the host side (variants, shared-memory plans, the ``supported`` gate, a clear error instead
-of a launch). GPU (marked ``gpu``, on an sm90 GPU with Triton 3.6's Gluon, skipped elsewhere):
-dq, dk, dv of every variant against float64 autograd through the oracle with flashlib's tolerance
-rule, at real and irregular sizes: ragged lengths, grouped heads, causal with Nq > Nk (rows with
-no key: zero gradients, never NaN), Nq = 1, Nk = 1, large logits, strided views, float16 and
-bfloat16, head dims 64 and 128.
+of a launch, launch plans keyed on the score modifier). GPU (marked ``gpu``, on an sm90 GPU with
+Triton 3.6's Gluon, skipped elsewhere): dq, dk, dv of every variant against float64 autograd
+through the oracle with flashlib's tolerance rule, at real and irregular sizes: ragged lengths,
+grouped heads, causal with Nq > Nk (rows with no key: zero gradients, never NaN), Nq = 1, Nk = 1,
+large logits, strided views, float16 and bfloat16, head dims 64 and 128; and with each score
+modifier (softcap, ALiBi, both).
 """
 import pytest
 import torch
 
 from flashlib import runtime, testing
-from flashlib.kernels import fa3_bwd
+from flashlib.kernels import fa3_bwd, score_mod
 from flashlib.reference import attention_naive, attention_ref
 
 DEV = runtime.DEVICE
@@ -44,6 +45,23 @@ def test_unsupported_inputs_are_refused_clearly():
         fa3_bwd.fa3_backward(q, k, k, q, torch.zeros(1, 2, 8), q)
 
 
+def test_launch_plans_are_keyed_on_the_score_modifier(monkeypatch):
+    # a plan bakes the scores' scale (the softcap's 1 / c in it) and the modifier's function: a
+    # call with another modifier or cap must not replay it, and the args tensor's layout is pinned
+    keys = []
+    monkeypatch.setattr(fa3_bwd, "plan_key", lambda tensors, options: keys.append((tensors, options)))
+    q = torch.randn(1, 2, 8, 64)
+    k = torch.randn(1, 1, 8, 64)
+    mods = [None, score_mod.make(q, softcap=30.0), score_mod.make(q, softcap=20.0),
+            score_mod.make(q, alibi_slopes=torch.ones(2)), score_mod.make(q, 30.0, torch.ones(2))]
+    for mod in mods:
+        with pytest.raises(ValueError, match="fa2_backward"):   # CPU tensors: refused after the key
+            fa3_bwd.fa3_backward(q, k, k, q, torch.zeros(1, 2, 8), q, score_mod=mod)
+    assert len({options for _, options in keys}) == len(mods)
+    for (tensors, _), mod in zip(keys, mods):
+        assert (mod is None) == (len(tensors) == 6) and (mod is None or tensors[-1] is mod.args)
+
+
 def _hopper():
     if DEV.type != "cuda" or runtime.capability(DEV)[0] != 9:
         pytest.skip(f"needs an sm90 GPU; this is {runtime.gpu_name() if DEV.type == 'cuda' else 'a CPU'}")
@@ -51,8 +69,12 @@ def _hopper():
         pytest.skip("needs Triton 3.6's Gluon (fa3_bwd.TESTED_TRITON)")
 
 
-def check_gradients(B, Hq, Hkv, Nq, Nk, D, causal, dtype, variant=None, *, q_scale=1.0, strided=False):
-    """fa3_backward's (dq, dk, dv) from fa2_forward's (out, lse) against float64 autograd."""
+def check_gradients(B, Hq, Hkv, Nq, Nk, D, causal, dtype, variant=None, *, q_scale=1.0, strided=False,
+                    **score_mods):
+    """fa3_backward's (dq, dk, dv) from fa2_forward's (out, lse) against float64 autograd.
+    score_mods: ``softcap``, ``alibi_slopes`` as in ``attention_ref``; with them (out, lse) come
+    from fa3_forward with the same modifier."""
+    from flashlib.kernels import fa3_fwd
     from flashlib.kernels.fa2_fwd import fa2_forward
 
     def make(H, N):
@@ -62,15 +84,18 @@ def check_gradients(B, Hq, Hkv, Nq, Nk, D, causal, dtype, variant=None, *, q_sca
     q, k, v, dout = make(Hq, Nq), make(Hkv, Nk), make(Hkv, Nk), make(Hq, Nq)
     if q_scale != 1.0:
         q = (q.float() * q_scale).to(dtype)
-    out, lse = fa2_forward(q, k, v, causal=causal)
+    mod = score_mod.make(q, **score_mods)
+    out, lse = fa3_fwd.fa3_forward(q, k, v, causal=causal, score_mod=mod) if score_mods else \
+        fa2_forward(q, k, v, causal=causal)
     assert fa3_bwd.supported(q, k, v, out, lse, dout)
-    grads = fa3_bwd.fa3_backward(q, k, v, out, lse, dout, causal=causal, variant=variant)
+    grads = fa3_bwd.fa3_backward(q, k, v, out, lse, dout, causal=causal, variant=variant, score_mod=mod)
     ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
-    ref, _ = attention_ref(*ref_leaves, causal=causal)
+    ref, _ = attention_ref(*ref_leaves, causal=causal, **score_mods)
     ref_grads = torch.autograd.grad(ref, ref_leaves, dout.double())
     base_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    base_grads = torch.autograd.grad(attention_naive(*base_leaves, causal=causal), base_leaves, dout)
-    mags = testing.attention_magnitudes(q, k, v, dout, causal=causal)
+    base_grads = torch.autograd.grad(attention_naive(*base_leaves, causal=causal, **score_mods), base_leaves,
+                                     dout)
+    mags = testing.attention_magnitudes(q, k, v, dout, causal=causal, **score_mods)
     for name, g, r, b in zip(("dq", "dk", "dv"), grads, ref_grads, base_grads):
         assert g.shape == r.shape and g.dtype == dtype, name
         assert torch.isfinite(g).all(), f"{name} has NaN or inf entries"
@@ -112,6 +137,42 @@ def test_gpu_every_variant(variant, dtype):
         for causal in (False, True):
             check_gradients(2, 4, 2, 1000, 1531, D, causal, dtype, variant)
         check_gradients(1, 3, 3, 300, 130, D, True, dtype, variant)
+
+
+def per_head_slopes(B, Hq):
+    """ALiBi slopes per (batch, query head): Press et al.'s 2^(-8 h / Hq), times 0.5 to 1.5 over
+    the batch."""
+    heads = 2.0 ** (-8.0 * torch.arange(1, Hq + 1) / Hq)
+    return (heads * torch.linspace(0.5, 1.5, B)[:, None]).to(DEV)
+
+
+SCORE_MODS = {
+    "softcap": lambda B, Hq: dict(softcap=3.0),           # a small cap: most scores bend
+    "alibi": lambda B, Hq: dict(alibi_slopes=per_head_slopes(B, Hq)),
+    "softcap_alibi": lambda B, Hq: dict(softcap=20.0, alibi_slopes=per_head_slopes(B, Hq)),
+}
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("D", fa3_bwd.HEAD_DIMS)
+@pytest.mark.parametrize("mod", SCORE_MODS)
+def test_gpu_score_modifiers(mod, D, dtype):
+    """The score-modifier hook in the backward (the softcap's derivative in dS, ALiBi's positions
+    in both tile orientations): ragged, grouped heads, causal with Nq > Nk (rows with no key get
+    zero dq), scores past tanh's bend, against the oracle with the same modifier."""
+    _hopper()
+    for B, Hq, Hkv, Nq, Nk, causal in [(2, 6, 2, 1000, 1531, False), (2, 6, 2, 1000, 1531, True),
+                                       (1, 4, 4, 777, 500, True), (1, 2, 1, 77, 77, True)]:
+        grads, lse = check_gradients(B, Hq, Hkv, Nq, Nk, D, causal, dtype, **SCORE_MODS[mod](B, Hq))
+        empty = torch.isinf(lse)
+        assert empty.any() == (Nq > Nk and causal)
+        assert (grads[0][empty] == 0).all()
+    check_gradients(1, 4, 2, 513, 1041, D, True, dtype, q_scale=5.0, **SCORE_MODS[mod](1, 4))
+    for variant, v in fa3_bwd.VARIANTS.items():   # every tile layout (keys or rows along M)
+        if D in v.head_dims:
+            check_gradients(1, 3, 3, 300, 130, D, True, dtype, variant, **SCORE_MODS[mod](1, 3))
 
 
 @gpu

@@ -20,7 +20,8 @@ bottom-right causal, grouped heads):
   A first one computes delta = rowsum(dO * O) and lse in base 2, padded to whole query blocks.
 
 The score-modifier hook (``kernels.score_mod``: softcap, ALiBi) runs on the scaled S^T or S before
-the mask and exp2, as in ``fa2_bwd``; its derivative multiplies dS (the identity's compiles away).
+the mask and exp2, as in ``fa2_bwd``; its derivative multiplies dS. With a modifier dP is issued
+after P, for registers (``_step_rows_m``); the identity compiles to the plain kernel.
 
 dK and dV (scaled, cast) leave through the K and V buffers and TMA stores clipped at Nk. Q, dO,
 K, V, dK, dV and dq_accum move through 4-D descriptors (batch, head, row, dim): TMA zero-fills
@@ -57,6 +58,7 @@ from ..inputs import resolve_scale
 from . import fa3_fwd
 from .fa3_fwd import _descriptor, _tma_ok
 from .launch import Descriptor, fast_launch, plan_key, remember
+from .score_mod import identity as _identity
 from .score_mod import kernel_args as score_mod_args
 from .tile import LOG2E
 
@@ -216,7 +218,8 @@ if _GLUON:
         """One query block, keys along wgmma's M (FA2's dK/dV tiles): S^T = K Q^T, dP^T = V dO^T;
         P^T stays in registers (the A operand of dV += P^T dO); dS^T goes to shared memory for
         dK += dS^T Q and dQ = dS K (read transposed). SCORE_MOD on the scaled S^T, as
-        ``fa2_bwd.dkdv_tile``; its derivative scales dS^T. Returns (dk, dv)."""
+        ``fa2_bwd.dkdv_tile``; its derivative scales dS^T. With a modifier, dP^T after P^T and P^T
+        packed beside P^T dmod, as in ``_step_rows_m``. Returns (dk, dv)."""
         dtype: gl.constexpr = k.dtype
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_M, 16])
@@ -230,17 +233,24 @@ if _GLUON:
         q = q_smem.reshape([BLOCK_M, HEAD_D])
         st = warpgroup_mma(k, q.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
                            use_acc=False, is_async=True)
-        mbarrier.wait(do_bar, phase)
         do = do_smem.reshape([BLOCK_M, HEAD_D])
-        dpt = warpgroup_mma(v, do.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
-                            use_acc=False, is_async=True)
-        st = warpgroup_mma_wait(1, deps=(st, ))                      # S^T done, dP^T may run on
+        dpt_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+        if SCORE_MOD is _identity:   # (a compile-time test) dP^T beside the softmax
+            mbarrier.wait(do_bar, phase)
+            dpt = warpgroup_mma(v, do.permute((1, 0)), dpt_zero, use_acc=False, is_async=True)
+            st = warpgroup_mma_wait(1, deps=(st, ))                  # S^T done, dP^T may run on
+        else:
+            st = warpgroup_mma_wait(0, deps=(st, ))
         # the modifier's positions (the identity's compile away): query rows on the key axis, keys
+        # (2 a thread: cheap to hold)
         q_pos = row0 + causal_offset + cols
         k_pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
         st, dmod = SCORE_MOD(st * qk_scale, gl.expand_dims(q_pos, 0), gl.expand_dims(k_pos, 1), bh,
                              mod_args)
         pt = gl.exp2(st - gl.expand_dims(lse2, 0))
+        ptd = pt * dmod                 # dS^T's factor; the identity's: P^T itself
+        if len(dmod.shape) > 0:         # (compile time) a derivative tile: P^T on in 16 bits
+            pt = pt.to(dtype)
         if row0 < full_row:   # uniform branch: the causal band or the ragged key tail
             # key n0 + j, query row0 + i: visible iff n0 + j < Nk and (causal) n0 + j <= row0 + i +
             # Nk - Nq. The query positions are computed here, from row0: loop-invariant key or
@@ -250,12 +260,14 @@ if _GLUON:
             if CAUSAL:
                 visible = visible & (gl.expand_dims(keys - causal_offset, 1) <= gl.expand_dims(row0 + cols, 0))
             pt = gl.where(visible, pt, 0.0)
+            ptd = gl.where(visible, ptd, 0.0)
         p_op = gl.convert_layout(pt.to(dtype), op_layout)
+        if SCORE_MOD is not _identity:
+            mbarrier.wait(do_bar, phase)
+            dpt = warpgroup_mma(v, do.permute((1, 0)), dpt_zero, use_acc=False, is_async=True)
         dv = warpgroup_mma(p_op, do, dv, is_async=True)
-        # dS^T = P^T dmod (dP^T - delta): P^T dmod at once, one tile live until dP^T instead of two
-        pt = pt * dmod
         dpt = warpgroup_mma_wait(1, deps=(dpt, ))                    # dP^T done, dV may run on
-        dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
+        dst = (ptd * (dpt - gl.expand_dims(delta, 0))).to(dtype)
         ds_view.store(dst)
         fence_async_shared()
         dk = warpgroup_mma(ds_view, q, dk, is_async=True)
@@ -270,7 +282,14 @@ if _GLUON:
         """One query block, query rows along wgmma's M (FA3's SdP without swapAB): S = Q K^T,
         dP = dO V^T, lse and delta two registers a thread; P and dS go to shared memory, read
         transposed by dV += P^T dO and dK += dS^T Q, and as is by dQ = dS K. SCORE_MOD on the
-        scaled S, as ``fa2_bwd.dq_tile``; its derivative scales dS. Returns (dk, dv)."""
+        scaled S, as ``fa2_bwd.dq_tile``; its derivative scales dS.
+
+        With a modifier, dP is issued after P (its accumulator not in flight through the
+        modifier's work) and, when the derivative is a tile (the softcap's), P crosses the mask in
+        16 bits beside P dmod in float32: written as the plain kernel, the 2wg variant's softcap
+        spilled 816-1008 bytes a thread at d128 and ALiBi with it 1472-1736 (Triton 3.6,
+        hopper_bwd_compile_check), this way 8 and 224-384. Without one (the identity, a
+        compile-time test) the kernel is the plain one: dP beside the softmax. Returns (dk, dv)."""
         dtype: gl.constexpr = k.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -281,15 +300,26 @@ if _GLUON:
         q = q_smem.reshape([BLOCK_M, HEAD_D])
         s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
                           use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s, ))                        # S done, dP may run on
-        # the modifier's positions (the identity's compile away): query rows on the key axis, keys
-        q_pos = rows + (2 * row0 + causal_offset - n0)
-        k_pos = row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        do = do_smem.reshape([BLOCK_M, HEAD_D])
+        dp_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        if SCORE_MOD is _identity:
+            mbarrier.wait(do_bar, phase)
+            dp = warpgroup_mma(do, v.permute((1, 0)), dp_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s, ))                    # S done, dP may run on
+        else:
+            s = warpgroup_mma_wait(0, deps=(s, ))
+        # the modifier's positions (the identity's compile away): query rows on the key axis, and
+        # keys written from row0 as the mask's below, so that they depend on the step: n0 + j would
+        # be hoisted out of the loop, 16 values a thread held throughout (ALiBi at d128: 456-472
+        # bytes of spill, 188-324 this way)
+        q_pos = row0 + causal_offset + rows
+        k_pos = (row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))) + (n0 - row0)
         s, dmod = SCORE_MOD(s * qk_scale, gl.expand_dims(q_pos, 1), gl.expand_dims(k_pos, 0), bh,
                             mod_args)
         p = gl.exp2(s - gl.expand_dims(lse2, 1))
-        pd = p * dmod
-        p = p.to(dtype)
+        pd = p * dmod                   # dS's factor; the identity's: P itself (one mask below)
+        if len(dmod.shape) > 0:         # (compile time) a derivative tile: P on in 16 bits
+            p = p.to(dtype)
         if row0 < full_row:   # uniform branch: the causal band or the ragged key tail
             # key n0 + j, query row0 + i: visible iff j < Nk - n0 and (causal) j <= row0 + i +
             # Nk - Nq - n0; both sides shifted by row0 so that the key vector (16 values a thread)
@@ -304,12 +334,11 @@ if _GLUON:
                 visible = gl.expand_dims(keys <= last, 0)
             p = gl.where(visible, p, 0.0)
             pd = gl.where(visible, pd, 0.0)
-        p_view.store(p)
+        p_view.store(p.to(dtype))
         fence_async_shared()
-        mbarrier.wait(do_bar, phase)
-        do = do_smem.reshape([BLOCK_M, HEAD_D])
-        dp = warpgroup_mma(do, v.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
-                           use_acc=False, is_async=True)
+        if SCORE_MOD is not _identity:
+            mbarrier.wait(do_bar, phase)
+            dp = warpgroup_mma(do, v.permute((1, 0)), dp_zero, use_acc=False, is_async=True)
         dv = warpgroup_mma(p_view.permute((1, 0)), do, dv, is_async=True)
         dp = warpgroup_mma_wait(1, deps=(dp, ))                      # dP done, dV may run on
         ds_view.store((pd * (dp - gl.expand_dims(delta, 1))).to(dtype))
