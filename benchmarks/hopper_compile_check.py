@@ -305,6 +305,20 @@ def ptxas_report(ptx):
     return (int(regs.group(1)) if regs else None), sum(spills)
 
 
+def report(tag, compile_kernel):
+    """Compile (``compile_kernel()``), print shared memory, registers and spills after ``tag``;
+    1 for a failure or a spill, else 0."""
+    try:
+        ck = compile_kernel()
+    except Exception as e:  # noqa: BLE001  (report every failure, keep going)
+        print(f"{tag} FAILED: {type(e).__name__}: {str(e).strip().splitlines()[:6]}")
+        return 1
+    regs, spill = ptxas_report(ck.asm["ptx"])
+    ok = bool(ck.asm.get("cubin")) and spill == 0
+    print(f"{tag} smem {ck.metadata.shared}, regs {regs}, spill {spill}: {'ok: cubin' if ok else 'PROBLEM'}")
+    return int(not ok)
+
+
 WARNINGS = set()
 SETMAXNREG = re.compile(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)")
 
@@ -360,17 +374,8 @@ def main(verbose=False):
         for D in fa3_fwd.HEAD_DIMS:
             name = fa3_fwd.DEFAULT_VARIANT[D]
             for causal in (False, True):
-                tag = f"{name:>14} {D:>4} {causal!s:>6} {str(sizes):>22} |"
-                try:
-                    ck = compile_variant(name, D, causal, torch.float16, sizes)
-                    _, spill = ptxas_report(ck.asm["ptx"])
-                    ok = bool(ck.asm.get("cubin")) and spill == 0
-                    print(f"{tag} smem {ck.metadata.shared}, spill {spill}: "
-                          f"{'ok: cubin' if ok else 'PROBLEM'}")
-                    failures += not ok
-                except Exception as e:  # noqa: BLE001
-                    failures += 1
-                    print(f"{tag} FAILED: {type(e).__name__}: {str(e).strip().splitlines()[:3]}")
+                failures += report(f"{name:>14} {D:>4} {causal!s:>6} {str(sizes):>22} |",
+                                   lambda: compile_variant(name, D, causal, torch.float16, sizes))
     # the score modifiers (softcap, ALiBi, both) through the hook, the default 16-bit variants
     from flashlib.kernels import score_mod
     print("score modifiers: compiled for the default variants, causal, bfloat16")
@@ -378,17 +383,8 @@ def main(verbose=False):
                 score_mod.tanh_softcap_approx_alibi_bias):
         for D in fa3_fwd.HEAD_DIMS:
             name = fa3_fwd.DEFAULT_VARIANT[D]
-            tag = f"{name:>14} {D:>4} {mod.__name__:>32} |"
-            try:
-                ck = compile_variant(name, D, True, torch.bfloat16, mod=mod)
-                regs, spill = ptxas_report(ck.asm["ptx"])
-                ok = bool(ck.asm.get("cubin")) and spill == 0
-                print(f"{tag} smem {ck.metadata.shared}, regs {regs}, spill {spill}: "
-                      f"{'ok: cubin' if ok else 'PROBLEM'}")
-                failures += not ok
-            except Exception as e:  # noqa: BLE001
-                failures += 1
-                print(f"{tag} FAILED: {type(e).__name__}: {str(e).strip().splitlines()[:6]}")
+            failures += report(f"{name:>14} {D:>4} {mod.__name__:>32} |",
+                               lambda: compile_variant(name, D, True, torch.bfloat16, mod=mod))
     for w in sorted(WARNINGS):
         print("ptxas:", w)
     print("all variants compiled" if not failures else f"{failures} compile failure(s)")
