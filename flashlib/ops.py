@@ -32,12 +32,14 @@ from .masks import KernelView
 # FLASHLIB_FA3=0 turns FA3 off.
 FA3_FROM_FLOPS = 1 << 36
 FA3_ENABLED = os.environ.get("FLASHLIB_FA3", "1") != "0"
-# ... and with a score modifier, at these head dims only. FA3's forward over FA2's with the same
-# modifier (H100, bf16, both untuned; benchmarks/results/h100/fa3_score_mod_probe.log): d128 4k
-# and 16k softcap 1.13x / 1.10x, ALiBi 1.05x / 1.06x; d64 causal 4k 0.84x / 0.83x (where FA3's
-# plain forward is 0.94x FA2's too): the hook's extra instructions per score fall on FA3's
-# softmax warpgroups, already its bound at d64.
-FA3_MOD_HEAD_DIMS = (128,)
+# FA3's forward takes a score modifier at these head dims only. Over FA2's with the same modifier
+# (H100, bf16, both untuned; benchmarks/results/h100/fa3_score_mod_probe.log): d128 4k and 16k
+# softcap 1.13x / 1.10x, ALiBi 1.05x / 1.06x; d64 causal 4k 0.84x / 0.83x (where FA3's plain
+# forward is 0.94x FA2's too): the hook's extra instructions per score fall on FA3's softmax
+# warpgroups, already its bound at d64. FA3's backward takes them at every head dim: forward +
+# backward, FA3's over FA2's, d64 causal softcap 1.03x, ALiBi 1.02x even with FA3's slower
+# forward, d128 1.07x-1.23x (fa3_score_mod_probe_bwd.log).
+FA3_FWD_MOD_HEAD_DIMS = (128,)
 
 
 def _fa3_worth_it(q, k, cu_seqlens, causal):
@@ -50,23 +52,22 @@ def _fa3_worth_it(q, k, cu_seqlens, causal):
 
 def attention_forward(q, k, v, causal, scale, mod, cu_seqlens=None, max_seqlen=None):
     """The forward kernel for these inputs: FA3 on Hopper (sm90, fp16/bf16, head dim 64 or 128,
-    dense, large enough; with a score modifier at ``FA3_MOD_HEAD_DIMS``), FA2 otherwise. Returns
+    dense, large enough; with a score modifier at ``FA3_FWD_MOD_HEAD_DIMS``), FA2 otherwise. Returns
     (out, lse)."""
     if _fa3_worth_it(q, k, cu_seqlens, causal) and fa3_fwd.supported(q, k, v) \
-            and (mod.fn is score_mod.identity or q.shape[-1] in FA3_MOD_HEAD_DIMS):
+            and (mod.fn is score_mod.identity or q.shape[-1] in FA3_FWD_MOD_HEAD_DIMS):
         return fa3_fwd.fa3_forward(q, k, v, causal=causal, scale=scale, score_mod=mod)
     return fa2_forward(q, k, v, causal=causal, scale=scale, score_mod=mod, cu_seqlens=cu_seqlens,
                        max_seqlen=max_seqlen)
 
 
 def attention_backward(q, k, v, out, lse, dout, causal, scale, mod, cu_seqlens=None, max_seqlen=None):
-    """The backward kernels for these inputs, chosen as ``attention_forward`` chooses: FA3's
-    (kernels/fa3_bwd.py) on Hopper for large dense problems (with a score modifier at
-    ``FA3_MOD_HEAD_DIMS``), FA2's otherwise. Returns (dq, dk, dv)."""
+    """The backward kernels for these inputs: FA3's (kernels/fa3_bwd.py) on Hopper for large dense
+    problems, score modifiers included (whichever kernel ran the forward: both give the same
+    out and lse), FA2's otherwise. Returns (dq, dk, dv)."""
     from .kernels import fa3_bwd
     from .kernels.fa2_bwd import fa2_backward
-    if _fa3_worth_it(q, k, cu_seqlens, causal) and fa3_bwd.supported(q, k, v, out, lse, dout) \
-            and (mod.fn is score_mod.identity or q.shape[-1] in FA3_MOD_HEAD_DIMS):
+    if _fa3_worth_it(q, k, cu_seqlens, causal) and fa3_bwd.supported(q, k, v, out, lse, dout):
         return fa3_bwd.fa3_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=mod)
     return fa2_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=mod,
                         cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)

@@ -296,9 +296,9 @@ def test_gpu_hopper_forward_is_picked_where_it_runs(monkeypatch):
 @gpu
 @pytest.mark.gpu
 def test_gpu_hopper_backward_is_picked_and_right(monkeypatch):
-    """flash_attention's backward runs kernels/fa3_bwd.py where its forward runs FA3 (sm90, large;
-    with a score modifier at d128), FA2's kernels elsewhere, and its gradients pass the oracle's
-    tolerance, ragged and grouped, causal with rows that see no key."""
+    """flash_attention's backward runs kernels/fa3_bwd.py for large problems on sm90 (score
+    modifiers included, after FA2's forward too), FA2's kernels elsewhere, and its gradients pass
+    the oracle's tolerance, ragged and grouped, causal with rows that see no key."""
     from flashlib import ops
     from flashlib.kernels import fa3_bwd
     monkeypatch.setattr(ops, "FA3_ENABLED", True)
@@ -312,9 +312,9 @@ def test_gpu_hopper_backward_is_picked_and_right(monkeypatch):
     run_and_check(1, 2, 2, 300, 300, 128, True, torch.bfloat16)      # small: FA2's kernels
     assert len(calls) == (2 if hopper else 0)
     monkeypatch.setattr(ops, "FA3_FROM_FLOPS", 0)                      # any size from here
-    run_and_check(1, 4, 2, 1000, 1100, 128, True, torch.bfloat16, softcap=30.0)   # a modifier: d128
-    run_and_check(1, 4, 2, 1000, 1100, 64, True, torch.bfloat16, softcap=30.0)    # ... not d64
-    assert calls[2:] == ([(1, 4, 1000, 128)] if hopper else [])
+    run_and_check(1, 4, 2, 1000, 1100, 128, True, torch.bfloat16, softcap=30.0)   # FA3's forward
+    run_and_check(1, 4, 2, 1000, 1100, 64, True, torch.bfloat16, softcap=30.0)    # FA2's forward
+    assert calls[2:] == ([(1, 4, 1000, 128), (1, 4, 1000, 64)] if hopper else [])
 
 
 @pytest.mark.skipif(runtime.DEVICE.type == "cuda", reason="CPU-only check")

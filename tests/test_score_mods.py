@@ -209,8 +209,8 @@ def test_gpu_real_sizes(dtype, D):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_hopper_forward_with_modifiers(monkeypatch, dtype):
-    """The FA3 forward (kernels/fa3_fwd.py) runs the same hook: out, lse and (FA2's backward from
-    FA3's lse) gradients against the oracle, ragged, grouped, bottom-right causal with Nq > Nk
+    """The FA3 kernels (kernels/fa3_fwd.py, fa3_bwd.py) run the same hook: out, lse and gradients
+    through flash_attention against the oracle, ragged, grouped, bottom-right causal with Nq > Nk
     (rows that see no key), every modifier, both head dims."""
     from flashlib import ops
     from flashlib.kernels import fa3_fwd
@@ -219,7 +219,7 @@ def test_gpu_hopper_forward_with_modifiers(monkeypatch, dtype):
         pytest.skip("needs an sm90 GPU with Triton 3.6 (FA3 kernels)")
     monkeypatch.setattr(ops, "FA3_FROM_FLOPS", 0)
     monkeypatch.setattr(ops, "FA3_ENABLED", True)
-    monkeypatch.setattr(ops, "FA3_MOD_HEAD_DIMS", (64, 128))
+    monkeypatch.setattr(ops, "FA3_FWD_MOD_HEAD_DIMS", (64, 128))
     calls, real = [], fa3_fwd.fa3_forward
     monkeypatch.setattr(fa3_fwd, "fa3_forward", lambda *a, **kw: calls.append(kw["score_mod"].fn) or real(*a, **kw))
     for D in (64, 128):
