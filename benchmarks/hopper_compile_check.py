@@ -276,7 +276,8 @@ def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531), mod=Non
                 v_desc=v_desc, o_desc=fa3_fwd._descriptor(out, (1, 1, fa3_fwd.BLOCK_M, D)),
                 Lse=lse, Descale=lse, ModArgs=lse, Hq=Hq, Nq=Nq, Nk=Nk, qk_scale=0.1, GROUP=Hq // Hkv,
                 n_descale=B * Hkv)
-    constexprs = dict(CAUSAL=causal, SCORE_MOD=mod or score_mod.identity, **config)
+    constexprs = dict(CAUSAL=causal, SCORE_MOD=mod or score_mod.identity,
+                      ALIBI_SPLIT=mod is score_mod.alibi_bias, **config)
     target = GPUTarget("cuda", TARGET_ARCH, 32)
     backend = make_backend(target)
     fn = fa3_fwd._fa3_fwd_kernel

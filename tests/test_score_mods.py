@@ -226,9 +226,12 @@ def test_gpu_hopper_forward_with_modifiers(monkeypatch, dtype):
         run_and_check(2, 8, 2, 1500, 2100, D, True, dtype, softcap=30.0, alibi_slopes=slopes(2, 8))
         run_and_check(1, 4, 4, 777, 500, D, True, dtype, softcap=20.0)           # Nq > Nk
         run_and_check(1, 4, 2, 1000, 1300, D, False, dtype, alibi_slopes=slopes(4))
+        # ALiBi alone: its bias split into column and row terms off the diagonal (fa3_fwd._scores)
+        run_and_check(2, 8, 2, 1500, 2100, D, True, dtype, alibi_slopes=slopes(2, 8) * 4)
+        run_and_check(1, 4, 4, 777, 500, D, True, dtype, alibi_slopes=slopes(4))       # Nq > Nk
         q, k, v = qkv(1, 4, 2, 1000, 1300, D, dtype=dtype)                       # past tanh's bend
         run_and_check(1, 4, 2, 1000, 1300, D, True, dtype, inputs=(q * 5, k * 5, v), softcap=30.0)
-    assert len(calls) == 8 and score_mod.identity not in calls
+    assert len(calls) == 12 and score_mod.identity not in calls
 
 
 @gpu

@@ -61,6 +61,7 @@ from .. import runtime
 from ..inputs import resolve_scale
 from .config import cdiv, padded_headdim
 from .launch import Descriptor, fast_launch, plan_key, remember
+from .score_mod import ARGS_PER_HEAD, alibi_bias
 from .score_mod import kernel_args as score_mod_args
 from .tile import LOG2E
 
@@ -183,24 +184,48 @@ if _GLUON:
 
     @gluon.jit
     def _scores(s, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                CAUSAL: gl.constexpr, SCORE_MOD: gl.constexpr, s_layout: gl.constexpr):
+                CAUSAL: gl.constexpr, SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr,
+                s_layout: gl.constexpr):
         """Key block j's scaled scores s (BM, BN) through the score-modifier hook
         (``kernels.score_mod``, the same @triton.jit functions as the portable kernels', compiled
         here with Gluon's layouts), then the mask. The identity's positions are never used and
-        compile away."""
-        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))   # (BN,)
-        q_pos = row0 + Nk - Nq + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-        s, _ = SCORE_MOD(s, gl.expand_dims(q_pos, 1), gl.expand_dims(cols, 0), bh, mod_args)
-        return _mask_scores(s, j, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL, s_layout)
+        compile away. Returns the scores and r (BM,): the block's scores are s + r per row.
+
+        ALIBI_SPLIT (ALiBi alone): where every key of the block is at or before every query's
+        position (or at or after), -slope |q - k| is +-slope (k - n0) + +-slope (n0 - q), a
+        column term added here (one FFMA with the scale's multiply) and a row term r, which
+        ``_softmax_step`` adds to the row's max: no per-score work beyond the plain kernel's. The
+        blocks across the diagonal take the hook. r is 0 otherwise."""
+        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+        r = gl.zeros([BLOCK_M], gl.float32, row_layout)
+        n0 = j * BLOCK_N
+        first_q = row0 + Nk - Nq                       # the block's first query on the key axis
+        before = n0 + BLOCK_N - 1 <= first_q           # every key at or before every query
+        if ALIBI_SPLIT and (before or n0 >= first_q + BLOCK_M - 1):
+            sign_slope = gl.load(mod_args + bh * ARGS_PER_HEAD + 1) * (before.to(gl.float32) * 2.0 - 1.0)
+            keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)).to(gl.float32)
+            s = s + gl.expand_dims(keys * sign_slope, 0)                                 # (k - n0)
+            r = (n0 - first_q - gl.arange(0, BLOCK_M, layout=row_layout)).to(gl.float32) * sign_slope
+        else:
+            cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))   # (BN,)
+            q_pos = first_q + gl.arange(0, BLOCK_M, layout=row_layout)
+            s, _ = SCORE_MOD(s, gl.expand_dims(q_pos, 1), gl.expand_dims(cols, 0), bh, mod_args)
+        return _mask_scores(s, j, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL, s_layout), r
 
     @gluon.jit
-    def _softmax_step(s, m_i, l_i):
-        """Online softmax on one block of scaled, masked scores s (BM, BN), base 2. Returns the new
-        max, the new sum, alpha (the old state's rescale factor) and P (float32, S's layout)."""
-        m_new = gl.maximum(m_i, gl.max(s, 1))
+    def _softmax_step(s, r, m_i, l_i, ALIBI_SPLIT: gl.constexpr):
+        """Online softmax on one block of scaled, masked scores s + r (BM, BN), base 2 (r (BM,) a
+        row term, ALIBI_SPLIT only: see ``_scores``). Returns the new max, the new sum, alpha (the
+        old state's rescale factor) and P (float32, S's layout)."""
+        if ALIBI_SPLIT:
+            m_new = gl.maximum(m_i, gl.max(s, 1) + r)
+        else:
+            m_new = gl.maximum(m_i, gl.max(s, 1))
         # a row that has seen only masked keys keeps m = -inf; exp2(-inf - -inf) would be NaN
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_safe)
+        if ALIBI_SPLIT:
+            m_safe = m_safe - r                # exp2(s + r - m) = exp2(s - (m - r)): per row
         p = gl.exp2(s - gl.expand_dims(m_safe, 1))
         l_i = l_i * alpha + gl.sum(p, 1)
         return m_new, l_i, alpha, p
@@ -233,7 +258,7 @@ if _GLUON:
                   WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                   NUM_WG: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                   OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FP8: gl.constexpr,
-                  SCORE_MOD: gl.constexpr):
+                  SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr):
         """One warpgroup: rows [row0, row0 + BLOCK_M) of the CTA's query block against n_blocks
         key blocks; writes out (TMA store from o_smem, clipped at Nq) and lse (masked store).
         qk_scale holds the softmax scale, log2(e) and (FP8) Q's and K's descales; v_scale V's."""
@@ -273,9 +298,9 @@ if _GLUON:
                                   use_acc=False, is_async=True)
                 s = warpgroup_mma_wait(0, deps=(s, ))
                 mbarrier.arrive(k_empty.index(0))
-                s = _scores(s * qk_scale, 0, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
-                            CAUSAL, SCORE_MOD, s_layout)
-                m_i, l_i, alpha, p = _softmax_step(s, m_i, l_i)
+                s, r = _scores(s * qk_scale, 0, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
+                               CAUSAL, SCORE_MOD, ALIBI_SPLIT, s_layout)
+                m_i, l_i, alpha, p = _softmax_step(s, r, m_i, l_i, ALIBI_SPLIT)
                 p = _p_operand(p, p_layout, dtype)
                 for j in range(1, n_blocks):
                     st = j % STAGES
@@ -294,9 +319,9 @@ if _GLUON:
                         mbarrier.arrive(turn_bars.index((WG + 1) % NUM_WG))
                     s = warpgroup_mma_wait(1, deps=(s, ))      # S_j done, P_{j-1} V_{j-1} may run on
                     mbarrier.arrive(k_empty.index(st))
-                    s = _scores(s * qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M,
-                                BLOCK_N, CAUSAL, SCORE_MOD, s_layout)
-                    m_i, l_i, alpha, p_next = _softmax_step(s, m_i, l_i)
+                    s, r = _scores(s * qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M,
+                                   BLOCK_N, CAUSAL, SCORE_MOD, ALIBI_SPLIT, s_layout)
+                    m_i, l_i, alpha, p_next = _softmax_step(s, r, m_i, l_i, ALIBI_SPLIT)
                     p_next = _p_operand(p_next, p_layout, dtype)
                     # P_{j-1} stays a dependency until its wgmma is done: its registers are read
                     # asynchronously, P_j must not land on them. Triton 3.6 takes no 8-bit
@@ -326,9 +351,9 @@ if _GLUON:
                                   use_acc=False, is_async=True)
                 s = warpgroup_mma_wait(0, deps=(s, ))
                 mbarrier.arrive(k_empty.index(st))
-                s = _scores(s * qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
-                            CAUSAL, SCORE_MOD, s_layout)
-                m_i, l_i, alpha, p = _softmax_step(s, m_i, l_i)
+                s, r = _scores(s * qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
+                               CAUSAL, SCORE_MOD, ALIBI_SPLIT, s_layout)
+                m_i, l_i, alpha, p = _softmax_step(s, r, m_i, l_i, ALIBI_SPLIT)
                 p = _p_operand(p, p_layout, dtype)
                 acc = _rescale(acc, alpha, o_layout)
                 mbarrier.wait(v_ready.index(st), phase)
@@ -360,9 +385,10 @@ if _GLUON:
                         CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         HEAD_D: gl.constexpr, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
                         OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                        FP8: gl.constexpr, SCORE_MOD: gl.constexpr):
+                        FP8: gl.constexpr, SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr):
         # Descale (FP8 only): float32 (3, B, Hkv), Q's, K's and V's factors, n_descale = B * Hkv.
-        # ModArgs, SCORE_MOD: the score modifier's per-(batch, query head) row and function
+        # ModArgs, SCORE_MOD: the score modifier's per-(batch, query head) row and function;
+        # ALIBI_SPLIT: SCORE_MOD is ALiBi alone, its bias split off the diagonal (``_scores``)
         # one flat grid axis as in fa2_fwd: query blocks of one (batch, head) adjacent (K/V shared
         # in L2); causal: the heaviest (last) query blocks first
         CTA_M: gl.constexpr = BLOCK_M * NUM_WG
@@ -423,7 +449,7 @@ if _GLUON:
                              k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv,
                              start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs, 0,
                              BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL, OVERLAP, False, FP8,
-                             SCORE_MOD)),
+                             SCORE_MOD, ALIBI_SPLIT)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                              v_ready, v_empty, off_b, off_h, off_hkv, start_m, n_blocks,
                              BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
@@ -435,12 +461,12 @@ if _GLUON:
                              k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv,
                              start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs, 0,
                              BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL, OVERLAP, PINGPONG, FP8,
-                             SCORE_MOD)),
+                             SCORE_MOD, ALIBI_SPLIT)),
                 (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars,
                              k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv,
                              start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs, 1,
                              BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL, OVERLAP, PINGPONG, FP8,
-                             SCORE_MOD)),
+                             SCORE_MOD, ALIBI_SPLIT)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                              v_ready, v_empty, off_b, off_h, off_hkv, start_m, n_blocks,
                              BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
@@ -569,7 +595,8 @@ def _launch(q, k, v_desc, out, lse, causal, scale, descale, variant, config, sco
     grid = (-(-Nq // (BLOCK_M * config["NUM_WG"])) * B * Hq,)   # query blocks x (batch, head)
     launch = fast_launch(_fa3_fwd_kernel, grid, *descs, lse, lse if descale is None else descale,
                          mod_args, Hq, Nq, Nk, scale * LOG2E * input_scale, Hq // Hkv, B * Hkv,
-                         CAUSAL=bool(causal), SCORE_MOD=mod_fn, **config, **launch_options(variant))
+                         CAUSAL=bool(causal), SCORE_MOD=mod_fn,
+                         ALIBI_SPLIT=mod_fn is alibi_bias, **config, **launch_options(variant))
     return launch, tuple(Descriptor.view(d) for d in descs)
 
 
