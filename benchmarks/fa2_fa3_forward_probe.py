@@ -1,0 +1,59 @@
+"""Which forward kernel at each head dim: FA2's against FA3's on Hopper, in one process.
+
+At the forward suite's shapes (``flashlib.bench.harness``: B x N = 32k tokens, H x D = 2048),
+float16, both kernels called directly (``fa2_fwd.fa2_forward`` with its first fitting config
+with FLASHLIB_AUTOTUNE=0, autotuned otherwise, ``fa3_fwd.fa3_forward``) and SDPA's cuDNN backend as the yardstick,
+in rounds that alternate the order. Every kernel is first checked against the float64 oracle on
+a slice of its own output (``production.oracle_check``).
+
+    [FLASHLIB_AUTOTUNE=0] python benchmarks/fa2_fa3_forward_probe.py
+"""
+import statistics
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from flashlib.bench import production as prod
+from flashlib.bench.harness import _time, make_inputs, shape_for
+from flashlib.kernels import fa2_fwd, fa3_fwd
+
+SHAPES = [(64, 4096, False), (64, 16384, False), (64, 4096, True), (128, 4096, False),
+          (128, 16384, False), (128, 16384, True)]
+ROUNDS = 3
+
+
+def cudnn(q, k, v, causal):
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def main():
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
+    print("# float16 forward, ms (median of rounds) (TFLOP/s); fa3 / fa2: FA3's time over FA2's (> 1: FA2 faster)")
+    for D, N, causal in SHAPES:
+        B, H = shape_for(D, N)["B"], prod.WIDTH // D
+        q, k, v = make_inputs(B, H, H, N, N, D, torch.float16, "cuda")
+        calls = {"fa2": lambda: fa2_fwd.fa2_forward(q, k, v, causal=causal)[0],
+                 "fa3": lambda: fa3_fwd.fa3_forward(q, k, v, causal=causal)[0],
+                 "cudnn": lambda: cudnn(q, k, v, causal)}
+        times = {name: [] for name in calls}
+        for name, call in calls.items():
+            err, ok = prod.oracle_check([tuple(t[:1, :2] for t in (call(), q, k, v))], torch.float16,
+                                        causal=causal)
+            if not ok:
+                print(f"d{D} N{N} causal={causal} {name}: WRONG (error {err:.3g})")
+                times.pop(name)
+        for r in range(ROUNDS):
+            for name in (list(times) if r % 2 == 0 else list(times)[::-1]):
+                times[name].append(_time(calls[name]))
+        flops = prod.attention_flops(B, H, N, N, D, causal=causal)
+        ms = {name: statistics.median(t) for name, t in times.items()}
+        cells = " | ".join(f"{name} {t:.3f} ({flops / t / 1e9:.0f})" for name, t in ms.items())
+        ratio = ms["fa3"] / ms["fa2"] if "fa2" in ms and "fa3" in ms else float("nan")
+        print(f"d{D} N{N} causal={causal} | {cells} | fa3 / fa2 {ratio:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
