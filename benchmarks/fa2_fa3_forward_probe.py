@@ -1,9 +1,9 @@
 """Which forward kernel at each head dim: FA2's against FA3's on Hopper, in one process.
 
 At the forward suite's shapes (``flashlib.bench.harness``: B x N = 32k tokens, H x D = 2048),
-float16, both kernels called directly (``fa2_fwd.fa2_forward`` with its first fitting config
-with FLASHLIB_AUTOTUNE=0, autotuned otherwise, ``fa3_fwd.fa3_forward``) and SDPA's cuDNN backend as the yardstick,
-in rounds that alternate the order. Every kernel is first checked against the float64 oracle on
+float16, both kernels called directly (``fa2_fwd.fa2_forward``, with its first fitting config
+under FLASHLIB_AUTOTUNE=0 and autotuned otherwise; ``fa3_fwd.fa3_forward``) and SDPA's cuDNN
+backend as the yardstick, in rounds that alternate the order. Every kernel is first checked against the float64 oracle on
 a slice of its own output (``production.oracle_check``).
 
     [FLASHLIB_AUTOTUNE=0] python benchmarks/fa2_fa3_forward_probe.py
