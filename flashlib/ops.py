@@ -40,6 +40,12 @@ FA3_ENABLED = os.environ.get("FLASHLIB_FA3", "1") != "0"
 # backward, FA3's over FA2's, d64 causal softcap 1.03x, ALiBi 1.02x even with FA3's slower
 # forward, d128 1.07x-1.23x (fa3_score_mod_probe_bwd.log).
 FA3_FWD_MOD_HEAD_DIMS = (128,)
+# ... and without one everywhere but these (head dim, causal) pairs, where FA2's forward is faster:
+# d64 causal 4k, FA3's time over FA2's in one process, fp16 1.03x untuned / 1.06x autotuned
+# (benchmarks/results/h100/fa2_fa3_forward_probe_*.log), bf16 1.02x-1.07x over five runs of
+# fa3_score_mod_probe*.log; d64 non-causal FA3 1-3% faster, d128 1.24x-1.43x. The backward is
+# FA3's there too: it takes FA2's out and lse as they are.
+FA2_FORWARD_WINS = {(64, True)}
 
 
 def _fa3_worth_it(q, k, cu_seqlens, causal):
@@ -52,10 +58,12 @@ def _fa3_worth_it(q, k, cu_seqlens, causal):
 
 def attention_forward(q, k, v, causal, scale, mod, cu_seqlens=None, max_seqlen=None):
     """The forward kernel for these inputs: FA3 on Hopper (sm90, fp16/bf16, head dim 64 or 128,
-    dense, large enough; with a score modifier at ``FA3_FWD_MOD_HEAD_DIMS``), FA2 otherwise. Returns
-    (out, lse)."""
+    dense, large enough, not in ``FA2_FORWARD_WINS``; with a score modifier at
+    ``FA3_FWD_MOD_HEAD_DIMS``), FA2 otherwise. Returns (out, lse)."""
+    D = q.shape[-1]
     if _fa3_worth_it(q, k, cu_seqlens, causal) and fa3_fwd.supported(q, k, v) \
-            and (mod.fn is score_mod.identity or q.shape[-1] in FA3_FWD_MOD_HEAD_DIMS):
+            and (D, bool(causal)) not in FA2_FORWARD_WINS \
+            and (mod.fn is score_mod.identity or D in FA3_FWD_MOD_HEAD_DIMS):
         return fa3_fwd.fa3_forward(q, k, v, causal=causal, scale=scale, score_mod=mod)
     return fa2_forward(q, k, v, causal=causal, scale=scale, score_mod=mod, cu_seqlens=cu_seqlens,
                        max_seqlen=max_seqlen)

@@ -234,6 +234,7 @@ def test_gpu_hopper_planned_launches_replay_the_plain_ones(monkeypatch):
     if not (launch.ENABLED and DEV.type == "cuda" and fa3_fwd.supported(*[rand(1, 1, 64, 64, dtype=torch.float16)] * 3)):
         pytest.skip("needs an sm90 GPU with Triton 3.6 (FA3 kernels, direct launches)")
     monkeypatch.setattr(ops, "FA3_FROM_FLOPS", 0)
+    monkeypatch.setattr(ops, "FA2_FORWARD_WINS", set())   # FA3's forward at d64 causal too
 
     def forward_backward(q, k, v, dout):
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
@@ -273,8 +274,8 @@ def test_gpu_hopper_planned_launches_replay_the_plain_ones(monkeypatch):
 @pytest.mark.gpu
 def test_gpu_hopper_forward_is_picked_where_it_runs(monkeypatch):
     """flash_attention's forward runs kernels/fa3_fwd.py on sm90 for large 16-bit problems at head
-    dims 64/128 (with a score modifier at d128 only), and FA2 for the rest (small, host-bound
-    calls included)."""
+    dims 64/128 (with a score modifier at d128 only; at d64 causal never, ops.FA2_FORWARD_WINS),
+    and FA2 for the rest (small, host-bound calls included)."""
     from flashlib import ops
     from flashlib.kernels import fa3_fwd
     monkeypatch.setattr(ops, "FA3_ENABLED", True)
@@ -286,10 +287,12 @@ def test_gpu_hopper_forward_is_picked_where_it_runs(monkeypatch):
     flash_attention(big, big, big, softcap=20.0)                       # a modifier, at d128: FA3
     d64 = rand(2, 8, 8192, 64, dtype=torch.bfloat16)
     flash_attention(d64, d64, d64, softcap=20.0)                       # at d64: FA2
+    flash_attention(d64, d64, d64, causal=True)                        # d64 causal: FA2 (faster)
+    flash_attention(d64, d64, d64)                                     # d64: FA3
     small = rand(1, 2, 300, 128, dtype=torch.bfloat16)
     flash_attention(small, small, small)                               # host-bound: FA2
     hopper = fa3_fwd.supported(big, big, big)
-    assert calls == ([big.shape] * 2 if hopper else []), (runtime.gpu_name(), calls)
+    assert calls == ([big.shape] * 2 + [d64.shape] if hopper else []), (runtime.gpu_name(), calls)
     assert 4 * 2 * 8 * 4096 * 4096 * 128 // 2 >= ops.FA3_FROM_FLOPS > 4 * 2 * 300 * 300 * 128
 
 

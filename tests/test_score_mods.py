@@ -220,6 +220,7 @@ def test_gpu_hopper_forward_with_modifiers(monkeypatch, dtype):
     monkeypatch.setattr(ops, "FA3_FROM_FLOPS", 0)
     monkeypatch.setattr(ops, "FA3_ENABLED", True)
     monkeypatch.setattr(ops, "FA3_FWD_MOD_HEAD_DIMS", (64, 128))
+    monkeypatch.setattr(ops, "FA2_FORWARD_WINS", set())
     calls, real = [], fa3_fwd.fa3_forward
     monkeypatch.setattr(fa3_fwd, "fa3_forward", lambda *a, **kw: calls.append(kw["score_mod"].fn) or real(*a, **kw))
     for D in (64, 128):
