@@ -3,8 +3,9 @@
 Autotuning compiles and times every config once per key (problem size bucket, head dim, causal,
 precision, score modifier, packed or dense), so it runs only on a GPU with ``runtime.AUTOTUNE``,
 and only for problems of at least ``TUNE_FROM_SCORES`` scores; otherwise (and with
-FLASHLIB_AUTOTUNE=0) kernels take the first config that fits. Through the interpreter (no GPU) kernels use 64x64 blocks: the interpreter's
-cost is per program per loop step, whatever the tile size.
+FLASHLIB_AUTOTUNE=0) kernels take the first config that fits. Through the interpreter (no GPU)
+kernels use 64x64 blocks: the interpreter's cost is per program per loop step, whatever the
+tile size.
 
 Shared memory: a kernel keeps ``resident`` rows of headdim (e.g. its Q block) and pipelines
 ``streamed`` rows per stage (e.g. a K and a V block), so it needs about
@@ -22,9 +23,10 @@ from .. import runtime
 from ..inputs import resolve_scale
 
 INTERPRETER_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64}
-# The autotuner's key: the sizes that move the best tile, and the constexprs that choose code (a score modifier, the softmax's tile update, packed
-# sequences): a config tuned on plain scores is not reused for a softcap at the same size, where
-# the registers it needs differ (the d128 dK/dV kernel spills 248 bytes with one, ptxas for sm90)
+# The autotuner's key: the sizes that move the best tile, and the constexprs that choose code (a
+# score modifier, the softmax's tile update, packed sequences): a config tuned on plain scores is
+# not reused for a softcap at the same size, where the registers it needs differ (the d128 dK/dV
+# kernel spills 248 bytes with one, ptxas for sm90)
 KEY = ["n_bucket", "BLOCK_D", "CAUSAL", "DOT_PRECISION", "SCORE_MOD", "TILE_UPDATE", "VARLEN"]
 # Problems with fewer scores (batch x heads x seqlen_q x seqlen_k) are not autotuned: their kernels
 # take microseconds, less than the host's time per call, and tuning them compiled every config
