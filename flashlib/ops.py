@@ -32,19 +32,14 @@ from .masks import KernelView
 # FLASHLIB_FA3=0 turns FA3 off.
 FA3_FROM_FLOPS = 1 << 36
 FA3_ENABLED = os.environ.get("FLASHLIB_FA3", "1") != "0"
-# FA3's forward takes a score modifier at these head dims only. Over FA2's with the same modifier
-# (H100, bf16, both untuned; benchmarks/results/h100/fa3_score_mod_probe.log): d128 4k and 16k
-# softcap 1.13x / 1.10x, ALiBi 1.05x / 1.06x; d64 causal 4k 0.84x / 0.83x (where FA3's plain
-# forward is 0.94x FA2's too): the hook's extra instructions per score fall on FA3's softmax
-# warpgroups, already its bound at d64. FA3's backward takes them at every head dim: forward +
-# backward, FA3's over FA2's, d64 causal softcap 1.03x, ALiBi 1.02x even with FA3's slower
-# forward, d128 1.07x-1.23x (fa3_score_mod_probe_bwd.log).
+# FA3's forward takes a score modifier at these head dims only: over FA2's with the same one (H100,
+# bf16; benchmarks/results/h100/fa3_score_mod_probe.log) d128 softcap 1.10x-1.13x, ALiBi
+# 1.05x-1.06x, d64 causal 0.83x-0.84x (the hook's work lands on FA3's softmax warpgroups, its
+# bound). FA3's backward takes them everywhere (forward+backward 1.02x-1.23x FA2's, _bwd.log).
 FA3_FWD_MOD_HEAD_DIMS = (128,)
-# ... and without one everywhere but these (head dim, causal) pairs, where FA2's forward is faster:
-# d64 causal 4k, FA3's time over FA2's in one process, fp16 1.03x untuned / 1.06x autotuned
-# (benchmarks/results/h100/fa2_fa3_forward_probe_*.log), bf16 1.02x-1.07x over five runs of
-# fa3_score_mod_probe*.log; d64 non-causal FA3 1-3% faster, d128 1.24x-1.43x. The backward is
-# FA3's there too: it takes FA2's out and lse as they are.
+# ... and none at these (head dim, causal), where FA2's forward is faster: d64 causal, FA3's time
+# over FA2's in one process 1.03x-1.06x fp16 (fa2_fa3_forward_probe_*.log), 1.02x-1.07x bf16;
+# d64 non-causal FA3 1-3% faster, d128 1.24x-1.43x. The backward is FA3's there too.
 FA2_FORWARD_WINS = {(64, True)}
 
 
