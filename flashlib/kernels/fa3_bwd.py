@@ -292,9 +292,6 @@ if _GLUON:
             sign_slope = gl.load(mod_args + bh * ARGS_PER_HEAD + 1) * (before.to(gl.float32) * 2.0 - 1.0)
             # the keys' offsets from row0, as the mask's: a loop-invariant vector would be hoisted
             # out of the loop and held (16 values a thread; causal d128 spilled 312 bytes so)
-            # (about n0, not the key nearest the diagonal as the forward: here the terms are at
-            # most slope x BN, whose float32 rounding, 2^-24 of it, stays far under the gradients'
-            # 16-bit rounding, and the anchor's per-step work spilled 328 bytes at d128 against 96)
             keys = ((row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))).to(gl.float32)
                     - row0.to(gl.float32))
             row_term = (n0 - first_q - rows).to(gl.float32) * sign_slope

@@ -204,13 +204,9 @@ if _GLUON:
         before = CAUSAL or n0 + BLOCK_N - 1 <= first_q  # every (visible) key at or before its query
         if ALIBI_SPLIT and (before or n0 >= first_q + BLOCK_M - 1):
             sign_slope = gl.load(mod_args + bh * ARGS_PER_HEAD + 1) * (before.to(gl.float32) * 2.0 - 1.0)
-            # about the block's key nearest the diagonal (its last before it, its first after):
-            # the scores that dominate a row take column terms near 0, where float32 keeps their
-            # digits (about n0, s + slope (k - n0) reached slope x BN: lse off by 2e-5 on an H100)
-            last = (BLOCK_N - 1) * before.to(gl.int32)
-            keys = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)) - last).to(gl.float32)
-            s = s + gl.expand_dims(keys * sign_slope, 0)                           # (k - anchor)
-            r = (n0 + last - first_q - gl.arange(0, BLOCK_M, layout=row_layout)).to(gl.float32) * sign_slope
+            keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)).to(gl.float32)
+            s = s + gl.expand_dims(keys * sign_slope, 0)                                 # (k - n0)
+            r = (n0 - first_q - gl.arange(0, BLOCK_M, layout=row_layout)).to(gl.float32) * sign_slope
         else:
             cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))   # (BN,)
             q_pos = first_q + gl.arange(0, BLOCK_M, layout=row_layout)
