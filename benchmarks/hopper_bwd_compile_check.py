@@ -195,8 +195,7 @@ def compile_variant(name, D, causal, dtype, sizes=(2, 6, 2, 1000, 1531), mod=Non
     target = GPUTarget("cuda", TARGET_ARCH, 32)
     backend = make_backend(target)
     fn = fa3_bwd._fa3_bwd_kernel
-    constexprs = dict(CAUSAL=causal, SCORE_MOD=mod or score_mod.identity,
-                      ALIBI_SPLIT=mod is score_mod.alibi_bias and not config["KEYS_M"], **config)
+    constexprs = dict(CAUSAL=causal, SCORE_MOD=mod or score_mod.identity, **config)
     signature, consts, attrs = specialize(fn, args, constexprs, backend)
     return triton_compile(GluonASTSource(fn, signature, consts, attrs), target=target,
                           options=fa3_bwd.launch_options(name))

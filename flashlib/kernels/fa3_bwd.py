@@ -58,7 +58,6 @@ from ..inputs import resolve_scale
 from . import fa3_fwd
 from .fa3_fwd import _descriptor, _tma_ok
 from .launch import Descriptor, fast_launch, plan_key, remember
-from .score_mod import ARGS_PER_HEAD, alibi_bias
 from .score_mod import identity as _identity
 from .score_mod import kernel_args as score_mod_args
 from .tile import LOG2E
@@ -276,40 +275,10 @@ if _GLUON:
         return dk, dv
 
     @gluon.jit
-    def _alibi_p(s, qk_scale, lse2, rows, row0, n0, causal_offset, bh, mod_args,
-                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                 SCORE_MOD: gl.constexpr, s_layout: gl.constexpr):
-        """P of S (BM, BN, query rows along M) under ALiBi alone (SCORE_MOD), as the forward splits
-        it (``fa3_fwd._scores``): where every key of the block is at or before every query's
-        position (or at or after), -slope |q - k| = +-slope (k - n0) + +-slope (n0 - q), the column
-        term added with the scale's multiply and the row term taken off the row's lse. Causal:
-        every visible key is at or before its query, so every block splits (the mask zeroes the
-        rest); otherwise the blocks across the diagonal take the hook. ALiBi's derivative is 1:
-        P is also dS's factor."""
-        first_q = row0 + causal_offset                 # the block's first query on the key axis
-        before = CAUSAL or n0 + BLOCK_N - 1 <= first_q
-        if before or n0 >= first_q + BLOCK_M - 1:
-            sign_slope = gl.load(mod_args + bh * ARGS_PER_HEAD + 1) * (before.to(gl.float32) * 2.0 - 1.0)
-            # the keys' offsets from row0, as the mask's: a loop-invariant vector would be hoisted
-            # out of the loop and held (16 values a thread; causal d128 spilled 312 bytes so)
-            keys = ((row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))).to(gl.float32)
-                    - row0.to(gl.float32))
-            row_term = (n0 - first_q - rows).to(gl.float32) * sign_slope
-            p = gl.exp2(s * qk_scale + gl.expand_dims(keys * sign_slope, 0)
-                        - gl.expand_dims(lse2 - row_term, 1))
-        else:
-            q_pos = first_q + rows
-            k_pos = (row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))) + (n0 - row0)
-            s, _ = SCORE_MOD(s * qk_scale, gl.expand_dims(q_pos, 1), gl.expand_dims(k_pos, 0), bh,
-                             mod_args)
-            p = gl.exp2(s - gl.expand_dims(lse2, 1))
-        return p
-
-    @gluon.jit
     def _step_rows_m(k, v, q_smem, do_smem, q_bar, do_bar, phase, ds_view, p_view, dk, dv, lse2_ptr,
                      delta_ptr, row0, n0, full_row, causal_offset, Nk, qk_scale, bh, mod_args,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                     CAUSAL: gl.constexpr, SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr):
+                     CAUSAL: gl.constexpr, SCORE_MOD: gl.constexpr):
         """One query block, query rows along wgmma's M (FA3's SdP without swapAB): S = Q K^T,
         dP = dO V^T, lse and delta two registers a thread; P and dS go to shared memory, read
         transposed by dV += P^T dO and dK += dS^T Q, and as is by dQ = dS K. SCORE_MOD on the
@@ -339,23 +308,18 @@ if _GLUON:
             s = warpgroup_mma_wait(1, deps=(s, ))                    # S done, dP may run on
         else:
             s = warpgroup_mma_wait(0, deps=(s, ))
-        if ALIBI_SPLIT:   # (compile time) ALiBi alone: off the diagonal, a column and a row term
-            p = _alibi_p(s, qk_scale, lse2, rows, row0, n0, causal_offset, bh, mod_args, BLOCK_M,
-                         BLOCK_N, CAUSAL, SCORE_MOD, s_layout)
-            pd = p
-        else:
-            # the modifier's positions (the identity's compile away): query rows on the key axis,
-            # and keys written from row0 as the mask's below, so that they depend on the step:
-            # n0 + j would be hoisted out of the loop, 16 values a thread held throughout (ALiBi at
-            # d128: 456-472 bytes of spill, 188-324 this way)
-            q_pos = row0 + causal_offset + rows
-            k_pos = (row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))) + (n0 - row0)
-            s, dmod = SCORE_MOD(s * qk_scale, gl.expand_dims(q_pos, 1), gl.expand_dims(k_pos, 0), bh,
-                                mod_args)
-            p = gl.exp2(s - gl.expand_dims(lse2, 1))
-            pd = p * dmod               # dS's factor; the identity's: P itself (one mask below)
-            if len(dmod.shape) > 0:     # (compile time) a derivative tile: P on in 16 bits
-                p = p.to(dtype)
+        # the modifier's positions (the identity's compile away): query rows on the key axis, and
+        # keys written from row0 as the mask's below, so that they depend on the step: n0 + j would
+        # be hoisted out of the loop, 16 values a thread held throughout (ALiBi at d128: 456-472
+        # bytes of spill, 188-324 this way)
+        q_pos = row0 + causal_offset + rows
+        k_pos = (row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))) + (n0 - row0)
+        s, dmod = SCORE_MOD(s * qk_scale, gl.expand_dims(q_pos, 1), gl.expand_dims(k_pos, 0), bh,
+                            mod_args)
+        p = gl.exp2(s - gl.expand_dims(lse2, 1))
+        pd = p * dmod                   # dS's factor; the identity's: P itself (one mask below)
+        if len(dmod.shape) > 0:         # (compile time) a derivative tile: P on in 16 bits
+            p = p.to(dtype)
         if row0 < full_row:   # uniform branch: the causal band or the ragged key tail
             # key n0 + j, query row0 + i: visible iff j < Nk - n0 and (causal) j <= row0 + i +
             # Nk - Nq - n0; both sides shifted by row0 so that the key vector (16 values a thread)
@@ -390,7 +354,7 @@ if _GLUON:
                   WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                   DQ_TMA: gl.constexpr, KEYS_M: gl.constexpr, DQ_N: gl.constexpr,
-                  SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr):
+                  SCORE_MOD: gl.constexpr):
         """One warpgroup: dK, dV of keys [n0, n0 + 64) over every step; dQ partials out."""
         dtype: gl.constexpr = dk_desc.dtype
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -432,7 +396,7 @@ if _GLUON:
                                       do_ready.index(s), (t // STAGES) & 1, ds_smem.index(WG),
                                       p_smem.index(WG), dk, dv, Lse2 + stat_row, Delta + stat_row,
                                       row0, n0, full_row, causal_offset, Nk, qk_scale, bh, ModArgs,
-                                      BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, SCORE_MOD, ALIBI_SPLIT)
+                                      BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, SCORE_MOD)
                 ds = ds_smem.index(WG)
             mbarrier.arrive(empty.index(s))   # dK += dS^T Q was the stage's last reader
             # dQ = dS K in column slices of DQ_N: an accumulator of BLOCK_M x DQ_N beside dK and
@@ -470,8 +434,7 @@ if _GLUON:
                         CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         HEAD_D: gl.constexpr, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
                         DQ_TMA: gl.constexpr, KEYS_M: gl.constexpr, DQ_N: gl.constexpr,
-                        CONSUMER_REGS: gl.constexpr, SCORE_MOD: gl.constexpr,
-                        ALIBI_SPLIT: gl.constexpr):
+                        CONSUMER_REGS: gl.constexpr, SCORE_MOD: gl.constexpr):
         # qk_scale: scale * log2(e) * the modifier's input_scale (dK and dQ take scale alone);
         # ModArgs, SCORE_MOD: the score modifier's per-(batch, query head) rows and function
         # one flat grid axis: the key blocks of one (batch, kv head) adjacent; causal: the first
@@ -529,7 +492,7 @@ if _GLUON:
                              p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum, off_b,
                              off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk, Nq_pad, scale,
                              qk_scale, ModArgs, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA,
-                             KEYS_M, DQ_N, SCORE_MOD, ALIBI_SPLIT)),
+                             KEYS_M, DQ_N, SCORE_MOD)),
                 (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
                              q_ready, do_ready, empty, off_b, off_hkv, start_n, m_lo, n_mb, n_steps,
                              GROUP, BLOCK_M, BLOCK_N, NUM_WG, STAGES)),
@@ -541,12 +504,12 @@ if _GLUON:
                              p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum, off_b,
                              off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk, Nq_pad, scale,
                              qk_scale, ModArgs, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA,
-                             KEYS_M, DQ_N, SCORE_MOD, ALIBI_SPLIT)),
+                             KEYS_M, DQ_N, SCORE_MOD)),
                 (_consumer, (dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem, ds_smem,
                              p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum, off_b,
                              off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk, Nq_pad, scale,
                              qk_scale, ModArgs, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA,
-                             KEYS_M, DQ_N, SCORE_MOD, ALIBI_SPLIT)),
+                             KEYS_M, DQ_N, SCORE_MOD)),
                 (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
                              q_ready, do_ready, empty, off_b, off_hkv, start_n, m_lo, n_mb, n_steps,
                              GROUP, BLOCK_M, BLOCK_N, NUM_WG, STAGES)),
@@ -630,7 +593,6 @@ def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=N
     main = fast_launch(_fa3_bwd_kernel, grid, *descs, lse2, delta, dq_accum,
                        lse2 if mod_args is None else mod_args, Hq, Hkv, Nq, Nk, nq_pad, scale,
                        scale * LOG2E * input_scale, Hq // Hkv, CAUSAL=bool(causal), SCORE_MOD=mod_fn,
-                       ALIBI_SPLIT=mod_fn is alibi_bias and not config["KEYS_M"],
                        **config, **launch_options(variant))
     convert = fast_launch(_convert_dq_kernel, (-(-Nq // rows), B * Hq), dq_accum, dq, *dq.stride()[:3],
                           Hq, Nq, scale, HEAD_D=D, ROWS=rows, num_warps=4)

@@ -194,14 +194,13 @@ if _GLUON:
         ALIBI_SPLIT (ALiBi alone): where every key of the block is at or before every query's
         position (or at or after), -slope |q - k| is +-slope (k - n0) + +-slope (n0 - q), a
         column term added here (one FFMA with the scale's multiply) and a row term r, which
-        ``_softmax_step`` adds to the row's max: no per-score work beyond the plain kernel's.
-        Causal: every visible key is at or before its query, so every block splits (the mask
-        takes the rest); otherwise the blocks across the diagonal take the hook. r is 0 otherwise."""
+        ``_softmax_step`` adds to the row's max: no per-score work beyond the plain kernel's. The
+        blocks across the diagonal take the hook. r is 0 otherwise."""
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         r = gl.zeros([BLOCK_M], gl.float32, row_layout)
         n0 = j * BLOCK_N
         first_q = row0 + Nk - Nq                       # the block's first query on the key axis
-        before = CAUSAL or n0 + BLOCK_N - 1 <= first_q  # every (visible) key at or before its query
+        before = n0 + BLOCK_N - 1 <= first_q           # every key at or before every query
         if ALIBI_SPLIT and (before or n0 >= first_q + BLOCK_M - 1):
             sign_slope = gl.load(mod_args + bh * ARGS_PER_HEAD + 1) * (before.to(gl.float32) * 2.0 - 1.0)
             keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)).to(gl.float32)
