@@ -54,17 +54,24 @@ def with_fa3(on, fn):
     return call
 
 
-def kernel_us(fn):
-    """Microseconds of CUDA kernels per call of fn (torch.profiler, 20 calls)."""
+def kernel_times(fn, calls=20, warmup=1):
+    """{CUDA kernel: microseconds per call of fn} under torch.profiler, ``calls`` calls after
+    ``warmup`` untimed ones (also benchmarks/production_probe.py's layout_profile)."""
     from torch.profiler import ProfilerActivity, profile
-    fn()
+    for _ in range(warmup):
+        fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(20):
+        for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-    return sum(e.self_device_time_total for e in prof.key_averages()
-               if e.device_type == torch.autograd.DeviceType.CUDA) / 20
+    return {e.key: e.self_device_time_total / calls for e in prof.key_averages()
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.count}
+
+
+def kernel_us(fn):
+    """Microseconds of CUDA kernels per call of fn (``kernel_times`` summed)."""
+    return sum(kernel_times(fn).values())
 
 
 def host_breakdown():

@@ -345,7 +345,7 @@ def fold_part():
 def layout_profile_part():
     """The layout part's dense and equal-length packed calls under torch.profiler: GPU time per
     kernel (the fwd+bwd times above include the host's, and the varlen call's sync)."""
-    from torch.profiler import ProfilerActivity, profile
+    from launch_breakdown_probe import kernel_times
     print("\n# layout_profile: GPU us per call of each kernel, causal, 32k tokens, 16 x 2048")
     equal = [prod.PACK_TOKENS // prod.PACK_DOCS] * prod.PACK_DOCS
     for D in prod.PACK_DIMS:
@@ -355,17 +355,7 @@ def layout_profile_part():
             err, ok = check(call(*inputs).detach())
             dout = torch.randn_like(call(*inputs))
             step = lambda: torch.autograd.grad(call(*inputs), inputs, dout)  # noqa: E731
-            for _ in range(3):
-                step()
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(10):
-                    step()
-                torch.cuda.synchronize()
-            times = {}
-            for e in prof.key_averages():
-                if e.device_type.name == "CUDA" and e.count:
-                    times[e.key] = (getattr(e, "device_time_total", None) or e.cuda_time_total) / 10
+            times = kernel_times(step, calls=10, warmup=3)
             top = sorted(times.items(), key=lambda x: -x[1])[:5]
             print(f"d{D} {name:16} {'ok' if ok else 'WRONG'} " + ", ".join(f"{k[:28]} {v:.0f}" for k, v in top), flush=True)
 

@@ -61,7 +61,7 @@ from .. import runtime
 from ..inputs import resolve_scale
 from .config import cdiv, padded_headdim
 from .launch import Descriptor, fast_launch, plan_key, remember
-from .score_mod import ARGS_PER_HEAD, alibi_bias
+from .score_mod import alibi_bias, alibi_slope
 from .score_mod import kernel_args as score_mod_args
 from .tile import LOG2E
 
@@ -202,7 +202,7 @@ if _GLUON:
         first_q = row0 + Nk - Nq                       # the block's first query on the key axis
         before = n0 + BLOCK_N - 1 <= first_q           # every key at or before every query
         if ALIBI_SPLIT and (before or n0 >= first_q + BLOCK_M - 1):
-            sign_slope = gl.load(mod_args + bh * ARGS_PER_HEAD + 1) * (before.to(gl.float32) * 2.0 - 1.0)
+            sign_slope = alibi_slope(bh, mod_args) * (before.to(gl.float32) * 2.0 - 1.0)
             keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)).to(gl.float32)
             s = s + gl.expand_dims(keys * sign_slope, 0)                                 # (k - n0)
             r = (n0 - first_q - gl.arange(0, BLOCK_M, layout=row_layout)).to(gl.float32) * sign_slope

@@ -81,13 +81,20 @@ def tanh_softcap_approx(s, q_pos, k_pos, bh, args):
 
 
 @triton.jit
+def alibi_slope(bh, args):
+    """Row ``bh``'s ALiBi slope (base 2), column 1 of ``args``; also read by the Hopper forward,
+    which splits the bias off the diagonal (``fa3_fwd._scores``)."""
+    return tl.load(args + bh * ARGS_PER_HEAD + 1)
+
+
+@triton.jit
 def alibi_bias(s, q_pos, k_pos, bh, args):
     """ALiBi: s - slope * |q_pos - k_pos|; d/ds = 1. The slope in column 1.
     The distance as an int tile, converted per score: the positions made float per row and per
     column first (two instructions fewer per score in the backward's SASS) ran 0.67x-0.70x the
     plain d64 causal forward against this form's 0.85x on an H100, though 1-3% faster at d128
     (benchmarks/production_probe.py fold)."""
-    slope = tl.load(args + bh * ARGS_PER_HEAD + 1)
+    slope = alibi_slope(bh, args)
     return s - slope * tl.abs(q_pos - k_pos).to(tl.float32), 1.0
 
 
