@@ -108,6 +108,28 @@ def test_a_softcap_alone_drops_the_running_max_where_p_has_the_range(monkeypatch
         assert m_init == (max(0.0, options["softcap"] * math.log2(math.e) - 56) if bounded else float("-inf"))
 
 
+def test_causal_alibi_splits_its_bias_in_the_unmasked_blocks(monkeypatch):
+    # causal ALiBi alone: blocks wholly before the diagonal take key and row terms instead of the
+    # hook (fa2_fwd._attend_key_blocks), the library's own tile update only; other modifiers never
+    from flashlib.kernels import fa2_fwd
+    q = torch.randn(1, 2, 8, 16)
+    for causal, options, tile_update, split in [(True, dict(alibi_slopes=torch.ones(2)), None, True),
+                                                (False, dict(alibi_slopes=torch.ones(2)), None, False),
+                                                (True, dict(softcap=5.0, alibi_slopes=torch.ones(2)), None, False),
+                                                (True, dict(softcap=5.0), None, False), (True, {}, None, False),
+                                                (True, dict(alibi_slopes=torch.ones(2)), fa2_fwd.tile_update_fn, False)]:
+        recorded = []
+        monkeypatch.setattr(fa2_fwd, "fast_launch", lambda kernel, grid, *args, **kw: recorded.append(kw))
+        fa2_fwd.fa2_forward(q, q, q, causal=causal, score_mod=score_mod.make(q, **options), tile_update=tile_update)
+        assert recorded[0]["ALIBI_SPLIT"] == split, (causal, options, tile_update)
+    monkeypatch.undo()
+    # several unmasked blocks per query block (64 x 64 tiles here), steep slopes (far blocks' row
+    # terms over 1000 in base 2), more keys than queries and the other way round, grouped heads
+    run_and_check(1, 4, 2, 200, 333, 16, True, torch.float32, alibi_slopes=slopes(4) * 8)
+    run_and_check(2, 2, 1, 300, 150, 24, True, torch.float32, alibi_slopes=slopes(2, 2))
+    run_and_check(1, 2, 2, 260, 260, 32, True, torch.float16, alibi_slopes=slopes(2) * 0.01)
+
+
 @pytest.mark.parametrize("cap", [1.0, 50.0, 55.0])
 def test_bounded_softmax_at_the_edges_of_its_range(cap):
     # every score at -cap (the smallest p the fixed offset must keep normal), scores at +cap, and

@@ -27,8 +27,9 @@ import triton.language as tl
 from .. import runtime
 from .config import cdiv, packed_dims, padded_headdim, prologue, size_bucket, tuned
 from .launch import fast_launch, plan_key, remember
+from .score_mod import alibi_bias, alibi_slope
 from .score_mod import kernel_args as score_mod_args
-from .tile import LOG2E, bounded_offset, finalize, key_range, tile_update_bounded
+from .tile import LOG2E, bounded_offset, finalize, key_range, tile_update_bounded, tile_update_split
 from .tile import tile_update as tile_update_fn
 
 
@@ -37,7 +38,7 @@ def attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk
                 offs_d, D, visible, q_pos, bh, mod_args, pages, stride_kpage, stride_vpage,
                 MASKED: tl.constexpr, BOUNDED: tl.constexpr, EVEN_D: tl.constexpr,
                 DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr, SCORE_MOD: tl.constexpr,
-                PAGE: tl.constexpr = 0):
+                PAGE: tl.constexpr = 0, key_term=0.0, row_term=0.0, ALIBI_SPLIT: tl.constexpr = False):
     """Fold the key/value tile at columns ``cols`` (BN,) into the state: load, score, update.
 
     The scores go through SCORE_MOD (``kernels.score_mod``: q_pos (BM,) the rows' positions on the
@@ -47,6 +48,8 @@ def attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk
     whose partial tiles are masked but, when Nk fills the last block, not bounded.
     PAGE > 0 (decode's paged KV cache): key j is row j % PAGE of page ``pages[j // PAGE]``, pages
     ``stride_kpage`` / ``stride_vpage`` apart; otherwise row j of the cache.
+    ALIBI_SPLIT: ALiBi alone, every key of the tile at or before every query: the bias is
+    key_term (BN,) + row_term (BM,) (``_attend_key_blocks``), the hook is not called.
     """
     if PAGE:
         page = tl.load(pages + cols // PAGE, mask=cols < Nk, other=0).to(tl.int64)     # (BN,)
@@ -67,10 +70,15 @@ def attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk
         kt = tl.load(kt_ptrs, mask=offs_d[:, None] < D, other=0.0)
         v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
     s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale      # (BM, BN), base 2
-    s, _ = SCORE_MOD(s, q_pos[:, None], cols[None, :], bh, mod_args)
-    if MASKED:
-        s = tl.where(visible, s, float("-inf"))
-    return TILE_UPDATE(acc, m_i, l_i, s, v, DOT_PRECISION)
+    if ALIBI_SPLIT:   # one FFMA per score, as the plain kernel's multiply; the row term on the max
+        acc, m_i, l_i = tile_update_split(acc, m_i, l_i, s + key_term[None, :], row_term, v,
+                                          DOT_PRECISION)
+    else:
+        s, _ = SCORE_MOD(s, q_pos[:, None], cols[None, :], bh, mod_args)
+        if MASKED:
+            s = tl.where(visible, s, float("-inf"))
+        acc, m_i, l_i = TILE_UPDATE(acc, m_i, l_i, s, v, DOT_PRECISION)
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -79,14 +87,25 @@ def _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                        MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
                        BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr,
                        SCORE_MOD: tl.constexpr, pages=0, stride_kpage=0, stride_vpage=0,
-                       PAGE: tl.constexpr = 0):
+                       PAGE: tl.constexpr = 0, ALIBI_SPLIT: tl.constexpr = False):
     """Stream key/value blocks [lo, hi) through the tile update; MASKED for ragged/diagonal ones.
-    pages, stride_*page, PAGE: a paged cache (decode), as ``attend_tile``."""
+    pages, stride_*page, PAGE: a paged cache (decode), as ``attend_tile``.
+    ALIBI_SPLIT (SCORE_MOD is ALiBi alone; blocks wholly at or before every row's diagonal, the
+    causal unmasked ones): -slope (q - k) = slope (k - start_n) + slope (start_n - q), a key term
+    the same for every block and a row term per block, anchored at the block's first key so that
+    both stay small where the scores count (the Hopper forward's split, ``fa3_fwd._scores``)."""
     q_pos = offs_m + causal_offset                                        # (BM,) on the key axis
+    key_term = 0.0
+    if ALIBI_SPLIT:
+        slope = alibi_slope(bh, mod_args)
+        key_term = offs_n.to(tl.float32) * slope                          # (BN,)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n                                           # (BN,)
         visible = cols[None, :] < Nk                                      # (1, BN)
+        row_term = 0.0
+        if ALIBI_SPLIT:
+            row_term = (start_n - q_pos).to(tl.float32) * slope               # (BM,), <= 0
         if CAUSAL:
             visible = visible & (cols[None, :] <= q_pos[:, None])             # (BM, BN)
         if PAGE >= BLOCK_N:
@@ -106,7 +125,8 @@ def _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
             acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk,
                                         qk_scale, offs_d, D, visible, q_pos, bh, mod_args, pages,
                                         stride_kpage, stride_vpage, MASKED, MASKED, EVEN_D,
-                                        DOT_PRECISION, TILE_UPDATE, SCORE_MOD, PAGE)
+                                        DOT_PRECISION, TILE_UPDATE, SCORE_MOD, PAGE, key_term,
+                                        row_term, ALIBI_SPLIT)
     return acc, m_i, l_i
 
 
@@ -174,11 +194,13 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse, ModArgs, CuSeqQ, CuSeqK,
                     GROUP, CAUSAL: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     EVEN_M: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    TILE_UPDATE: tl.constexpr, SCORE_MOD: tl.constexpr, VARLEN: tl.constexpr):
+                    TILE_UPDATE: tl.constexpr, SCORE_MOD: tl.constexpr, VARLEN: tl.constexpr,
+                    ALIBI_SPLIT: tl.constexpr):
     # one flat grid axis (CUDA caps axes 1 and 2 at 65535 programs; B x H can exceed that),
     # query blocks of one (batch, head) adjacent so they share its K/V in L2. VARLEN: Nq and Nk
     # are the longest sequence's, the grid covers it, and each entry's come from cu_seqlens.
     # m_init: the running max's start, -inf; tile.tile_update_bounded's fixed offset.
+    # ALIBI_SPLIT: causal ALiBi alone, its bias split in the unmasked blocks (_attend_key_blocks).
     n_m = tl.cdiv(Nq, BLOCK_M)
     pid_m = tl.program_id(0) % n_m
     off_bh = tl.program_id(0) // n_m
@@ -211,7 +233,7 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse, ModArgs, CuSeqQ, CuSeqK,
     acc, m_i, l_i = _attend_key_blocks(
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, 0, n_full, Nk,
         causal_offset, qk_scale, offs_m, offs_n, offs_d, D, off_bh, ModArgs,
-        False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD)
+        False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD, ALIBI_SPLIT=ALIBI_SPLIT)
     if n_full < hi:   # a branch: even an empty loop sets up its software pipeline
         acc, m_i, l_i = _attend_key_blocks(
             acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, n_full, hi, Nk,
@@ -283,7 +305,8 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
         DOT_PRECISION=precision,
         TILE_UPDATE=(tile_update if tile_update is not None else tile_update_fn if m_init is None
                      else tile_update_bounded), SCORE_MOD=mod_fn,
-        VARLEN=dims.cu_q is not None, **config)
+        VARLEN=dims.cu_q is not None,
+        ALIBI_SPLIT=bool(causal) and mod_fn is alibi_bias and tile_update is None, **config)
     remember(_plans, key, (launch, dims.lse_shape))
     return out.to(out_dtype), lse
 

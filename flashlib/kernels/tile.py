@@ -33,6 +33,22 @@ def tile_update(acc, m_i, l_i, s, v, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def tile_update_split(acc, m_i, l_i, s, r, v, DOT_PRECISION: tl.constexpr):
+    """``tile_update`` for the scores s + r[:, None], given apart: r (BM,) a per-row term (ALiBi's
+    bias split off the diagonal, ``fa2_fwd.attend_tile``). The row term joins the max, not the
+    scores: exp2(s + r - m) = exp2(s - (m - r)), a BM-vector's work per tile instead of a tile's.
+    m_i stays the max of the true scores s + r, so a far block's large |r| never rounds it."""
+    m_new = tl.maximum(m_i, tl.max(s, 1) + r)                # (BM,)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)    # (BM,) as tile_update
+    alpha = tl.math.exp2(m_i - m_safe)                       # (BM,)
+    p = tl.math.exp2(s - (m_safe - r)[:, None])              # (BM, BN)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # (BM, BD)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def tile_update_bounded(acc, m_i, l_i, s, v, DOT_PRECISION: tl.constexpr):
     """``tile_update`` for scores with a known bound, without the running max.
 
