@@ -250,10 +250,11 @@ def specialize(fn, args, constexprs, backend):
     return signature, consts, attrs
 
 
-def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531), mod=None):
+def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531), mod=None, varlen=False):
     """Compile one (variant, head dim, causal, dtype) for inputs of sizes (B, Hq, Hkv, Nq, Nk)
     (Triton specialises ints on being 1 or a multiple of 16), with the score modifier ``mod`` (a
-    ``kernels.score_mod`` function; None: the identity); return the CompiledKernel."""
+    ``kernels.score_mod`` function; None: the identity); varlen: B sequences of at most Nq and Nk
+    rows packed, as fa3_forward's cu_seqlens path views them; return the CompiledKernel."""
     from flashlib.kernels import score_mod
     from triton.backends.compiler import GPUTarget
     from triton.compiler import compile as triton_compile
@@ -264,6 +265,10 @@ def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531), mod=Non
     B, Hq, Hkv, Nq, Nk = sizes
     q = torch.empty(B, Hq, Nq, D, dtype=dtype)
     k = torch.empty(B, Hkv, Nk, D, dtype=dtype)
+    cu = torch.zeros(B + 1, dtype=torch.int32)
+    if varlen:   # (1, H, total, D) views of packed (total, H, D) tensors
+        q = fa3_fwd.packed_view(torch.empty(B * Nq - 3, Hq, D, dtype=dtype))
+        k = fa3_fwd.packed_view(torch.empty(B * Nk - 5, Hkv, D, dtype=dtype))
     out = torch.empty(B, Hq, Nq, D, dtype=torch.bfloat16) if fp8 else q
     lse = torch.empty(B, Hq, Nq, dtype=torch.float32)
     if fp8:   # V^T, rows padded to 16 bytes, as fa3_forward_fp8 makes it
@@ -274,10 +279,10 @@ def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531), mod=Non
     args = dict(q_desc=fa3_fwd._descriptor(q, (1, 1, fa3_fwd.BLOCK_M, D)),
                 k_desc=fa3_fwd._descriptor(k, (1, 1, config["BLOCK_N"], D)),
                 v_desc=v_desc, o_desc=fa3_fwd._descriptor(out, (1, 1, fa3_fwd.BLOCK_M, D)),
-                Lse=lse, Descale=lse, ModArgs=lse, Hq=Hq, Nq=Nq, Nk=Nk, qk_scale=0.1, GROUP=Hq // Hkv,
-                n_descale=B * Hkv)
+                Lse=lse, Descale=lse, ModArgs=lse, Out=q, CuSeqQ=cu, CuSeqK=cu, Hq=Hq, Nq=Nq, Nk=Nk,
+                qk_scale=0.1, GROUP=Hq // Hkv, n_descale=B * Hkv, stride_om=Hq * D, stride_oh=D, total_q=B * Nq - 3)
     constexprs = dict(CAUSAL=causal, SCORE_MOD=mod or score_mod.identity,
-                      ALIBI_SPLIT=mod is score_mod.alibi_bias, **config)
+                      ALIBI_SPLIT=mod is score_mod.alibi_bias, VARLEN=varlen, **config)
     target = GPUTarget("cuda", TARGET_ARCH, 32)
     backend = make_backend(target)
     fn = fa3_fwd._fa3_fwd_kernel
@@ -386,6 +391,12 @@ def main(verbose=False):
             name = fa3_fwd.DEFAULT_VARIANT[D]
             failures += report(f"{name:>14} {D:>4} {mod.__name__:>32} |",
                                lambda: compile_variant(name, D, True, torch.bfloat16, mod=mod))
+    print("packed sequences (cu_seqlens): compiled for the default variants, float16")
+    for D in fa3_fwd.HEAD_DIMS:
+        name = fa3_fwd.DEFAULT_VARIANT[D]
+        for causal in (False, True):
+            failures += report(f"{name:>14} {D:>4} {causal!s:>6} {'varlen':>22} |",
+                               lambda: compile_variant(name, D, causal, torch.float16, varlen=True))
     for w in sorted(WARNINGS):
         print("ptxas:", w)
     print("all variants compiled" if not failures else f"{failures} compile failure(s)")

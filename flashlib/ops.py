@@ -43,23 +43,23 @@ FA3_FWD_MOD_HEAD_DIMS = (128,)
 FA2_FORWARD_WINS = {(64, True)}
 
 
-def _fa3_worth_it(q, k, cu_seqlens, causal):
-    """Whether the Hopper kernels should take this problem, if they can run it: turned on, dense,
-    and large enough (FA3_FROM_FLOPS) to pay for their host time."""
-    if not FA3_ENABLED or cu_seqlens is not None:
-        return False    # (packed q is 3-D: no FLOP count below)
-    return 4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3] >> bool(causal) >= FA3_FROM_FLOPS
+def _fa3_worth_it(q, k, causal, max_seqlen=None):
+    """Whether the Hopper kernels should take this problem, if they can run it: turned on and
+    large enough (FA3_FROM_FLOPS; packed sequences counted at their longest key length)."""
+    Nk = k.shape[2] if max_seqlen is None else max_seqlen[1]
+    return FA3_ENABLED and 4 * q.shape[:-1].numel() * Nk * q.shape[-1] >> bool(causal) >= FA3_FROM_FLOPS
 
 
 def attention_forward(q, k, v, causal, scale, mod, cu_seqlens=None, max_seqlen=None):
     """The forward kernel for these inputs: FA3 on Hopper (sm90, fp16/bf16, head dim 64 or 128,
-    dense, large enough, not in ``FA2_FORWARD_WINS``; with a score modifier at
+    dense or packed, large enough, not in ``FA2_FORWARD_WINS``; with a score modifier at
     ``FA3_FWD_MOD_HEAD_DIMS``), FA2 otherwise. Returns (out, lse)."""
     D = q.shape[-1]
-    if _fa3_worth_it(q, k, cu_seqlens, causal) and fa3_fwd.supported(q, k, v) \
+    if _fa3_worth_it(q, k, causal, max_seqlen) and fa3_fwd.supported(q, k, v, cu_seqlens is not None) \
             and (D, bool(causal)) not in FA2_FORWARD_WINS \
             and (mod.fn is score_mod.identity or D in FA3_FWD_MOD_HEAD_DIMS):
-        return fa3_fwd.fa3_forward(q, k, v, causal=causal, scale=scale, score_mod=mod)
+        return fa3_fwd.fa3_forward(q, k, v, causal=causal, scale=scale, score_mod=mod, cu_seqlens=cu_seqlens,
+                                   max_seqlen=max_seqlen)
     return fa2_forward(q, k, v, causal=causal, scale=scale, score_mod=mod, cu_seqlens=cu_seqlens,
                        max_seqlen=max_seqlen)
 
@@ -67,10 +67,10 @@ def attention_forward(q, k, v, causal, scale, mod, cu_seqlens=None, max_seqlen=N
 def attention_backward(q, k, v, out, lse, dout, causal, scale, mod, cu_seqlens=None, max_seqlen=None):
     """The backward kernels for these inputs: FA3's (kernels/fa3_bwd.py) on Hopper for large dense
     problems, score modifiers included (whichever kernel ran the forward: both give the same
-    out and lse), FA2's otherwise. Returns (dq, dk, dv)."""
+    out and lse), FA2's otherwise (packed sequences too). Returns (dq, dk, dv)."""
     from .kernels import fa3_bwd
     from .kernels.fa2_bwd import fa2_backward
-    if _fa3_worth_it(q, k, cu_seqlens, causal) and fa3_bwd.supported(q, k, v, out, lse, dout):
+    if cu_seqlens is None and _fa3_worth_it(q, k, causal) and fa3_bwd.supported(q, k, v, out, lse, dout):
         return fa3_bwd.fa3_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=mod)
     return fa2_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=mod,
                         cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
@@ -273,9 +273,9 @@ def _varlen_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq
                        cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
                        scale: float, softcap: Optional[float], alibi_slopes: Optional[torch.Tensor]
                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    return fa2_forward(q, k, v, causal=causal, scale=scale,
-                       score_mod=score_mod.make(q, softcap, alibi_slopes, batch=cu_seqlens_q.numel() - 1),
-                       cu_seqlens=(cu_seqlens_q, cu_seqlens_k), max_seqlen=(max_seqlen_q, max_seqlen_k))
+    return attention_forward(q, k, v, causal, scale,
+                             score_mod.make(q, softcap, alibi_slopes, batch=cu_seqlens_q.numel() - 1),
+                             (cu_seqlens_q, cu_seqlens_k), (max_seqlen_q, max_seqlen_k))
 
 
 @_varlen_forward_op.register_fake

@@ -145,6 +145,63 @@ def test_gpu_real_sizes(dtype):
     check([512, 3000, 77], [4096, 3000, 1000], 8, 8, 64, causal=False, dtype=dtype, softcap=30.0)
 
 
+def test_packed_forward_goes_to_the_hopper_kernel_where_it_runs(monkeypatch):
+    # on an sm90 GPU (stood in for here: fa3_fwd.supported and fa3_forward replaced) a large
+    # packed forward runs FA3's kernel with the offsets; its backward stays FA2's (no packed FA3
+    # backward); small ones, FA3 turned off, and d64 causal (ops.FA2_FORWARD_WINS) run FA2
+    from flashlib import ops
+    from flashlib.kernels import fa2_bwd, fa2_fwd, fa3_fwd
+    calls = []
+    monkeypatch.setattr(ops, "FA3_ENABLED", True)
+    monkeypatch.setattr(fa3_fwd, "supported", lambda q, k, v, packed=False: packed and q.ndim == 3)
+    monkeypatch.setattr(fa3_fwd, "fa3_forward", lambda *a, cu_seqlens, max_seqlen, **kw: calls.append(
+        ("fa3", max_seqlen)) or fa2_fwd.fa2_forward(*a, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, **kw))
+    real_bwd = fa2_bwd.fa2_backward
+    monkeypatch.setattr(fa2_bwd, "fa2_backward", lambda *a, **kw: calls.append("fa2 bwd") or real_bwd(*a, **kw))
+    lengths = [5, 0, 17, 1]
+    for D, causal, from_flops, expected in [(16, False, 0, [("fa3", (17, 17)), "fa2 bwd"]),
+                                            (16, True, 4 * 23 * 4 * 17 * 16 // 2, [("fa3", (17, 17)), "fa2 bwd"]),
+                                            (16, True, 4 * 23 * 4 * 17 * 16 // 2 + 1, ["fa2 bwd"]),
+                                            (64, True, 0, ["fa2 bwd"])]:
+        calls.clear()
+        monkeypatch.setattr(ops, "FA3_FROM_FLOPS", from_flops)
+        check(lengths, lengths, 4, 2, D, causal=causal)
+        assert calls == expected, (D, causal, from_flops, calls)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_hopper_forward_packed(monkeypatch, dtype):
+    """The FA3 forward (kernels/fa3_fwd.py) on packed sequences: descriptors over (1, H, total, D)
+    views, each sequence's rows from its offset, out stored row by row (TMA would write the next
+    sequence's rows). Ragged lengths with empty and 1-token sequences, a last sequence ending
+    mid-block, causal with Nq != Nk per sequence, grouped heads, both head dims, the modifiers;
+    a second call of each layout replays the first's plan on fresh tensors."""
+    from flashlib import ops
+    from flashlib.kernels import fa3_fwd
+    probe = torch.empty(1, 1, 64, 64, dtype=dtype, device=DEV)
+    if not fa3_fwd.supported(probe, probe, probe):
+        pytest.skip("needs an sm90 GPU with Triton 3.6 (FA3 kernels)")
+    monkeypatch.setattr(ops, "FA3_FROM_FLOPS", 0)
+    monkeypatch.setattr(ops, "FA3_ENABLED", True)
+    monkeypatch.setattr(ops, "FA3_FWD_MOD_HEAD_DIMS", (64, 128))
+    monkeypatch.setattr(ops, "FA2_FORWARD_WINS", set())
+    calls, real = [], fa3_fwd.fa3_forward
+    monkeypatch.setattr(fa3_fwd, "fa3_forward", lambda *a, **kw: calls.append(kw["cu_seqlens"] is not None)
+                        or real(*a, **kw))
+    lengths_q = [1, 700, 0, 129, 64, 1000, 3, 65]
+    lengths_k = [5, 700, 3, 0, 300, 1000, 1, 200]
+    slopes = torch.linspace(0.05, 1.0, 8, device=DEV)
+    for D in (64, 128):
+        for seed in (0, 1):
+            check(lengths_q, lengths_k, 8, 2, D, causal=True, dtype=dtype, seed=seed)
+        check(lengths_q, lengths_k, 8, 8, D, causal=False, dtype=dtype)
+        check(lengths_q, lengths_k, 8, 2, D, causal=True, dtype=dtype, alibi_slopes=slopes)
+        check(lengths_k, lengths_q, 8, 4, D, causal=True, dtype=dtype, softcap=30.0)
+    assert len(calls) == 10 and all(calls)
+
+
 def test_torch_compile_runs_the_same_kernels():
     # under torch.compile the packed call runs as two custom ops (flashlib::fa2_varlen_forward and
     # _backward); the offsets are still checked on the host first (a graph break before the op)

@@ -142,14 +142,15 @@ def launch_options(variant: str) -> dict:
 if _GLUON:
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
-                  v_empty, off_b, off_h, off_hkv, start_m, n_blocks,
+                  v_empty, tma_b, off_h, off_hkv, start_m, n_blocks, q_row0, k_row0,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_WG: gl.constexpr,
                   STAGES: gl.constexpr, FP8: gl.constexpr):
         """One warp: TMA loads of each consumer's Q rows, then K and V block by block into the ring
-        (in FP8, V^T's blocks: (D, BLOCK_N) tiles of the transposed copy)."""
+        (in FP8, V^T's blocks: (D, BLOCK_N) tiles of the transposed copy). tma_b, q_row0, k_row0:
+        the descriptors' batch coordinate and the sequence's first rows (VARLEN; else 0)."""
         for w in gl.static_range(NUM_WG):
             mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [off_b, off_h, start_m + w * BLOCK_M, 0],
+            tma.async_copy_global_to_shared(q_desc, [tma_b, off_h, q_row0 + start_m + w * BLOCK_M, 0],
                                             q_bars.index(w), q_smem.index(w))
         for j in range(n_blocks):
             s = j % STAGES
@@ -157,15 +158,15 @@ if _GLUON:
             # K and V have their own barriers: S = Q K^T can start before V has landed
             mbarrier.wait(k_empty.index(s), phase ^ 1)
             mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [off_b, off_hkv, j * BLOCK_N, 0],
+            tma.async_copy_global_to_shared(k_desc, [tma_b, off_hkv, k_row0 + j * BLOCK_N, 0],
                                             k_ready.index(s), k_smem.index(s))
             mbarrier.wait(v_empty.index(s), phase ^ 1)
             mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
             if FP8:
-                tma.async_copy_global_to_shared(v_desc, [off_b, off_hkv, 0, j * BLOCK_N],
+                tma.async_copy_global_to_shared(v_desc, [tma_b, off_hkv, 0, j * BLOCK_N],
                                                 v_ready.index(s), v_smem.index(s))
             else:
-                tma.async_copy_global_to_shared(v_desc, [off_b, off_hkv, j * BLOCK_N, 0],
+                tma.async_copy_global_to_shared(v_desc, [tma_b, off_hkv, k_row0 + j * BLOCK_N, 0],
                                                 v_ready.index(s), v_smem.index(s))
 
     @gluon.jit
@@ -253,14 +254,15 @@ if _GLUON:
 
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars, k_ready,
-                  k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv, start_m, n_blocks,
-                  Nq, Nk, lse_row0, qk_scale, v_scale, bh, mod_args,
+                  k_empty, v_ready, v_empty, turn_bars, Lse, tma_b, off_h, off_hkv, start_m, n_blocks,
+                  Nq, Nk, lse_row0, qk_scale, v_scale, bh, mod_args, o_base, stride_om,
                   WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                   NUM_WG: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                   OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FP8: gl.constexpr,
-                  SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr):
+                  SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr, VARLEN: gl.constexpr):
         """One warpgroup: rows [row0, row0 + BLOCK_M) of the CTA's query block against n_blocks
-        key blocks; writes out (TMA store from o_smem, clipped at Nq) and lse (masked store).
+        key blocks; writes out (TMA store from o_smem, clipped at Nq; VARLEN: a masked store from
+        o_base, the sequence's row 0 of this head, rows stride_om apart) and lse (masked store).
         qk_scale holds the softmax scale, log2(e) and (FP8) Q's and K's descales; v_scale V's."""
         dtype: gl.constexpr = q_desc.dtype
         # wgmma layouts: 4 warps along M (16 rows each), N the whole tile, K 16 for 16-bit types
@@ -370,25 +372,36 @@ if _GLUON:
         out = acc * gl.expand_dims(gl.convert_layout(out_scale, gl.SliceLayout(1, o_layout)), 1)
         rows = row0 + gl.arange(0, BLOCK_M, layout=row_layout)
         gl.store(Lse + lse_row0 + rows, lse, mask=rows < Nq)
-        # out through o_smem (16-bit: the Q buffer, every wgmma reading Q has completed; FP8: a
-        # bf16 buffer of its own) and one TMA store, which drops the rows past Nq
-        o_view = o_smem.index(WG)
-        o_view.reshape([BLOCK_M, HEAD_D]).store(out.to(o_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row0, 0], o_view)
-        tma.store_wait(0)
+        if VARLEN:   # rows past Nq are the next sequence's: TMA clips only at the packed tensor's end
+            o_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+            o_cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
+            o_ptrs = o_base + gl.expand_dims(o_rows.to(gl.int64) * stride_om, 1) + gl.expand_dims(o_cols, 0)
+            gl.store(o_ptrs, out.to(o_desc.dtype),
+                     mask=gl.expand_dims(o_rows < Nq, 1) & gl.expand_dims(o_cols < HEAD_D, 0))
+        else:
+            # out through o_smem (16-bit: the Q buffer, every wgmma reading Q has completed; FP8: a
+            # bf16 buffer of its own) and one TMA store, which drops the rows past Nq
+            o_view = o_smem.index(WG)
+            o_view.reshape([BLOCK_M, HEAD_D]).store(out.to(o_desc.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [tma_b, off_h, row0, 0], o_view)
+            tma.store_wait(0)
 
     # sizes are not specialised (on being 1 or multiples of 16): one compile per configuration
-    @gluon.jit(do_not_specialize=["Hq", "Nq", "Nk", "GROUP", "n_descale"])
-    def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Lse, Descale, ModArgs, Hq, Nq, Nk, qk_scale,
-                        GROUP, n_descale,
+    @gluon.jit(do_not_specialize=["Hq", "Nq", "Nk", "GROUP", "n_descale", "stride_om", "stride_oh",
+                                  "total_q"])
+    def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Lse, Descale, ModArgs, Out, CuSeqQ, CuSeqK,
+                        Hq, Nq, Nk, qk_scale, GROUP, n_descale, stride_om, stride_oh, total_q,
                         CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         HEAD_D: gl.constexpr, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
                         OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                        FP8: gl.constexpr, SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr):
+                        FP8: gl.constexpr, SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr,
+                        VARLEN: gl.constexpr):
         # Descale (FP8 only): float32 (3, B, Hkv), Q's, K's and V's factors, n_descale = B * Hkv.
         # ModArgs, SCORE_MOD: the score modifier's per-(batch, query head) row and function;
         # ALIBI_SPLIT: SCORE_MOD is ALiBi alone, its bias split off the diagonal (``_scores``)
+        # VARLEN: packed sequences as fa2_fwd's (Nq, Nk the longest's; descriptors over
+        # (1, H, total, D) views; Out, stride_om, stride_oh, total_q: the out and lse rows)
         # one flat grid axis as in fa2_fwd: query blocks of one (batch, head) adjacent (K/V shared
         # in L2); causal: the heaviest (last) query blocks first
         CTA_M: gl.constexpr = BLOCK_M * NUM_WG
@@ -401,13 +414,27 @@ if _GLUON:
         off_h = off_bh % Hq
         off_hkv = off_h // GROUP
         start_m = pid_m * CTA_M
+        tma_b = off_b
+        q_row0 = 0
+        k_row0 = 0
+        lse_row0 = off_bh.to(gl.int64) * Nq
+        o_base = Out
+        if VARLEN:   # this sequence's rows and lengths (fa2_fwd.sequence)
+            q0 = gl.load(CuSeqQ + off_b)
+            k0 = gl.load(CuSeqK + off_b)
+            Nq = gl.load(CuSeqQ + off_b + 1) - q0
+            Nk = gl.load(CuSeqK + off_b + 1) - k0
+            if start_m >= Nq:        # past this sequence's last query block
+                return
+            tma_b, q_row0, k_row0 = 0, q0, k0
+            lse_row0 = off_h.to(gl.int64) * total_q + q0
+            o_base = Out + q0.to(gl.int64) * stride_om + off_h.to(gl.int64) * stride_oh
         # key blocks of the whole CTA: every partition runs exactly n_blocks steps
         if CAUSAL:
             hi = gl.minimum(Nk, gl.maximum(start_m + CTA_M + Nk - Nq, 0))
         else:
             hi = Nk
         n_blocks = gl.cdiv(hi, BLOCK_N)
-        lse_row0 = off_bh.to(gl.int64) * Nq
         if FP8:   # S = (Q8 K8^T) dq dk, O = (P V8) dv: the descales join the scales
             at = off_b * (Hq // GROUP) + off_hkv
             qk_scale = qk_scale * gl.load(Descale + at) * gl.load(Descale + n_descale + at)
@@ -446,29 +473,29 @@ if _GLUON:
         if NUM_WG == 1:
             gl.warp_specialize([
                 (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars,
-                             k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv,
-                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs, 0,
-                             BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL, OVERLAP, False, FP8,
-                             SCORE_MOD, ALIBI_SPLIT)),
+                             k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, tma_b, off_h, off_hkv,
+                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs,
+                             o_base, stride_om, 0, BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL,
+                             OVERLAP, False, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
-                             v_ready, v_empty, off_b, off_h, off_hkv, start_m, n_blocks,
+                             v_ready, v_empty, tma_b, off_h, off_hkv, start_m, n_blocks, q_row0, k_row0,
                              BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
             ], [1], [24])
         else:
             gl.static_assert(NUM_WG == 2, "1 or 2 consumer warpgroups")
             gl.warp_specialize([
                 (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars,
-                             k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv,
-                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs, 0,
-                             BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL, OVERLAP, PINGPONG, FP8,
-                             SCORE_MOD, ALIBI_SPLIT)),
+                             k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, tma_b, off_h, off_hkv,
+                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs,
+                             o_base, stride_om, 0, BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL,
+                             OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN)),
                 (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars,
-                             k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, off_b, off_h, off_hkv,
-                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs, 1,
-                             BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL, OVERLAP, PINGPONG, FP8,
-                             SCORE_MOD, ALIBI_SPLIT)),
+                             k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, tma_b, off_h, off_hkv,
+                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs,
+                             o_base, stride_om, 1, BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL,
+                             OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
-                             v_ready, v_empty, off_b, off_h, off_hkv, start_m, n_blocks,
+                             v_ready, v_empty, tma_b, off_h, off_hkv, start_m, n_blocks, q_row0, k_row0,
                              BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
             ], [4, 1], [CONSUMER_REGS, 24])
 
@@ -490,21 +517,30 @@ def hopper_inputs(q, k, v, dtypes) -> bool:
     return k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0
 
 
-def supported(q, k, v) -> bool:
+def supported(q, k, v, packed=False) -> bool:
     """Whether ``fa3_forward`` can run these inputs: ``hopper_inputs`` in float16/bfloat16, last
     dim contiguous and the other strides and the base addresses 16-byte aligned (what TMA
-    descriptors need). Otherwise use ``fa2_forward``."""
+    descriptors need). Otherwise use ``fa2_forward``. packed: q, k, v are packed sequences,
+    (total, heads, D), asked about as their ``packed_view``s."""
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         return False
-    key = plan_key((q, k, v), "supported")   # everything the answer depends on (None: no memo)
+    key = plan_key((q, k, v), ("supported", packed))   # everything the answer depends on (None: no memo)
     answer = _supported.get(key)
     if answer is None:
+        if packed:
+            q, k, v = (packed_view(t) if t.ndim == 3 else t[:0, :0] for t in (q, k, v))
         answer = (hopper_inputs(q, k, v, (torch.float16, torch.bfloat16)) and all(_tma_ok(t) for t in (q, k, v)),)
         remember(_supported, key, answer)
     return answer[0]
 
 
 _supported = {}   # launch.plan_key -> (supported(q, k, v),): asked at every flash_attention call
+
+
+def packed_view(t):
+    """Packed sequences (total, heads, D) as the kernel's (1, heads, total, D), no copy: the
+    descriptors' batch coordinate is 0 and a sequence's rows start at its cu_seqlens offset."""
+    return t.unsqueeze(0).transpose(1, 2)
 
 
 def _strides(t):
@@ -538,65 +574,82 @@ def _descriptor(t, block, shape=None):
                             _smem_layout(gdtype, tuple(block)))
 
 
-def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None, score_mod=None):
+def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None, score_mod=None, cu_seqlens=None,
+                max_seqlen=None):
     """Launch the FA3 forward kernel. Returns ``(out, lse)`` exactly as ``fa2_forward``.
 
     q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D), float16/bfloat16, D in (64, 128), on an sm90 GPU
     (check ``supported`` first). out: like q; lse: (B, Hq, Nq) float32, natural log, -inf for
     rows with no key to attend to (their out is 0). variant: a key of ``VARIANTS`` (default
     ``DEFAULT_VARIANT[D]``). score_mod: a ``kernels.score_mod.ScoreMod`` (softcap, ALiBi), None:
-    the scores as they are.
+    the scores as they are. cu_seqlens=(cu_q, cu_k), max_seqlen=(max_q, max_k): packed sequences
+    as ``fa2_forward`` takes them, q (total_q, Hq, D), k, v (total_k, Hkv, D); out like q, lse
+    (Hq, total_q) (check ``supported(q, k, v, packed=True)``).
     """
     mod_args, mod_fn, input_scale = score_mod_args(score_mod, None)
-    pointers = (q, k, v, *([] if mod_args is None else [mod_args]))
-    key = plan_key(pointers, (causal, scale, variant, mod_fn, input_scale)) \
-        if all(isinstance(t, torch.Tensor) for t in (q, k, v)) else None
+    packed = () if cu_seqlens is None else tuple(cu_seqlens)
+    pointers = (q, k, v, *packed, *([] if mod_args is None else [mod_args]))
+    key = plan_key(pointers, (causal, scale, variant, mod_fn, input_scale, max_seqlen)) \
+        if all(isinstance(t, torch.Tensor) for t in pointers) else None
     plan = _plans.get(key)
     if plan is not None:   # a call like an earlier one: allocate and replay its launch (launch.py)
-        launch, dense_out, (q_view, k_view, v_view, o_view) = plan
+        launch, dense_out, lse_shape, (q_view, k_view, v_view, o_view) = plan
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if dense_out else torch.empty_like(q)
-        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+        # a descriptor's base is read for its address only: the packed tensors stand for their views
         launch(Descriptor(q, *q_view), Descriptor(k, *k_view), Descriptor(v, *v_view),
-               Descriptor(out, *o_view), lse, lse, lse if mod_args is None else mod_args)
+               Descriptor(out, *o_view), lse, lse, lse if mod_args is None else mod_args, out,
+               *(packed or (lse, lse)))
         return out, lse
-    if not supported(q, k, v):
+    if not supported(q, k, v, packed=bool(packed)):
         raise ValueError("fa3_forward: unsupported inputs (see fa3_fwd.supported); use fa2_forward")
-    B, Hq, Nq, D = q.shape
-    Nk = k.shape[2]
     out = torch.empty_like(q)
-    dense_out = not _tma_ok(out)      # empty_like keeps q's strides; a dense copy always works
+    dense_out = not packed and not _tma_ok(out)   # empty_like keeps q's strides; a dense copy works
     if dense_out:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
-    if Nq == 0 or B * Hq == 0:
+    if packed:
+        lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+        q, k, v, out4 = (packed_view(t) for t in (q, k, v, out))
+        (max_q, max_k), B = max_seqlen, packed[0].numel() - 1
+    else:
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        out4, (B, max_q, max_k) = out, (q.shape[0], q.shape[2], k.shape[2])
+    D = q.shape[-1]
+    if max_q == 0 or B * q.shape[1] == 0 or q.shape[2] == 0:
         return out, lse
-    if Nk == 0:
+    if max_k == 0 or k.shape[2] == 0:
         return out.zero_(), lse.fill_(float("-inf"))
     variant = variant or DEFAULT_VARIANT[D]
     config = kernel_config(variant, D)
     v_desc = _descriptor(v, (1, 1, config["BLOCK_N"], D))
-    launch, views = _launch(q, k, v_desc, out, lse, causal, resolve_scale(scale, D), None, variant,
-                            config, score_mod)
-    remember(_plans, key, (launch, dense_out, views))
+    launch, views = _launch(q, k, v_desc, out4, lse, causal, resolve_scale(scale, D), None, variant,
+                            config, score_mod, packed and (*packed, max_q, max_k))
+    remember(_plans, key, (launch, dense_out, lse.shape, views))
     return out, lse
 
 
-_plans = {}   # launch.plan_key -> (Launch, out made dense?, (shape, strides) of each descriptor)
+_plans = {}   # launch.plan_key -> (Launch, out made dense?, lse's shape, (shape, strides) of each descriptor)
 
 
-def _launch(q, k, v_desc, out, lse, causal, scale, descale, variant, config, score_mod=None):
+def _launch(q, k, v_desc, out, lse, causal, scale, descale, variant, config, score_mod=None, varlen=()):
     """Launch the kernel; returns its ``Launch`` (None on Triton's plain path) and the
-    (shape, strides) of its four descriptors, for a plan."""
+    (shape, strides) of its four descriptors, for a plan. varlen: (cu_q, cu_k, max_q, max_k) of
+    packed sequences, q, k and out then their ``packed_view``s."""
     mod_args, mod_fn, input_scale = score_mod_args(score_mod, lse)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
+    cu_q, cu_k, total_q = lse, lse, 0
+    if varlen:
+        cu_q, cu_k, Nq, Nk = varlen
+        B, total_q = cu_q.numel() - 1, q.shape[2]
     descs = (_descriptor(q, (1, 1, BLOCK_M, D)), _descriptor(k, (1, 1, config["BLOCK_N"], D)),
              v_desc, _descriptor(out, (1, 1, BLOCK_M, D)))
     grid = (-(-Nq // (BLOCK_M * config["NUM_WG"])) * B * Hq,)   # query blocks x (batch, head)
     launch = fast_launch(_fa3_fwd_kernel, grid, *descs, lse, lse if descale is None else descale,
-                         mod_args, Hq, Nq, Nk, scale * LOG2E * input_scale, Hq // Hkv, B * Hkv,
-                         CAUSAL=bool(causal), SCORE_MOD=mod_fn,
-                         ALIBI_SPLIT=mod_fn is alibi_bias, **config, **launch_options(variant))
+                         mod_args, out, cu_q, cu_k, Hq, Nq, Nk, scale * LOG2E * input_scale, Hq // Hkv,
+                         B * Hkv, out.stride(2), out.stride(1), total_q, CAUSAL=bool(causal),
+                         SCORE_MOD=mod_fn, ALIBI_SPLIT=mod_fn is alibi_bias, VARLEN=bool(varlen),
+                         **config, **launch_options(variant))
     return launch, tuple(Descriptor.view(d) for d in descs)
 
 
