@@ -217,6 +217,10 @@ def test_torch_compile_passes_the_modifiers():
 @pytest.mark.parametrize("D", [64, 128])
 def test_gpu_real_sizes(dtype, D):
     run_and_check(2, 8, 2, 1500, 2100, D, True, dtype, softcap=30.0, alibi_slopes=slopes(2, 8))
+    # causal ALiBi alone: FA2's forward splits its bias in the unmasked blocks (fa2_fwd), steep
+    # slopes too (far blocks' row terms in the thousands)
+    run_and_check(2, 8, 2, 1500, 2100, D, True, dtype, alibi_slopes=slopes(2, 8) * 4)
+    run_and_check(1, 4, 4, 777, 500, D, True, dtype, alibi_slopes=slopes(4))          # Nq > Nk
     run_and_check(1, 4, 4, 2048, 2048, D, False, dtype, softcap=50.0)
     # scores across tanh's bend and into saturation (|s| up to ~100 over a cap of 30), where the
     # GPU's one-instruction tanh (tanh.approx.f32) errs most in absolute terms
