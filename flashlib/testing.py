@@ -222,14 +222,16 @@ def assert_attention_close(out, lse, q, k, v, *, causal=False, scale=None, refer
     err = assert_close(out, ref, baseline=base, dtype=q.dtype, name=name, magnitude=mags["out"])
     if not torch.equal(torch.isinf(lse).cpu(), torch.isinf(ref_lse).cpu()):
         raise AssertionError(f"lse of {name}: -inf (no key to attend to) in the wrong rows")
-    # the lse is float32 and held to float32's rounding, except for the one approximation a kernel
-    # makes on purpose: a bfloat16 softcap on a GPU takes tanh as one instruction (relative error
-    # <= TANH_APPROX_ERROR), which moves each capped score by at most cap x that, and the lse,
-    # a log-sum-exp, by no more than its largest score moves
-    from . import runtime
-    softcap = score_mods.get("softcap")
-    tanh_error = softcap * runtime.TANH_APPROX_ERROR if softcap is not None and \
-        runtime.approximate_tanh(q.dtype, q.device) else 0.0
+    # the lse is float32 and held to float32's rounding, except for approximations made on purpose
     assert_close(lse, ref_lse, baseline=ref_lse.float(), dtype=torch.float32, name=f"lse of {name}",
-                 magnitude=mags["lse"], method_error=tanh_error)
+                 magnitude=mags["lse"], method_error=lse_method_error(q, score_mods.get("softcap")))
     return err
+
+
+def lse_method_error(q, softcap):
+    """What the lse may err beyond float32's rounding: a bfloat16 softcap on a GPU takes tanh as
+    one instruction (relative error <= TANH_APPROX_ERROR), which moves each capped score by at most
+    cap x that, and the lse, a log-sum-exp, by no more than its largest score moves; else 0."""
+    from . import runtime
+    return softcap * runtime.TANH_APPROX_ERROR if softcap is not None and \
+        runtime.approximate_tanh(q.dtype, q.device) else 0.0

@@ -1,0 +1,58 @@
+"""Where the packed (varlen) Hopper forward loses to the dense one: the pack, or the empty programs.
+
+The production suite's varlen part (``flashlib.bench.production``: 16 log-normal documents, 32k
+tokens, H x D = 2048, causal) against the same tokens as 16 equal documents, both through
+``fa3_fwd.fa3_forward`` with ``cu_seqlens`` and dense. The grid covers ``max_seqlen`` query
+blocks per (sequence, head) and the programs past a sequence's end return at once: passing a
+larger ``max_seqlen`` (x2, x4) adds only such programs, so its time is their cost. Every call's
+output is first compared with the float64 oracle on two documents (``production.oracle_check``).
+
+    PYTHONPATH=$PWD python benchmarks/varlen_grid_probe.py     (on an sm90 GPU)
+"""
+import torch
+
+from flashlib import runtime
+from flashlib.bench import production as prod
+from flashlib.bench.harness import _time, make_inputs
+from flashlib.kernels import fa3_fwd
+
+D, DTYPE, TOKENS, DOCS = 128, torch.float16, 32768, 16
+
+
+def packed_call(lengths, H, max_scale=1):
+    q, k, v = (t[0].transpose(0, 1).contiguous() for t in make_inputs(1, H, H, TOKENS, TOKENS, D, DTYPE,
+                                                                        runtime.DEVICE))
+    cu, longest = prod.cu_seqlens(lengths, runtime.DEVICE), max(lengths) * max_scale
+    call = lambda: fa3_fwd.fa3_forward(q, k, v, causal=True, cu_seqlens=(cu, cu),  # noqa: E731
+                                       max_seqlen=(longest, longest))
+    out, _ = call()
+    docs = prod.checked_documents(lengths)[:2]
+    rows = lambda t, s, e: t[s:e, :2].transpose(0, 1).unsqueeze(0)                # noqa: E731
+    err, ok = prod.oracle_check([tuple(rows(t, s, e) for t in (out, q, k, v)) for s, e in docs], DTYPE,
+                                causal=True)
+    assert ok, f"packed forward (max_seqlen x{max_scale}) off the oracle by {err:.3g}"
+    return call
+
+
+def main():
+    H = prod.WIDTH // D
+    pack = prod.document_lengths(TOKENS, DOCS)
+    equal = [TOKENS // DOCS] * DOCS
+    q, k, v = make_inputs(DOCS, H, H, TOKENS // DOCS, TOKENS // DOCS, D, DTYPE, runtime.DEVICE)
+    dense = lambda: fa3_fwd.fa3_forward(q, k, v, causal=True)                      # noqa: E731
+    err, ok = prod.oracle_check([tuple(t[:1, :2] for t in (dense()[0], q, k, v))], DTYPE, causal=True)
+    assert ok, f"dense forward off the oracle by {err:.3g}"
+    print(f"{runtime.gpu_name()}, d{D} H{H} causal fp16, pack {sorted(pack)}")
+    cases = [("dense, equal docs", dense, prod.packed_flops(equal, H, D, causal=True))]
+    for name, lengths in (("packed, equal docs", equal), ("packed, log-normal docs", pack)):
+        for scale in (1, 2, 4):
+            cases.append((f"{name}, max_seqlen x{scale}", packed_call(lengths, H, scale),
+                          prod.packed_flops(lengths, H, D, causal=True)))
+    for _ in range(2):   # two rounds: the spread between them is the run's noise
+        for name, call, flops in cases:
+            ms = _time(call)
+            print(f"{name:40} {ms:8.3f} ms {flops / ms * 1e-9:8.1f} TFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
