@@ -1,8 +1,9 @@
-"""Where the packed (varlen) Hopper forward loses to the dense one: the pack, or the empty programs.
+"""Where the packed (varlen) Hopper forward loses to the dense one: the pack, the layout, or the empty programs.
 
 The production suite's varlen part (``flashlib.bench.production``: 16 log-normal documents, 32k
 tokens, H x D = 2048, causal) against the same tokens as 16 equal documents, both through
-``fa3_fwd.fa3_forward`` with ``cu_seqlens`` and dense. The grid covers ``max_seqlen`` query
+``fa3_fwd.fa3_forward`` with ``cu_seqlens`` and dense (also in the packed tensors' memory layout,
+(B, N, H, D), whose rows of one head lie H x D apart). The grid covers ``max_seqlen`` query
 blocks per (sequence, head) and the programs past a sequence's end return at once: passing a
 larger ``max_seqlen`` (x2, x4) adds only such programs, so its time is their cost. Every call's
 output is first compared with the float64 oracle on two documents (``production.oracle_check``).
@@ -43,7 +44,12 @@ def main():
     err, ok = prod.oracle_check([tuple(t[:1, :2] for t in (dense()[0], q, k, v))], DTYPE, causal=True)
     assert ok, f"dense forward off the oracle by {err:.3g}"
     print(f"{runtime.gpu_name()}, d{D} H{H} causal fp16, pack {sorted(pack)}")
-    cases = [("dense, equal docs", dense, prod.packed_flops(equal, H, D, causal=True))]
+    # the same dense problem in the packed tensors' memory layout: rows of a head H x D apart
+    qt, kt, vt = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))   # (B, N, H, D)
+    dense_rows = lambda: fa3_fwd.fa3_forward(qt, kt, vt, causal=True)              # noqa: E731
+    assert torch.equal(dense_rows()[0], dense()[0])
+    cases = [("dense, equal docs", dense, prod.packed_flops(equal, H, D, causal=True)),
+             ("dense, equal docs, (B, N, H, D) layout", dense_rows, prod.packed_flops(equal, H, D, causal=True))]
     for name, lengths in (("packed, equal docs", equal), ("packed, log-normal docs", pack)):
         for scale in (1, 2, 4):
             cases.append((f"{name}, max_seqlen x{scale}", packed_call(lengths, H, scale),

@@ -254,15 +254,16 @@ if _GLUON:
 
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars, k_ready,
-                  k_empty, v_ready, v_empty, turn_bars, Lse, tma_b, off_h, off_hkv, start_m, n_blocks,
-                  Nq, Nk, lse_row0, qk_scale, v_scale, bh, mod_args, o_base, stride_om,
+                  k_empty, v_ready, v_empty, turn_bars, lse_base, tma_b, off_h, off_hkv, start_m, n_blocks,
+                  Nq, Nk, q_row0, qk_scale, v_scale, bh, mod_args, o_base, stride_om,
                   WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                   NUM_WG: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                   OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FP8: gl.constexpr,
                   SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr, VARLEN: gl.constexpr):
         """One warpgroup: rows [row0, row0 + BLOCK_M) of the CTA's query block against n_blocks
-        key blocks; writes out (TMA store from o_smem, clipped at Nq; VARLEN: a masked store from
-        o_base, the sequence's row 0 of this head, rows stride_om apart) and lse (masked store).
+        key blocks; writes out (TMA store from o_smem, clipped at Nq; VARLEN: rows from q_row0, and
+        a sequence's last block by a masked store from o_base, the sequence's row 0 of this head,
+        rows stride_om apart) and lse (masked store).
         qk_scale holds the softmax scale, log2(e) and (FP8) Q's and K's descales; v_scale V's."""
         dtype: gl.constexpr = q_desc.dtype
         # wgmma layouts: 4 warps along M (16 rows each), N the whole tile, K 16 for 16-bit types
@@ -371,21 +372,29 @@ if _GLUON:
         out_scale = v_scale / l_safe
         out = acc * gl.expand_dims(gl.convert_layout(out_scale, gl.SliceLayout(1, o_layout)), 1)
         rows = row0 + gl.arange(0, BLOCK_M, layout=row_layout)
-        gl.store(Lse + lse_row0 + rows, lse, mask=rows < Nq)
-        if VARLEN:   # rows past Nq are the next sequence's: TMA clips only at the packed tensor's end
-            o_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-            o_cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
-            o_ptrs = o_base + gl.expand_dims(o_rows.to(gl.int64) * stride_om, 1) + gl.expand_dims(o_cols, 0)
-            gl.store(o_ptrs, out.to(o_desc.dtype),
-                     mask=gl.expand_dims(o_rows < Nq, 1) & gl.expand_dims(o_cols < HEAD_D, 0))
+        gl.store(lse_base + rows, lse, mask=rows < Nq)
+        out = out.to(o_desc.dtype)
+        if VARLEN:
+            if row0 + BLOCK_M > Nq:   # a sequence's last block: rows past Nq are the next one's,
+                # and TMA clips only at the packed tensor's end: a masked store from registers
+                o_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+                o_cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
+                o_ptrs = o_base + gl.expand_dims(o_rows.to(gl.int64) * stride_om, 1) + gl.expand_dims(o_cols, 0)
+                gl.store(o_ptrs, out, mask=gl.expand_dims(o_rows < Nq, 1) & gl.expand_dims(o_cols < HEAD_D, 0))
+            else:
+                _store_out(out, o_smem.index(WG), o_desc, [tma_b, off_h, q_row0 + row0, 0], BLOCK_M, HEAD_D)
         else:
-            # out through o_smem (16-bit: the Q buffer, every wgmma reading Q has completed; FP8: a
-            # bf16 buffer of its own) and one TMA store, which drops the rows past Nq
-            o_view = o_smem.index(WG)
-            o_view.reshape([BLOCK_M, HEAD_D]).store(out.to(o_desc.dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(o_desc, [tma_b, off_h, row0, 0], o_view)
-            tma.store_wait(0)
+            _store_out(out, o_smem.index(WG), o_desc, [tma_b, off_h, row0, 0], BLOCK_M, HEAD_D)
+
+    @gluon.jit
+    def _store_out(out, o_view, o_desc, coords, BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr):
+        """out (BLOCK_M, HEAD_D) through o_view (16-bit: the Q buffer, every wgmma reading Q has
+        completed; FP8: a bf16 buffer of its own) and one TMA store, which drops rows past the
+        descriptor's bounds."""
+        o_view.reshape([BLOCK_M, HEAD_D]).store(out)
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, coords, o_view)
+        tma.store_wait(0)
 
     # sizes are not specialised (on being 1 or multiples of 16): one compile per configuration
     @gluon.jit(do_not_specialize=["Hq", "Nq", "Nk", "GROUP", "n_descale", "stride_om", "stride_oh",
@@ -417,7 +426,7 @@ if _GLUON:
         tma_b = off_b
         q_row0 = 0
         k_row0 = 0
-        lse_row0 = off_bh.to(gl.int64) * Nq
+        lse_base = Lse + off_bh.to(gl.int64) * Nq
         o_base = Out
         if VARLEN:   # this sequence's rows and lengths (fa2_fwd.sequence)
             q0 = gl.load(CuSeqQ + off_b)
@@ -427,7 +436,7 @@ if _GLUON:
             if start_m >= Nq:        # past this sequence's last query block
                 return
             tma_b, q_row0, k_row0 = 0, q0, k0
-            lse_row0 = off_h.to(gl.int64) * total_q + q0
+            lse_base = Lse + off_h.to(gl.int64) * total_q + q0
             o_base = Out + q0.to(gl.int64) * stride_om + off_h.to(gl.int64) * stride_oh
         # key blocks of the whole CTA: every partition runs exactly n_blocks steps
         if CAUSAL:
@@ -473,8 +482,8 @@ if _GLUON:
         if NUM_WG == 1:
             gl.warp_specialize([
                 (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars,
-                             k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, tma_b, off_h, off_hkv,
-                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs,
+                             k_ready, k_empty, v_ready, v_empty, turn_bars, lse_base, tma_b, off_h, off_hkv,
+                             start_m, n_blocks, Nq, Nk, q_row0, qk_scale, v_scale, off_bh, ModArgs,
                              o_base, stride_om, 0, BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL,
                              OVERLAP, False, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
@@ -485,13 +494,13 @@ if _GLUON:
             gl.static_assert(NUM_WG == 2, "1 or 2 consumer warpgroups")
             gl.warp_specialize([
                 (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars,
-                             k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, tma_b, off_h, off_hkv,
-                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs,
+                             k_ready, k_empty, v_ready, v_empty, turn_bars, lse_base, tma_b, off_h, off_hkv,
+                             start_m, n_blocks, Nq, Nk, q_row0, qk_scale, v_scale, off_bh, ModArgs,
                              o_base, stride_om, 0, BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL,
                              OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN)),
                 (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars,
-                             k_ready, k_empty, v_ready, v_empty, turn_bars, Lse, tma_b, off_h, off_hkv,
-                             start_m, n_blocks, Nq, Nk, lse_row0, qk_scale, v_scale, off_bh, ModArgs,
+                             k_ready, k_empty, v_ready, v_empty, turn_bars, lse_base, tma_b, off_h, off_hkv,
+                             start_m, n_blocks, Nq, Nk, q_row0, qk_scale, v_scale, off_bh, ModArgs,
                              o_base, stride_om, 1, BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL,
                              OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
