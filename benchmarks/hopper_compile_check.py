@@ -280,9 +280,10 @@ def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531), mod=Non
                 k_desc=fa3_fwd._descriptor(k, (1, 1, config["BLOCK_N"], D)),
                 v_desc=v_desc, o_desc=fa3_fwd._descriptor(out, (1, 1, fa3_fwd.BLOCK_M, D)),
                 Lse=lse, Descale=lse, ModArgs=lse, Out=q, CuSeqQ=cu, CuSeqK=cu, Hq=Hq, Nq=Nq, Nk=Nk,
-                qk_scale=0.1, GROUP=Hq // Hkv, n_descale=B * Hkv, stride_om=Hq * D, stride_oh=D, total_q=B * Nq - 3)
+                qk_scale=0.1, GROUP=Hq // Hkv, n_descale=B * Hkv, stride_om=Hq * D, stride_oh=D, total_q=B * Nq - 3,
+                n_seq=B)
     constexprs = dict(CAUSAL=causal, SCORE_MOD=mod or score_mod.identity,
-                      ALIBI_SPLIT=mod is score_mod.alibi_bias, VARLEN=varlen, **config)
+                      ALIBI_SPLIT=mod is score_mod.alibi_bias, VARLEN=varlen, MAX_SEQS=128, **config)
     target = GPUTarget("cuda", TARGET_ARCH, 32)
     backend = make_backend(target)
     fn = fa3_fwd._fa3_fwd_kernel

@@ -175,8 +175,8 @@ def test_packed_forward_goes_to_the_hopper_kernel_where_it_runs(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_hopper_forward_packed(monkeypatch, dtype):
     """The FA3 forward (kernels/fa3_fwd.py) on packed sequences: descriptors over (1, H, total, D)
-    views, each sequence's rows from its offset, out stored row by row (TMA would write the next
-    sequence's rows). Ragged lengths with empty and 1-token sequences, a last sequence ending
+    views, each sequence's rows from its offset, a sequence's last block stored row by row (TMA
+    would write the next sequence's rows), programs numbered over the pack's blocks. Ragged lengths with empty and 1-token sequences, a last sequence ending
     mid-block, causal with Nq != Nk per sequence, grouped heads, both head dims, the modifiers;
     a second call of each layout replays the first's plan on fresh tensors."""
     from flashlib import ops
@@ -200,7 +200,11 @@ def test_gpu_hopper_forward_packed(monkeypatch, dtype):
         check(lengths_q, lengths_k, 8, 8, D, causal=False, dtype=dtype)
         check(lengths_q, lengths_k, 8, 2, D, causal=True, dtype=dtype, alibi_slopes=slopes)
         check(lengths_k, lengths_q, 8, 4, D, causal=True, dtype=dtype, softcap=30.0)
-    assert len(calls) == 10 and all(calls)
+    # many short sequences: the grid numbers the pack's blocks (fa3_fwd._packed_block) over more
+    # sequences than one program's lanes
+    many = torch.randint(0, 200, (300,), generator=torch.Generator().manual_seed(1)).tolist()
+    check(many, many[::-1], 4, 2, 64, causal=True, dtype=dtype)
+    assert len(calls) == 11 and all(calls)
 
 
 def test_torch_compile_runs_the_same_kernels():

@@ -396,48 +396,82 @@ if _GLUON:
         tma.async_copy_shared_to_global(o_desc, coords, o_view)
         tma.store_wait(0)
 
+    @gluon.jit
+    def _add(a, b):
+        return a + b
+
+    @gluon.jit
+    def _packed_block(CuSeqQ, CuSeqK, n_seq, t, CTA_M: gl.constexpr, MAX_SEQS: gl.constexpr,
+                      CAUSAL: gl.constexpr):
+        """Query block t of a pack, its blocks numbered sequence after sequence (causal: each
+        sequence's last block first): (sequence b, its first row q0 and length Nq, its keys' k0
+        and Nk, the block's first row in it); b = n_seq for t past the last block. A grid of
+        max_seqlen's blocks per sequence would launch mostly programs that return at once for a
+        pack of short and long sequences (H100, benchmarks/varlen_grid_probe.py: each 4x as many
+        as there were blocks cost about 4% of the pack's time). One load of each offsets vector,
+        as the per-sequence loads were; a scan of the block counts finds b."""
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        seq = gl.arange(0, MAX_SEQS, layout=layout)
+        real = seq < n_seq
+        q_starts = gl.load(CuSeqQ + seq, mask=real, other=0)
+        q_lengths = gl.load(CuSeqQ + seq + 1, mask=real, other=0) - q_starts
+        k_starts = gl.load(CuSeqK + seq, mask=real, other=0)
+        k_lengths = gl.load(CuSeqK + seq + 1, mask=real, other=0) - k_starts
+        blocks = (q_lengths + CTA_M - 1) // CTA_M
+        ends = gl.associative_scan(blocks, 0, _add)     # one past each sequence's last block
+        b = gl.sum((ends <= t).to(gl.int32), axis=0)    # ends never decrease: t's sequence
+        pick = seq == b
+        m = t - gl.sum(gl.where(pick, ends - blocks, 0), axis=0)
+        if CAUSAL:
+            m = gl.sum(gl.where(pick, blocks, 0), axis=0) - 1 - m
+        return (b, gl.sum(gl.where(pick, q_starts, 0), axis=0), gl.sum(gl.where(pick, q_lengths, 0), axis=0),
+                gl.sum(gl.where(pick, k_starts, 0), axis=0), gl.sum(gl.where(pick, k_lengths, 0), axis=0),
+                m * CTA_M)
+
     # sizes are not specialised (on being 1 or multiples of 16): one compile per configuration
     @gluon.jit(do_not_specialize=["Hq", "Nq", "Nk", "GROUP", "n_descale", "stride_om", "stride_oh",
-                                  "total_q"])
+                                  "total_q", "n_seq"])
     def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Lse, Descale, ModArgs, Out, CuSeqQ, CuSeqK,
-                        Hq, Nq, Nk, qk_scale, GROUP, n_descale, stride_om, stride_oh, total_q,
+                        Hq, Nq, Nk, qk_scale, GROUP, n_descale, stride_om, stride_oh, total_q, n_seq,
                         CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         HEAD_D: gl.constexpr, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
                         OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                         FP8: gl.constexpr, SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr,
-                        VARLEN: gl.constexpr):
+                        VARLEN: gl.constexpr, MAX_SEQS: gl.constexpr):
         # Descale (FP8 only): float32 (3, B, Hkv), Q's, K's and V's factors, n_descale = B * Hkv.
         # ModArgs, SCORE_MOD: the score modifier's per-(batch, query head) row and function;
         # ALIBI_SPLIT: SCORE_MOD is ALiBi alone, its bias split off the diagonal (``_scores``)
-        # VARLEN: packed sequences as fa2_fwd's (Nq, Nk the longest's; descriptors over
-        # (1, H, total, D) views; Out, stride_om, stride_oh, total_q: the out and lse rows)
+        # VARLEN: n_seq packed sequences as fa2_fwd's (descriptors over (1, H, total, D) views;
+        # Out, stride_om, stride_oh, total_q: the out and lse rows; MAX_SEQS >= n_seq, a power of 2)
         # one flat grid axis as in fa2_fwd: query blocks of one (batch, head) adjacent (K/V shared
         # in L2); causal: the heaviest (last) query blocks first
         CTA_M: gl.constexpr = BLOCK_M * NUM_WG
-        n_m = gl.cdiv(Nq, CTA_M)
-        pid_m = gl.program_id(0) % n_m
-        off_bh = gl.program_id(0) // n_m
-        if CAUSAL:
-            pid_m = n_m - 1 - pid_m
-        off_b = off_bh // Hq
-        off_h = off_bh % Hq
-        off_hkv = off_h // GROUP
-        start_m = pid_m * CTA_M
-        tma_b = off_b
+        tma_b = 0
         q_row0 = 0
         k_row0 = 0
-        lse_base = Lse + off_bh.to(gl.int64) * Nq
         o_base = Out
-        if VARLEN:   # this sequence's rows and lengths (fa2_fwd.sequence)
-            q0 = gl.load(CuSeqQ + off_b)
-            k0 = gl.load(CuSeqK + off_b)
-            Nq = gl.load(CuSeqQ + off_b + 1) - q0
-            Nk = gl.load(CuSeqK + off_b + 1) - k0
-            if start_m >= Nq:        # past this sequence's last query block
+        if VARLEN:   # this head's share of the grid numbers the pack's query blocks (_packed_block)
+            n_t = gl.num_programs(0) // Hq
+            off_h = gl.program_id(0) // n_t
+            off_b, q_row0, Nq, k_row0, Nk, start_m = _packed_block(
+                CuSeqQ, CuSeqK, n_seq, gl.program_id(0) % n_t, CTA_M, MAX_SEQS, CAUSAL)
+            if off_b >= n_seq:       # past the pack's last query block
                 return
-            tma_b, q_row0, k_row0 = 0, q0, k0
-            lse_base = Lse + off_h.to(gl.int64) * total_q + q0
-            o_base = Out + q0.to(gl.int64) * stride_om + off_h.to(gl.int64) * stride_oh
+            off_bh = off_b * Hq + off_h
+            lse_base = Lse + off_h.to(gl.int64) * total_q + q_row0
+            o_base = Out + q_row0.to(gl.int64) * stride_om + off_h.to(gl.int64) * stride_oh
+        else:
+            n_m = gl.cdiv(Nq, CTA_M)
+            pid_m = gl.program_id(0) % n_m
+            off_bh = gl.program_id(0) // n_m
+            if CAUSAL:
+                pid_m = n_m - 1 - pid_m
+            off_b = off_bh // Hq
+            off_h = off_bh % Hq
+            start_m = pid_m * CTA_M
+            tma_b = off_b
+            lse_base = Lse + off_bh.to(gl.int64) * Nq
+        off_hkv = off_h // GROUP
         # key blocks of the whole CTA: every partition runs exactly n_blocks steps
         if CAUSAL:
             hi = gl.minimum(Nk, gl.maximum(start_m + CTA_M + Nk - Nq, 0))
@@ -647,18 +681,20 @@ def _launch(q, k, v_desc, out, lse, causal, scale, descale, variant, config, sco
     mod_args, mod_fn, input_scale = score_mod_args(score_mod, lse)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    cu_q, cu_k, total_q = lse, lse, 0
-    if varlen:
+    cta_m = BLOCK_M * config["NUM_WG"]
+    cu_q, cu_k, total_q, n_seq = lse, lse, 0, 0
+    grid = (-(-Nq // cta_m) * B * Hq,)                       # query blocks x (batch, head)
+    if varlen:   # per head, at least the pack's query blocks: sum cdiv(n, cta_m) <= that
         cu_q, cu_k, Nq, Nk = varlen
-        B, total_q = cu_q.numel() - 1, q.shape[2]
+        n_seq, total_q = cu_q.numel() - 1, q.shape[2]
+        grid = ((-(-total_q // cta_m) + n_seq) * Hq,)
     descs = (_descriptor(q, (1, 1, BLOCK_M, D)), _descriptor(k, (1, 1, config["BLOCK_N"], D)),
              v_desc, _descriptor(out, (1, 1, BLOCK_M, D)))
-    grid = (-(-Nq // (BLOCK_M * config["NUM_WG"])) * B * Hq,)   # query blocks x (batch, head)
     launch = fast_launch(_fa3_fwd_kernel, grid, *descs, lse, lse if descale is None else descale,
                          mod_args, out, cu_q, cu_k, Hq, Nq, Nk, scale * LOG2E * input_scale, Hq // Hkv,
-                         B * Hkv, out.stride(2), out.stride(1), total_q, CAUSAL=bool(causal),
+                         B * Hkv, out.stride(2), out.stride(1), total_q, n_seq, CAUSAL=bool(causal),
                          SCORE_MOD=mod_fn, ALIBI_SPLIT=mod_fn is alibi_bias, VARLEN=bool(varlen),
-                         **config, **launch_options(variant))
+                         MAX_SEQS=max(128, triton.next_power_of_2(n_seq)), **config, **launch_options(variant))
     return launch, tuple(Descriptor.view(d) for d in descs)
 
 
