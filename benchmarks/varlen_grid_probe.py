@@ -3,10 +3,12 @@
 The production suite's varlen part (``flashlib.bench.production``: 16 log-normal documents, 32k
 tokens, H x D = 2048, causal) against the same tokens as 16 equal documents, both through
 ``fa3_fwd.fa3_forward`` with ``cu_seqlens`` and dense (also in the packed tensors' memory layout,
-(B, N, H, D), whose rows of one head lie H x D apart). The grid covers ``max_seqlen`` query
-blocks per (sequence, head) and the programs past a sequence's end return at once: passing a
-larger ``max_seqlen`` (x2, x4) adds only such programs, so its time is their cost. Every call's
-output is first compared with the float64 oracle on two documents (``production.oracle_check``).
+(B, N, H, D), whose rows of one head lie H x D apart). The grid covered ``max_seqlen`` query
+blocks per (sequence, head) and the programs past a sequence's end returned at once: a larger
+``max_seqlen`` (x2, x4) added only such programs, so its time was their cost
+(``h100/varlen_grid_probe.log``). Since the programs are numbered over the pack's blocks
+(``fa3_fwd._packed_block``), ``max_seqlen`` no longer changes the grid. Every call's output is
+first compared with the float64 oracle on two documents (``production.oracle_check``).
 
     PYTHONPATH=$PWD python benchmarks/varlen_grid_probe.py     (on an sm90 GPU)
 """
