@@ -246,10 +246,10 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     scale, softcap: as ``flash_attention``; alibi_slopes: (heads_q,) or (batch, heads_q), the bias
     from positions within each sequence. Returns out (total_q, heads_q, headdim) or (out, lse) with
     lse (heads_q, total_q) float32, natural log; an empty sequence has no rows. Differentiable in
-    q, k, v. The offsets are checked on the host (a device sync on a GPU, once per version of
-    each offsets tensor: ``inputs.read_once``; under torch.compile a graph break before the
-    kernels, which run as the custom ops ``flashlib::fa2_varlen_forward`` and
-    ``flashlib::fa2_varlen_backward``).
+    q, k, v. On Hopper the forward is FA3's (``attention_forward``), the backward FA2's. The
+    offsets are checked on the host (a device sync on a GPU, once per version of each offsets
+    tensor: ``inputs.read_once``; under torch.compile a graph break before the kernels, which run
+    as the custom ops ``flashlib::fa2_varlen_forward`` and ``flashlib::fa2_varlen_backward``).
     """
     scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          scale=scale, causal=causal)

@@ -24,6 +24,17 @@ a ragged tail never reads or writes the next head; keys past Nk still score 0 an
 -inf. Only key blocks that cross Nk or the causal diagonal pay for the mask. O leaves through the
 Q buffer (Q is no longer needed) and one TMA store; lse through a masked store.
 
+Packed sequences (VARLEN, ``flash_attention_varlen``'s layout: q (total_q, Hq, D) with int32
+offsets ``cu_seqlens``) go through the same descriptors over (1, H, total, D) views, each
+sequence's rows addressed from its offset. TMA then clips only at the packed tensor's end, so a
+block that runs past its sequence reads the next one's rows: keys past Nk are masked as ragged
+ones, query rows past Nq are computed and not stored, and a sequence's last query block leaves by
+a masked store from registers instead of TMA. The grid numbers the pack's query blocks
+(``_packed_block``), not max_seqlen's blocks of every sequence::
+
+    cu_seqlens_q = [0, 300, 310, 700], CTA of 128 rows: blocks [0, 1, 2 | 3 | 4, 5, 6, 7]
+    sequence 0 rows 0..299 -> blocks 0-2 (block 2: rows 256..299, masked store), sequence 1 -> 3
+
 One CTA, 2 consumers with OVERLAP and PINGPONG (j: key block, s = j % STAGES)::
 
     producer   | TMA Q0,Q1 | wait empty[s], expect ready[s], TMA K_j | ... V_j | K_j+1 ...
