@@ -12,7 +12,9 @@
    ptxas, from CPU stand-ins, as the forward's check does (same columns), plus the backward's two
    small Triton kernels; the PTX is checked for the dQ path the variant asks for (a TMA
    reduce-add, or atomics); then the default variants with each score modifier (softcap, its
-   one-instruction tanh, ALiBi, both), beside the plain kernel's spill.
+   one-instruction tanh, ALiBi, both), beside the plain kernel's spill; then packed sequences
+   (cu_seqlens: fa3_backward's VARLEN kernel over (1, H, total, D) views) in the default variants,
+   plain, softcap and ALiBi, and the other variants, beside the dense kernel's spill.
 
 Exit status 1 if anything fails. Needs Triton 3.6 (the GPU machines' version):
 
@@ -168,10 +170,11 @@ def check_protocol(seeds=30):
 # ----------------------------------------------------------------------------- 2. compiles
 
 
-def compile_variant(name, D, causal, dtype, sizes=(2, 6, 2, 1000, 1531), mod=None):
+def compile_variant(name, D, causal, dtype, sizes=(2, 6, 2, 1000, 1531), mod=None, varlen=False):
     """Compile the main kernel of one (variant, head dim, causal, dtype) for inputs of sizes
     (B, Hq, Hkv, Nq, Nk), with the score modifier ``mod`` (a ``kernels.score_mod`` function; None:
-    the identity); return the CompiledKernel."""
+    the identity); varlen: B sequences of at most Nq and Nk rows packed, as fa3_backward's
+    cu_seqlens path views them; return the CompiledKernel."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import compile as triton_compile
     from triton.compiler.compiler import make_backend
@@ -183,19 +186,25 @@ def compile_variant(name, D, causal, dtype, sizes=(2, 6, 2, 1000, 1531), mod=Non
     nq_pad = -(-Nq // BM) * BM
     q = torch.empty(B, Hq, Nq, D, dtype=dtype)
     k = torch.empty(B, Hkv, Nk, D, dtype=dtype)
-    acc = torch.empty(B, Hq, Nq, D, dtype=torch.float32)
-    stat = torch.empty(B * Hq, nq_pad, dtype=torch.float32)
+    if varlen:   # (1, H, total, D) views of packed (total, H, D) tensors, lse2 (Hq, total_q)
+        q = fa3_bwd.fa3_fwd.packed_view(torch.empty(B * Nq - 3, Hq, D, dtype=dtype))
+        k = fa3_bwd.fa3_fwd.packed_view(torch.empty(B * Nk - 5, Hkv, D, dtype=dtype))
+        nq_pad = q.shape[2]
+    acc = torch.empty(q.shape, dtype=torch.float32)
+    stat = torch.empty(q.shape[0] * Hq, nq_pad, dtype=torch.float32)
+    cu = torch.zeros(B + 1, dtype=torch.int32) if varlen else stat
     bq, bk, bdq = (1, 1, BM, D), (1, 1, BN, D), (1, 1, BM, config["DQ_N"])
     args = dict(q_desc=fa3_bwd._descriptor(q, bq), do_desc=fa3_bwd._descriptor(q, bq),
                 k_desc=fa3_bwd._descriptor(k, bk), v_desc=fa3_bwd._descriptor(k, bk),
                 dk_desc=fa3_bwd._descriptor(k, bk), dv_desc=fa3_bwd._descriptor(k, bk),
                 dqa_desc=fa3_bwd._descriptor(acc, bdq), Lse2=stat, Delta=stat, DqAccum=acc,
-                ModArgs=stat, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, Nq_pad=nq_pad, scale=0.1, qk_scale=0.14,
-                GROUP=Hq // Hkv)
+                ModArgs=stat, CuSeqQ=cu, CuSeqK=cu, dK=k, dV=k, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk,
+                Nq_pad=nq_pad, stride_dkm=k.stride(2), stride_dkh=k.stride(1), scale=0.1,
+                qk_scale=0.14, GROUP=Hq // Hkv)
     target = GPUTarget("cuda", TARGET_ARCH, 32)
     backend = make_backend(target)
     fn = fa3_bwd._fa3_bwd_kernel
-    constexprs = dict(CAUSAL=causal, SCORE_MOD=mod or score_mod.identity, **config)
+    constexprs = dict(CAUSAL=causal, SCORE_MOD=mod or score_mod.identity, VARLEN=varlen, **config)
     signature, consts, attrs = specialize(fn, args, constexprs, backend)
     return triton_compile(GluonASTSource(fn, signature, consts, attrs), target=target,
                           options=fa3_bwd.launch_options(name))
@@ -251,6 +260,42 @@ def check_score_mods(plain_spill):
                 except Exception as e:  # noqa: BLE001
                     failures += 1
                     print(f"{tag} FAILED: {type(e).__name__}: {str(e).strip().splitlines()[:6]}")
+    return failures
+
+
+def check_varlen(plain_spill):
+    """Packed sequences (VARLEN: per-sequence rows and lengths, masked lse/delta loads, a
+    sequence's last key block stored from registers) in the default variants, float16, causal and
+    not, plain and with the softcap and ALiBi, then the other variants (causal, plain); the dense
+    rule (a spill fails at d64, is reported at d128), beside the dense kernel's spill. Returns the
+    number of failures."""
+    failures = 0
+    print("packed sequences (cu_seqlens): compiled for the default variants, float16, then the "
+          "others (dense: the kernel on dense inputs, the same modifier)")
+    cases = [(fa3_bwd.DEFAULT_VARIANT[D], D, causal, mod)
+             for mod in (None, score_mod.tanh_softcap, score_mod.alibi_bias)
+             for D in fa3_bwd.HEAD_DIMS for causal in (False, True)]
+    cases += [(name, D, True, None) for name, v in fa3_bwd.VARIANTS.items() for D in v.head_dims
+              if name != fa3_bwd.DEFAULT_VARIANT[D]]
+    for name, D, causal, mod in cases:
+        mod_name = mod.__name__ if mod else "plain"
+        tag = f"{name:>11} {D:>4} {causal!s:>6} {'varlen ' + mod_name:>30} |"
+        try:
+            if mod is None:
+                dense_spill = plain_spill.get((name, D, causal, torch.float16), "?")
+            else:
+                dense_spill = ptxas_report(compile_variant(name, D, causal, torch.float16,
+                                                           mod=mod).asm["ptx"])[1]
+            ck = compile_variant(name, D, causal, torch.float16, mod=mod, varlen=True)
+            regs, spill = ptxas_report(ck.asm["ptx"])
+            ok = bool(ck.asm.get("cubin")) and (spill == 0 or D == 128)
+            status = ('ok: cubin' + (', spills' if spill else '')) if ok else 'PROBLEM'
+            print(f"{tag} smem {ck.metadata.shared}, regs {regs}, spill {spill} (dense "
+                  f"{dense_spill}): {status}")
+            failures += not ok
+        except Exception as e:  # noqa: BLE001
+            failures += 1
+            print(f"{tag} FAILED: {type(e).__name__}: {str(e).strip().splitlines()[:6]}")
     return failures
 
 
@@ -324,6 +369,7 @@ def main(verbose=False):
                     failures += 1
                     print(f"{tag} FAILED: {type(e).__name__}: {str(e).strip().splitlines()[:3]}")
     failures += check_score_mods(plain_spill)
+    failures += check_varlen(plain_spill)
     for D in fa3_bwd.HEAD_DIMS:
         for dtype in (torch.float16, torch.bfloat16):
             try:

@@ -65,13 +65,15 @@ def attention_forward(q, k, v, causal, scale, mod, cu_seqlens=None, max_seqlen=N
 
 
 def attention_backward(q, k, v, out, lse, dout, causal, scale, mod, cu_seqlens=None, max_seqlen=None):
-    """The backward kernels for these inputs: FA3's (kernels/fa3_bwd.py) on Hopper for large dense
-    problems, score modifiers included (whichever kernel ran the forward: both give the same
-    out and lse), FA2's otherwise (packed sequences too). Returns (dq, dk, dv)."""
+    """The backward kernels for these inputs: FA3's (kernels/fa3_bwd.py) on Hopper for large
+    problems, dense or packed, score modifiers included (whichever kernel ran the forward: both
+    give the same out and lse), FA2's otherwise. Returns (dq, dk, dv)."""
     from .kernels import fa3_bwd
     from .kernels.fa2_bwd import fa2_backward
-    if cu_seqlens is None and _fa3_worth_it(q, k, causal) and fa3_bwd.supported(q, k, v, out, lse, dout):
-        return fa3_bwd.fa3_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=mod)
+    packed = cu_seqlens is not None
+    if _fa3_worth_it(q, k, causal, max_seqlen) and fa3_bwd.supported(q, k, v, out, lse, dout, packed):
+        return fa3_bwd.fa3_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=mod,
+                                    cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
     return fa2_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=mod,
                         cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
 
@@ -246,7 +248,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     scale, softcap: as ``flash_attention``; alibi_slopes: (heads_q,) or (batch, heads_q), the bias
     from positions within each sequence. Returns out (total_q, heads_q, headdim) or (out, lse) with
     lse (heads_q, total_q) float32, natural log; an empty sequence has no rows. Differentiable in
-    q, k, v. On Hopper the forward is FA3's (``attention_forward``), the backward FA2's. The
+    q, k, v. On Hopper the kernels are FA3's (``attention_forward``, ``attention_backward``). The
     offsets are checked on the host (a device sync on a GPU, once per version of each offsets
     tensor: ``inputs.read_once``; under torch.compile a graph break before the kernels, which run
     as the custom ops ``flashlib::fa2_varlen_forward`` and ``flashlib::fa2_varlen_backward``).
@@ -291,10 +293,9 @@ def _varlen_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
                         causal: bool, scale: float, softcap: Optional[float],
                         alibi_slopes: Optional[torch.Tensor]
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from .kernels.fa2_bwd import fa2_backward
-    return fa2_backward(q, k, v, out, lse, dout, causal=causal, scale=scale,
-                        score_mod=score_mod.make(q, softcap, alibi_slopes, batch=cu_seqlens_q.numel() - 1),
-                        cu_seqlens=(cu_seqlens_q, cu_seqlens_k), max_seqlen=(max_seqlen_q, max_seqlen_k))
+    return attention_backward(q, k, v, out, lse, dout, causal, scale,
+                              score_mod.make(q, softcap, alibi_slopes, batch=cu_seqlens_q.numel() - 1),
+                              (cu_seqlens_q, cu_seqlens_k), (max_seqlen_q, max_seqlen_k))
 
 
 @_varlen_backward_op.register_fake

@@ -6,7 +6,8 @@ Triton 3.6's Gluon, skipped elsewhere): dq, dk, dv of every variant against floa
 through the oracle with flashlib's tolerance rule, at real and irregular sizes: ragged lengths,
 grouped heads, causal with Nq > Nk (rows with no key: zero gradients, never NaN), Nq = 1, Nk = 1,
 large logits, strided views, float16 and bfloat16, head dims 64 and 128; and with each score
-modifier (softcap, ALiBi, both).
+modifier (softcap, ALiBi, both); and on packed sequences (cu_seqlens) against the oracle sequence
+by sequence.
 """
 import pytest
 import torch
@@ -60,6 +61,23 @@ def test_launch_plans_are_keyed_on_the_score_modifier(monkeypatch):
     assert len({options for _, options in keys}) == len(mods)
     for (tensors, _), mod in zip(keys, mods):
         assert (mod is None) == (len(tensors) == 6) and (mod is None or tensors[-1] is mod.args)
+
+
+def test_packed_launch_plans_are_keyed_on_offsets_and_max_seqlen(monkeypatch):
+    # a packed plan reads the offsets on the device and bakes the longest lengths into its grid:
+    # the offsets' layout and max_seqlen are in its key (a list is keyed as the tuple it equals)
+    keys = []
+    monkeypatch.setattr(fa3_bwd, "plan_key", lambda tensors, options: keys.append((tensors, options)))
+    q = torch.randn(12, 2, 64)
+    k = torch.randn(9, 1, 64)
+    cu_q, cu_k = (torch.tensor(c, dtype=torch.int32) for c in ([0, 5, 12], [0, 4, 9]))
+    for max_seqlen in ([7, 5], (7, 5), (8, 5)):
+        with pytest.raises(ValueError, match="fa2_backward"):   # CPU tensors: refused after the key
+            fa3_bwd.fa3_backward(q, k, k, q, torch.zeros(2, 12), q, cu_seqlens=(cu_q, cu_k),
+                                 max_seqlen=max_seqlen)
+    (tensors, first), (_, same), (_, longer) = keys
+    assert tensors[6] is cu_q and tensors[7] is cu_k and len(tensors) == 8
+    assert first == same != longer
 
 
 def _hopper():
@@ -205,3 +223,81 @@ def test_gpu_real_size_matches_fa2_backward():
                 assert torch.isfinite(g).all(), name
                 err = (g.float() - w.float()).abs().max().item()
                 assert err <= 2e-2 * max(1.0, w.float().abs().max().item()), (name, D, causal, err)
+
+
+PACKED_LENGTHS = ([1, 700, 0, 129, 64, 1000, 3, 65],    # queries: 1-token, empty, ragged blocks
+                  [5, 700, 3, 0, 300, 1000, 1, 200])    # keys: Nq != Nk, none, causal Nq > Nk
+
+
+def check_packed(lengths_q, lengths_k, Hq, Hkv, D, causal, dtype, variant=None, seed=0, **score_mods):
+    """fa3_backward on packed sequences, (out, lse) from fa2_forward's packed path, against float64
+    autograd through the oracle on each sequence's (1, H, n, D) views, as test_varlen.check does.
+    Keys of a sequence without queries and queries of one without keys get exactly zero
+    gradients. score_mods: ``softcap``, ``alibi_slopes`` (B, Hq): one row per sequence."""
+    from flashlib.kernels.fa2_fwd import fa2_forward
+    from test_varlen import packed
+    q, k, v, cu_q, cu_k = packed(lengths_q, lengths_k, Hq, Hkv, D, dtype, seed)
+    dout = torch.randn_like(q)
+    mod = score_mod.make(q, batch=len(lengths_q), **score_mods)
+    cu_seqlens, max_seqlen = (cu_q, cu_k), (max(lengths_q), max(lengths_k))
+    out, lse = fa2_forward(q, k, v, causal=causal, score_mod=mod, cu_seqlens=cu_seqlens,
+                           max_seqlen=max_seqlen)
+    assert fa3_bwd.supported(q, k, v, out, lse, dout, packed=True)
+    grads = fa3_bwd.fa3_backward(q, k, v, out, lse, dout, causal=causal, variant=variant, score_mod=mod,
+                                 cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+    for name, g, t in zip(("dq", "dk", "dv"), grads, (q, k, v)):
+        assert g.shape == t.shape and g.dtype == dtype, name
+        assert torch.isfinite(g).all(), f"{name} has NaN or inf entries"
+    slopes = score_mods.get("alibi_slopes")
+    as4 = lambda t: t.transpose(0, 1).unsqueeze(0)                         # noqa: E731  (1, H, n, D)
+    for b in range(len(lengths_q)):
+        rq = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        rk = slice(int(cu_k[b]), int(cu_k[b + 1]))
+        name = f"sequence {b} ({lengths_q[b]} queries, {lengths_k[b]} keys)"
+        if lengths_q[b] == 0 or lengths_k[b] == 0:
+            for gname, g, rows in zip(("dq", "dk", "dv"), grads, (rq, rk, rk)):
+                assert (g[rows] == 0).all(), f"{gname} of {name}"
+            continue
+        seq = [as4(t[r]) for t, r in ((q, rq), (k, rk), (v, rk))]
+        seq_mods = dict(score_mods, **({} if slopes is None else {"alibi_slopes": slopes[b]}))
+        sdout = as4(dout[rq])
+        ref_leaves = [t.double().requires_grad_() for t in seq]
+        ref, _ = attention_ref(*ref_leaves, causal=causal, **seq_mods)
+        ref_grads = torch.autograd.grad(ref, ref_leaves, sdout.double())
+        base_leaves = [t.clone().requires_grad_() for t in seq]
+        base_grads = torch.autograd.grad(attention_naive(*base_leaves, causal=causal, **seq_mods),
+                                         base_leaves, sdout)
+        mags = testing.attention_magnitudes(*seq, sdout, causal=causal, **seq_mods)
+        for gname, g, r, bg, rows in zip(("dq", "dk", "dv"), grads, ref_grads, base_grads, (rq, rk, rk)):
+            testing.assert_close(as4(g[rows]), r, baseline=bg, dtype=dtype, name=f"{gname} of {name}",
+                                 magnitude=mags[gname])
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("D", fa3_bwd.HEAD_DIMS)
+def test_gpu_packed_sequences(D, dtype, monkeypatch):
+    """fa3_backward on packed sequences (cu_seqlens, flash-attn's varlen layout): ragged lengths
+    with empty and 1-token sequences, Nq != Nk in each, causal rows that see no key, sequences
+    ending mid-block (the next one's rows in the same query and key blocks), grouped heads 4:1,
+    the softcap with per-sequence ALiBi; a second call of each layout on fresh tensors replays the
+    first's plan; no rows at all; in float16 the other variants too."""
+    _hopper()
+    from flashlib.kernels import launch
+    replays, real_replay = [], fa3_bwd._replay
+    monkeypatch.setattr(fa3_bwd, "_replay", lambda *a: replays.append(1) or real_replay(*a))
+    lengths_q, lengths_k = PACKED_LENGTHS
+    slopes = torch.linspace(0.05, 1.0, 64, device=DEV).reshape(8, 8)      # (B, Hq)
+    for mods in (dict(causal=False), dict(causal=True),
+                 dict(causal=True, softcap=20.0, alibi_slopes=slopes)):
+        for seed in (0, 1):
+            replayed = len(replays)
+            check_packed(lengths_q, lengths_k, 8, 2, D, dtype=dtype, seed=seed, **mods)
+        assert len(replays) == replayed + launch.ENABLED, "the second call did not replay the plan"
+    for lq, lk in (([0, 0], [3, 70]), ([5, 2], [0, 0])):                 # no queries, no keys
+        check_packed(lq, lk, 8, 2, D, causal=True, dtype=dtype)
+    if dtype == torch.float16:
+        for variant, v in fa3_bwd.VARIANTS.items():
+            if D in v.head_dims and variant != fa3_bwd.DEFAULT_VARIANT[D]:
+                check_packed(lengths_q, lengths_k, 8, 2, D, causal=True, dtype=dtype, variant=variant)

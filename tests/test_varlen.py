@@ -146,24 +146,27 @@ def test_gpu_real_sizes(dtype):
     check([512, 3000, 77], [4096, 3000, 1000], 8, 8, 64, causal=False, dtype=dtype, softcap=30.0)
 
 
-def test_packed_forward_goes_to_the_hopper_kernel_where_it_runs(monkeypatch):
-    # on an sm90 GPU (stood in for here: fa3_fwd.supported and fa3_forward replaced) a large
-    # packed forward runs FA3's kernel with the offsets; its backward stays FA2's (no packed FA3
-    # backward); small ones, FA3 turned off, and d64 causal (ops.FA2_FORWARD_WINS) run FA2
+def test_packed_calls_go_to_the_hopper_kernels_where_they_run(monkeypatch):
+    # on an sm90 GPU (stood in for here: the FA3 kernels' supported and launchers replaced by
+    # recorders that run FA2's) a large packed call runs FA3's forward and backward with the
+    # offsets; small ones, FA3 turned off, and d64 causal's forward (ops.FA2_FORWARD_WINS) FA2's
     from flashlib import ops
-    from flashlib.kernels import fa2_bwd, fa2_fwd, fa3_fwd
+    from flashlib.kernels import fa2_bwd, fa2_fwd, fa3_bwd, fa3_fwd
     calls = []
     monkeypatch.setattr(ops, "FA3_ENABLED", True)
     monkeypatch.setattr(fa3_fwd, "supported", lambda q, k, v, packed=False: packed and q.ndim == 3)
+    monkeypatch.setattr(fa3_bwd, "supported", lambda q, k, v, out, lse, dout, packed=False: packed and q.ndim == 3)
     monkeypatch.setattr(fa3_fwd, "fa3_forward", lambda *a, cu_seqlens, max_seqlen, **kw: calls.append(
         ("fa3", max_seqlen)) or fa2_fwd.fa2_forward(*a, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, **kw))
     real_bwd = fa2_bwd.fa2_backward
     monkeypatch.setattr(fa2_bwd, "fa2_backward", lambda *a, **kw: calls.append("fa2 bwd") or real_bwd(*a, **kw))
-    lengths = [5, 0, 17, 1]
-    for D, causal, from_flops, expected in [(16, False, 0, [("fa3", (17, 17)), "fa2 bwd"]),
-                                            (16, True, 4 * 23 * 4 * 17 * 16 // 2, [("fa3", (17, 17)), "fa2 bwd"]),
+    monkeypatch.setattr(fa3_bwd, "fa3_backward", lambda *a, cu_seqlens, max_seqlen, **kw: calls.append(
+        ("fa3 bwd", max_seqlen)) or real_bwd(*a, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, **kw))
+    lengths, fa3 = [5, 0, 17, 1], [("fa3", (17, 17)), ("fa3 bwd", (17, 17))]
+    for D, causal, from_flops, expected in [(16, False, 0, fa3),
+                                            (16, True, 4 * 23 * 4 * 17 * 16 // 2, fa3),
                                             (16, True, 4 * 23 * 4 * 17 * 16 // 2 + 1, ["fa2 bwd"]),
-                                            (64, True, 0, ["fa2 bwd"])]:
+                                            (64, True, 0, [("fa3 bwd", (17, 17))])]:
         calls.clear()
         monkeypatch.setattr(ops, "FA3_FROM_FLOPS", from_flops)
         check(lengths, lengths, 4, 2, D, causal=causal)

@@ -29,6 +29,20 @@ rows past a head's length, so ragged tails never touch the next head. Padded que
 lse = +inf (P = 0) and delta = 0; a row with no visible key has lse = -inf, read as +inf: its P,
 and so its gradients, are 0, never NaN. Keys past Nk and the causal band are masked (P = 0).
 
+Packed sequences (VARLEN, ``cu_seqlens``, as ``fa3_fwd``'s): the descriptors cover the
+``fa3_fwd.packed_view``s (1, H, total, D) of q, dO, k, v, dK, dV; the grid covers the longest
+sequence's key blocks and a CTA past its sequence's last one exits before anything else. Each
+partition loads its sequence's first rows and lengths itself (``_sequence``), so Nq, Nk, row0
+and n0 count within the sequence: the causal band (bottom-right in each) and the modifiers'
+positions are the sequence's. A query block's rows past Nq are the next sequence's, not TMA's
+zeros: their lse2 and delta, (Hq, total_q) here, are read as +inf and 0 (``_row_stats``), so their
+P, dS and dQ partials are 0 and the reduce-add into the next sequence's dq_accum rows adds zeros.
+Keys past Nk are masked as ragged tails are, but their dK and dV rows are another CTA's: a
+sequence's last key block leaves by a masked store from registers, full blocks by TMA. dq_accum
+is (1, Hq, total_q, D); the preprocess and convert kernels see one batch entry of total_q rows.
+For sm90 it compiles without spills at d64; at d128 the default variant spills 30-110 bytes a
+thread more than the dense kernel (hopper_bwd_compile_check), a few more local loads per step.
+
 One CTA, producer and 2 consumers (t: step over (query head, query block); s = t % STAGES)::
 
     producer   | TMA K_w,V_w | wait empty[s], TMA Q_t -> q_ready[s], TMA dO_t -> do_ready[s] | ...
@@ -42,7 +56,8 @@ One CTA, producer and 2 consumers (t: step over (query head, query block); s = t
 
 Phases as in fa3_fwd: the t-th step waits ``ready`` with parity (t // STAGES) & 1, the producer
 ``empty`` with the opposite parity (a fresh barrier passes it: the first STAGES loads go ahead).
-Every partition runs the same number of steps, so no barrier gets two phases ahead.
+Every partition runs the same number of steps (VARLEN: each computes it from the same
+offsets), so no barrier gets two phases ahead.
 
 ``VARIANTS`` names the combinations; ``benchmarks/hopper_bwd_probe.py`` checks and times them,
 ``benchmarks/hopper_bwd_compile_check.py`` compiles them without a GPU and models the protocol.
@@ -161,10 +176,11 @@ if _GLUON:
         cols = tl.arange(0, HEAD_D)
         ok = rows < Nq
         b, h = bh // Hq, bh % Hq
+        rows64 = rows.to(tl.int64)[:, None]   # packed rows are Hq x D apart: past 2^31 elements
         o = tl.load(Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-                    + rows[:, None] * stride_om + cols[None, :], mask=ok[:, None], other=0.0)
+                    + rows64 * stride_om + cols[None, :], mask=ok[:, None], other=0.0)
         do = tl.load(dOut + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-                     + rows[:, None] * stride_dom + cols[None, :], mask=ok[:, None], other=0.0)
+                     + rows64 * stride_dom + cols[None, :], mask=ok[:, None], other=0.0)
         delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
         lse = tl.load(Lse + bh.to(tl.int64) * Nq + rows, mask=ok, other=float("-inf"))
         lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
@@ -182,21 +198,57 @@ if _GLUON:
         ok = rows[:, None] < Nq
         acc = tl.load(DqAccum + (bh.to(tl.int64) * Nq + rows[:, None]) * HEAD_D + cols[None, :], mask=ok)
         b, h = bh // Hq, bh % Hq
-        tl.store(dQ + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + rows[:, None] * stride_qm
-                 + cols[None, :], (acc * scale).to(dQ.dtype.element_ty), mask=ok)
+        tl.store(dQ + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+                 + rows.to(tl.int64)[:, None] * stride_qm + cols[None, :],   # int64: as above
+                 (acc * scale).to(dQ.dtype.element_ty), mask=ok)
+
+    @gluon.jit
+    def _steps(Nq, Nk, start_n, GROUP, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+        """The query blocks that see a key of the CTA's block (from start_n): [m_lo, m_lo + n_mb)
+        of each query head of the group, n_steps in all. Returns (m_lo, n_mb, n_steps)."""
+        n_m = gl.cdiv(Nq, BLOCK_M)
+        if CAUSAL:
+            lo_row = gl.maximum(start_n - (Nk - Nq), 0)
+            m_lo = gl.minimum(lo_row // BLOCK_M, n_m)
+        else:
+            m_lo = 0
+        n_mb = n_m - m_lo
+        n_steps = GROUP * n_mb
+        n_mb = gl.maximum(n_mb, 1)      # a divisor in the partitions (unused when n_steps == 0)
+        return m_lo, n_mb, n_steps
+
+    @gluon.jit
+    def _sequence(CuSeqQ, CuSeqK, off_b):
+        """VARLEN: batch entry off_b's first rows and lengths (q_row0, k_row0, Nq, Nk), as
+        fa2_fwd.sequence. Each partition loads them and derives its steps itself: values the
+        kernel's body loaded would reach it through shared memory and without what the compiler
+        knew of them (the step loop's t // n_mb became a signed division). The dense schedule
+        comes from the kernel's arguments alone: Triton recomputes it in each partition."""
+        q_row0 = gl.load(CuSeqQ + off_b)
+        k_row0 = gl.load(CuSeqK + off_b)
+        Nq = gl.load(CuSeqQ + off_b + 1) - q_row0
+        Nk = gl.load(CuSeqK + off_b + 1) - k_row0
+        return q_row0, k_row0, Nq, Nk
 
     @gluon.jit
     def _producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, q_ready,
-                  do_ready, empty, off_b, off_hkv, start_n, m_lo, n_mb, n_steps, GROUP,
+                  do_ready, empty, off_b, off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, CuSeqQ, CuSeqK,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_WG: gl.constexpr,
-                  STAGES: gl.constexpr):
+                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, VARLEN: gl.constexpr):
         """One warp: TMA loads of each consumer's K and V rows, then Q and dO step by step."""
+        tma_b = off_b      # the descriptors' batch coordinate
+        q_row0 = 0         # the sequence's first rows
+        k_row0 = 0
+        if VARLEN:   # the sequence's rows and steps, not the kernel body's (see _sequence)
+            q_row0, k_row0, Nq, Nk = _sequence(CuSeqQ, CuSeqK, off_b)
+            m_lo, n_mb, n_steps = _steps(Nq, Nk, start_n, GROUP, BLOCK_M, CAUSAL)
+            tma_b = 0
         mbarrier.expect(kv_bar, NUM_WG * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
         for w in gl.static_range(NUM_WG):
-            tma.async_copy_global_to_shared(k_desc, [off_b, off_hkv, start_n + w * BLOCK_N, 0], kv_bar,
-                                            k_smem.index(w))
-            tma.async_copy_global_to_shared(v_desc, [off_b, off_hkv, start_n + w * BLOCK_N, 0], kv_bar,
-                                            v_smem.index(w))
+            tma.async_copy_global_to_shared(k_desc, [tma_b, off_hkv, k_row0 + start_n + w * BLOCK_N, 0],
+                                            kv_bar, k_smem.index(w))
+            tma.async_copy_global_to_shared(v_desc, [tma_b, off_hkv, k_row0 + start_n + w * BLOCK_N, 0],
+                                            kv_bar, v_smem.index(w))
         for t in range(n_steps):
             s = t % STAGES
             g = t // n_mb
@@ -204,22 +256,36 @@ if _GLUON:
             off_h = off_hkv * GROUP + g
             mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
             mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [off_b, off_h, row0, 0], q_ready.index(s),
+            tma.async_copy_global_to_shared(q_desc, [tma_b, off_h, q_row0 + row0, 0], q_ready.index(s),
                                             q_smem.index(s))
             mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(do_desc, [off_b, off_h, row0, 0], do_ready.index(s),
+            tma.async_copy_global_to_shared(do_desc, [tma_b, off_h, q_row0 + row0, 0], do_ready.index(s),
                                             do_smem.index(s))
 
     @gluon.jit
+    def _row_stats(lse2_ptr, delta_ptr, rows, n_rows, VARLEN: gl.constexpr):
+        """lse2 and delta of a step's query rows (rows: 0..BLOCK_M in the tile's layout). Dense, the
+        buffers are padded to whole query blocks: no bounds. VARLEN: rows from n_rows on are the
+        next sequence's (or past the packed end): lse2 +inf and delta 0, so their P and dS are 0."""
+        if VARLEN:
+            lse2 = gl.load(lse2_ptr + rows, mask=rows < n_rows, other=float("inf"))
+            delta = gl.load(delta_ptr + rows, mask=rows < n_rows, other=0.0)
+        else:
+            lse2 = gl.load(lse2_ptr + rows)
+            delta = gl.load(delta_ptr + rows)
+        return lse2, delta
+
+    @gluon.jit
     def _step_keys_m(k, v, q_smem, do_smem, q_bar, do_bar, phase, ds_view, dk, dv, lse2_ptr, delta_ptr,
-                     row0, n0, full_row, causal_offset, Nk, qk_scale, bh, mod_args,
+                     n_rows, row0, n0, full_row, causal_offset, Nk, qk_scale, bh, mod_args,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                     CAUSAL: gl.constexpr, SCORE_MOD: gl.constexpr):
+                     CAUSAL: gl.constexpr, SCORE_MOD: gl.constexpr, VARLEN: gl.constexpr):
         """One query block, keys along wgmma's M (FA2's dK/dV tiles): S^T = K Q^T, dP^T = V dO^T;
         P^T stays in registers (the A operand of dV += P^T dO); dS^T goes to shared memory for
         dK += dS^T Q and dQ = dS K (read transposed). SCORE_MOD on the scaled S^T, as
         ``fa2_bwd.dkdv_tile``; its derivative scales dS^T. With a modifier, dP^T after P^T and P^T
-        packed beside P^T dmod, as in ``_step_rows_m``. Returns (dk, dv)."""
+        packed beside P^T dmod, as in ``_step_rows_m``. n_rows: the step's rows in its sequence
+        (VARLEN, ``_row_stats``). Returns (dk, dv)."""
         dtype: gl.constexpr = k.dtype
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_M, 16])
@@ -227,8 +293,7 @@ if _GLUON:
                                                              instr_shape=[16, HEAD_D, 16])
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
         cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))       # query rows
-        lse2 = gl.load(lse2_ptr + cols)                                         # padded: no bounds
-        delta = gl.load(delta_ptr + cols)
+        lse2, delta = _row_stats(lse2_ptr, delta_ptr, cols, n_rows, VARLEN)
         mbarrier.wait(q_bar, phase)
         q = q_smem.reshape([BLOCK_M, HEAD_D])
         st = warpgroup_mma(k, q.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
@@ -276,9 +341,9 @@ if _GLUON:
 
     @gluon.jit
     def _step_rows_m(k, v, q_smem, do_smem, q_bar, do_bar, phase, ds_view, p_view, dk, dv, lse2_ptr,
-                     delta_ptr, row0, n0, full_row, causal_offset, Nk, qk_scale, bh, mod_args,
+                     delta_ptr, n_rows, row0, n0, full_row, causal_offset, Nk, qk_scale, bh, mod_args,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                     CAUSAL: gl.constexpr, SCORE_MOD: gl.constexpr):
+                     CAUSAL: gl.constexpr, SCORE_MOD: gl.constexpr, VARLEN: gl.constexpr):
         """One query block, query rows along wgmma's M (FA3's SdP without swapAB): S = Q K^T,
         dP = dO V^T, lse and delta two registers a thread; P and dS go to shared memory, read
         transposed by dV += P^T dO and dK += dS^T Q, and as is by dQ = dS K. SCORE_MOD on the
@@ -289,13 +354,13 @@ if _GLUON:
         16 bits beside P dmod in float32: written as the plain kernel, the 2wg variant's softcap
         spilled 816-1008 bytes a thread at d128 and ALiBi with it 1472-1736 (Triton 3.6,
         hopper_bwd_compile_check), this way 8 and 224-384. Without one (the identity, a
-        compile-time test) the kernel is the plain one: dP beside the softmax. Returns (dk, dv)."""
+        compile-time test) the kernel is the plain one: dP beside the softmax. n_rows: as
+        ``_step_keys_m``'s. Returns (dk, dv)."""
         dtype: gl.constexpr = k.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-        lse2 = gl.load(lse2_ptr + rows)                                         # padded: no bounds
-        delta = gl.load(delta_ptr + rows)
+        lse2, delta = _row_stats(lse2_ptr, delta_ptr, rows, n_rows, VARLEN)
         mbarrier.wait(q_bar, phase)
         q = q_smem.reshape([BLOCK_M, HEAD_D])
         s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
@@ -349,22 +414,34 @@ if _GLUON:
 
     @gluon.jit
     def _consumer(dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem,
-                  dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum, off_b, off_hkv,
-                  start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk, Nq_pad, scale, qk_scale, ModArgs,
-                  WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                  DQ_TMA: gl.constexpr, KEYS_M: gl.constexpr, DQ_N: gl.constexpr,
-                  SCORE_MOD: gl.constexpr):
-        """One warpgroup: dK, dV of keys [n0, n0 + 64) over every step; dQ partials out."""
+                  dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum, dK, dV, off_b,
+                  off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk, Nq_pad, scale, qk_scale,
+                  ModArgs, CuSeqQ, CuSeqK, stride_dkm, stride_dkh, WG: gl.constexpr,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, DQ_TMA: gl.constexpr,
+                  KEYS_M: gl.constexpr, DQ_N: gl.constexpr, SCORE_MOD: gl.constexpr,
+                  VARLEN: gl.constexpr):
+        """One warpgroup: dK, dV of keys [n0, n0 + 64) over every step; dQ partials out. Nq, Nk,
+        row0 and n0 count within the sequence; VARLEN: its rows start at q_row0 and k_row0 of the
+        packed tensors, and a sequence's last key block leaves by masked stores into dK and dV
+        (rows stride_dkm, heads stride_dkh apart)."""
         dtype: gl.constexpr = dk_desc.dtype
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, HEAD_D, 16])
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, DQ_N, 16])
+        tma_b = off_b
+        q_row0 = 0
+        k_row0 = 0
+        if VARLEN:   # as the producer's
+            q_row0, k_row0, Nq, Nk = _sequence(CuSeqQ, CuSeqK, off_b)
+            m_lo, n_mb, n_steps = _steps(Nq, Nk, start_n, GROUP, BLOCK_M, CAUSAL)
+            tma_b = 0
         n0 = start_n + WG * BLOCK_N
         causal_offset = Nk - Nq
         # steps whose query block starts at or after full_row see all 64 keys: no mask there
-        # (keys past Nk always need one: their K rows are zeros, but P = exp2(-lse) may overflow)
+        # (keys past Nk always need one: their K rows are zeros, or VARLEN the next sequence's,
+        # and P = exp2(-lse) may overflow)
         if n0 + BLOCK_N > Nk:
             full_row = Nq + BLOCK_M
         elif CAUSAL:
@@ -383,20 +460,23 @@ if _GLUON:
             row0 = (m_lo + t - g * n_mb) * BLOCK_M
             off_h = off_hkv * GROUP + g
             bh = off_b * Hq + off_h                   # the modifier's row: per query head
-            stat_row = bh.to(gl.int64) * Nq_pad + row0
+            if VARLEN:   # (Hq, total_q) rows, Nq_pad = total_q
+                stat_row = off_h.to(gl.int64) * Nq_pad + q_row0 + row0
+            else:
+                stat_row = bh.to(gl.int64) * Nq_pad + row0
             if KEYS_M:
                 dk, dv = _step_keys_m(k, v, q_smem.index(s), do_smem.index(s), q_ready.index(s),
                                       do_ready.index(s), (t // STAGES) & 1, ds_smem.index(WG), dk, dv,
-                                      Lse2 + stat_row, Delta + stat_row, row0, n0, full_row,
+                                      Lse2 + stat_row, Delta + stat_row, Nq - row0, row0, n0, full_row,
                                       causal_offset, Nk, qk_scale, bh, ModArgs, BLOCK_M, BLOCK_N,
-                                      HEAD_D, CAUSAL, SCORE_MOD)
+                                      HEAD_D, CAUSAL, SCORE_MOD, VARLEN)
                 ds = ds_smem.index(WG).permute((1, 0))              # dS (BLOCK_M, 64)
             else:
                 dk, dv = _step_rows_m(k, v, q_smem.index(s), do_smem.index(s), q_ready.index(s),
                                       do_ready.index(s), (t // STAGES) & 1, ds_smem.index(WG),
                                       p_smem.index(WG), dk, dv, Lse2 + stat_row, Delta + stat_row,
-                                      row0, n0, full_row, causal_offset, Nk, qk_scale, bh, ModArgs,
-                                      BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, SCORE_MOD)
+                                      Nq - row0, row0, n0, full_row, causal_offset, Nk, qk_scale, bh,
+                                      ModArgs, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, SCORE_MOD, VARLEN)
                 ds = ds_smem.index(WG)
             mbarrier.arrive(empty.index(s))   # dK += dS^T Q was the stage's last reader
             # dQ = dS K in column slices of DQ_N: an accumulator of BLOCK_M x DQ_N beside dK and
@@ -407,36 +487,76 @@ if _GLUON:
                                    use_acc=False, is_async=True)
                 dq = warpgroup_mma_wait(0, deps=(dq, ))
                 if DQ_TMA:   # through a (BLOCK_M, DQ_N) float32 buffer and a TMA reduce-add
+                    # (VARLEN: rows past Nq add their zeros into the next sequence's)
                     tma.store_wait(0)         # the previous reduce has read the buffer
                     dq_smem.index(WG).reshape([BLOCK_M, DQ_N]).store(dq)
                     fence_async_shared()
-                    _tma_reduce_add(dqa_desc, [off_b, off_h, row0, part * DQ_N], dq_smem.index(WG))
+                    _tma_reduce_add(dqa_desc, [tma_b, off_h, q_row0 + row0, part * DQ_N],
+                                    dq_smem.index(WG))
                 else:
                     rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
                     dcols = part * DQ_N + gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_layout))
-                    ptrs = (DqAccum + bh.to(gl.int64) * Nq * HEAD_D
-                            + gl.expand_dims(rows * HEAD_D, 1) + gl.expand_dims(dcols, 0))
+                    if VARLEN:   # dq_accum (1, Hq, total_q, D): Nq_pad = total_q rows a head
+                        dq_head = DqAccum + (off_h.to(gl.int64) * Nq_pad + q_row0) * HEAD_D
+                    else:
+                        dq_head = DqAccum + bh.to(gl.int64) * Nq * HEAD_D
+                    ptrs = dq_head + gl.expand_dims(rows * HEAD_D, 1) + gl.expand_dims(dcols, 0)
                     gl.atomic_add(ptrs, dq, mask=gl.expand_dims(rows < Nq, 1), sem="relaxed")
 
-        # dK, dV out through the K and V buffers (every wgmma reading them has completed) and TMA
-        # stores, which drop the rows past Nk
-        k.store((dk * scale).to(dtype))
-        v.store(dv.to(dtype))
+        dk = (dk * scale).to(dtype)
+        dv = dv.to(dtype)
+        if VARLEN:
+            if n0 + BLOCK_N > Nk:   # the sequence's last key block: the rows past Nk are the next
+                # sequence's, which a TMA store (clipped only at the packed end) would overwrite
+                kv_rows = (k_row0 + n0).to(gl.int64) * stride_dkm + off_hkv * stride_dkh
+                _store_rows(dk, dK + kv_rows, stride_dkm, Nk - n0, BLOCK_N, HEAD_D, acc_layout)
+                _store_rows(dv, dV + kv_rows, stride_dkm, Nk - n0, BLOCK_N, HEAD_D, acc_layout)
+                tma.store_wait(0)   # the last dQ reduce has read its buffer before the CTA exits
+            else:
+                _store_dkdv(dk, dv, k_smem.index(WG), v_smem.index(WG), dk_desc, dv_desc,
+                            [tma_b, off_hkv, k_row0 + n0, 0], BLOCK_N, HEAD_D)
+        else:
+            _store_dkdv(dk, dv, k_smem.index(WG), v_smem.index(WG), dk_desc, dv_desc,
+                        [off_b, off_hkv, n0, 0], BLOCK_N, HEAD_D)
+
+    @gluon.jit
+    def _store_dkdv(dk, dv, k_view, v_view, dk_desc, dv_desc, coords, BLOCK_N: gl.constexpr,
+                    HEAD_D: gl.constexpr):
+        """dK, dV (BLOCK_N, HEAD_D) out through the K and V buffers (every wgmma reading them has
+        completed) and TMA stores, which drop the rows past the descriptors' bounds (Nk dense)."""
+        k_view.reshape([BLOCK_N, HEAD_D]).store(dk)
+        v_view.reshape([BLOCK_N, HEAD_D]).store(dv)
         fence_async_shared()
-        tma.async_copy_shared_to_global(dk_desc, [off_b, off_hkv, n0, 0], k_smem.index(WG))
-        tma.async_copy_shared_to_global(dv_desc, [off_b, off_hkv, n0, 0], v_smem.index(WG))
+        tma.async_copy_shared_to_global(dk_desc, coords, k_view)
+        tma.async_copy_shared_to_global(dv_desc, coords, v_view)
         tma.store_wait(0)
 
-    # sizes are not specialised (on being 1 or multiples of 16): one compile per configuration
+    @gluon.jit
+    def _store_rows(x, base, stride_m, n_rows, BLOCK: gl.constexpr, HEAD_D: gl.constexpr,
+                    layout: gl.constexpr):
+        """Rows [0, n_rows) of x (BLOCK, HEAD_D), in ``layout``, from registers into base's rows,
+        stride_m elements apart (a masked store: TMA would write all BLOCK rows)."""
+        rows = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, layout))
+        cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, layout))
+        ptrs = base + gl.expand_dims(rows.to(gl.int64) * stride_m, 1) + gl.expand_dims(cols, 0)
+        gl.store(ptrs, x, mask=gl.expand_dims(rows < n_rows, 1))
+
+    # sizes are not specialised (on being 1 or multiples of 16): one compile per configuration.
+    # stride_dkm and stride_dkh are (in practice Hkv x D and D, multiples of 16): known aligned,
+    # the masked dK/dV stores move 4 bytes at a time, not 2
     @gluon.jit(do_not_specialize=["Hq", "Hkv", "Nq", "Nk", "Nq_pad", "GROUP"])
     def _fa3_bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, Lse2, Delta,
-                        DqAccum, ModArgs, Hq, Hkv, Nq, Nk, Nq_pad, scale, qk_scale, GROUP,
+                        DqAccum, ModArgs, CuSeqQ, CuSeqK, dK, dV, Hq, Hkv, Nq, Nk, Nq_pad, stride_dkm,
+                        stride_dkh, scale, qk_scale, GROUP,
                         CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         HEAD_D: gl.constexpr, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
                         DQ_TMA: gl.constexpr, KEYS_M: gl.constexpr, DQ_N: gl.constexpr,
-                        CONSUMER_REGS: gl.constexpr, SCORE_MOD: gl.constexpr):
+                        CONSUMER_REGS: gl.constexpr, SCORE_MOD: gl.constexpr, VARLEN: gl.constexpr):
         # qk_scale: scale * log2(e) * the modifier's input_scale (dK and dQ take scale alone);
         # ModArgs, SCORE_MOD: the score modifier's per-(batch, query head) rows and function
+        # VARLEN: packed sequences (Nq, Nk the longest's; descriptors over (1, H, total, D) views;
+        # Lse2, Delta (Hq, total_q) and Nq_pad = total_q; dK, dV, stride_dkm, stride_dkh: where a
+        # sequence's last key block is stored)
         # one flat grid axis: the key blocks of one (batch, kv head) adjacent; causal: the first
         # key blocks (seen by the most query rows) are the heaviest and go first
         CTA_N: gl.constexpr = BLOCK_N * NUM_WG
@@ -446,16 +566,11 @@ if _GLUON:
         off_b = off_bkv // Hkv
         off_hkv = off_bkv % Hkv
         start_n = pid_n * CTA_N
-        # query blocks that see a key of this CTA: [m_lo, n_m) of each query head of the group
-        n_m = gl.cdiv(Nq, BLOCK_M)
-        if CAUSAL:
-            lo_row = gl.maximum(start_n - (Nk - Nq), 0)
-            m_lo = gl.minimum(lo_row // BLOCK_M, n_m)
-        else:
-            m_lo = 0
-        n_mb = n_m - m_lo
-        n_steps = GROUP * n_mb
-        n_mb = gl.maximum(n_mb, 1)      # a divisor in the partitions (unused when n_steps == 0)
+        if VARLEN:   # past the last key block of this sequence (rows [cu_k[b], cu_k[b + 1]))
+            if start_n >= gl.load(CuSeqK + off_b + 1) - gl.load(CuSeqK + off_b):
+                return
+        # VARLEN: Nq and Nk are the longest sequence's; the partitions take their sequence's
+        m_lo, n_mb, n_steps = _steps(Nq, Nk, start_n, GROUP, BLOCK_M, CAUSAL)
 
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -489,47 +604,53 @@ if _GLUON:
         if NUM_WG == 1:
             gl.warp_specialize([
                 (_consumer, (dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem, ds_smem,
-                             p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum, off_b,
-                             off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk, Nq_pad, scale,
-                             qk_scale, ModArgs, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA,
-                             KEYS_M, DQ_N, SCORE_MOD)),
+                             p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum,
+                             dK, dV, off_b, off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk,
+                             Nq_pad, scale, qk_scale, ModArgs, CuSeqQ, CuSeqK, stride_dkm, stride_dkh,
+                             0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA, KEYS_M, DQ_N,
+                             SCORE_MOD, VARLEN)),
                 (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
                              q_ready, do_ready, empty, off_b, off_hkv, start_n, m_lo, n_mb, n_steps,
-                             GROUP, BLOCK_M, BLOCK_N, NUM_WG, STAGES)),
+                             GROUP, CuSeqQ, CuSeqK, BLOCK_M, BLOCK_N, NUM_WG, STAGES, CAUSAL, VARLEN)),
             ], [1], [24])
         else:
             gl.static_assert(NUM_WG == 2, "1 or 2 consumer warpgroups")
             gl.warp_specialize([
                 (_consumer, (dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem, ds_smem,
-                             p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum, off_b,
-                             off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk, Nq_pad, scale,
-                             qk_scale, ModArgs, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA,
-                             KEYS_M, DQ_N, SCORE_MOD)),
+                             p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum,
+                             dK, dV, off_b, off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk,
+                             Nq_pad, scale, qk_scale, ModArgs, CuSeqQ, CuSeqK, stride_dkm, stride_dkh,
+                             0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA, KEYS_M, DQ_N,
+                             SCORE_MOD, VARLEN)),
                 (_consumer, (dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem, ds_smem,
-                             p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum, off_b,
-                             off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk, Nq_pad, scale,
-                             qk_scale, ModArgs, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA,
-                             KEYS_M, DQ_N, SCORE_MOD)),
+                             p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum,
+                             dK, dV, off_b, off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk,
+                             Nq_pad, scale, qk_scale, ModArgs, CuSeqQ, CuSeqK, stride_dkm, stride_dkh,
+                             1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA, KEYS_M, DQ_N,
+                             SCORE_MOD, VARLEN)),
                 (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
                              q_ready, do_ready, empty, off_b, off_hkv, start_n, m_lo, n_mb, n_steps,
-                             GROUP, BLOCK_M, BLOCK_N, NUM_WG, STAGES)),
+                             GROUP, CuSeqQ, CuSeqK, BLOCK_M, BLOCK_N, NUM_WG, STAGES, CAUSAL, VARLEN)),
             ], [4, 1], [CONSUMER_REGS, 24])
 
 
-def supported(q, k, v, out=None, lse=None, dout=None) -> bool:
+def supported(q, k, v, out=None, lse=None, dout=None, packed=False) -> bool:
     """Whether ``fa3_backward`` can run these inputs: where ``fa3_fwd.supported`` holds (sm90,
     Gluon 3.6, float16/bfloat16, head dim 64 or 128, q/k/v TMA-ready), with out and dout of q's
     shape and lse of (B, Hq, Nq) when given (dout is copied when it is not TMA-ready). Otherwise
-    use ``fa2_backward``."""
+    use ``fa2_backward``. packed: packed sequences, q (total_q, Hq, D), lse (Hq, total_q), asked
+    about as ``fa3_fwd.supported(..., packed=True)`` does."""
     for t in (out, dout):
         if t is not None and (not isinstance(t, torch.Tensor) or t.shape != q.shape):
             return False
-    if lse is not None and (not isinstance(lse, torch.Tensor) or lse.shape != q.shape[:3]):
+    lse_shape = q.shape[1:2] + q.shape[:1] if packed else q.shape[:3]
+    if lse is not None and (not isinstance(lse, torch.Tensor) or lse.shape != lse_shape):
         return False
-    return _GLUON and fa3_fwd.supported(q, k, v)
+    return _GLUON and fa3_fwd.supported(q, k, v, packed=packed)
 
 
-def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=None, score_mod=None):
+def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=None, score_mod=None,
+                 cu_seqlens=None, max_seqlen=None):
     """Gradients of attention from the saved (q, k, v, out, lse), as ``fa2_backward``.
 
     q, out, dout: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D), float16/bfloat16, D in (64, 128), on an
@@ -537,78 +658,95 @@ def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=N
     key). Returns ``(dq, dk, dv)`` in q's dtype; dk, dv summed over each group of query heads.
     variant: a key of ``VARIANTS`` (default ``DEFAULT_VARIANT[D]``). score_mod: the forward's
     ``kernels.score_mod.ScoreMod`` (softcap, ALiBi), None: the scores as they are.
+    cu_seqlens=(cu_q, cu_k), max_seqlen=(max_q, max_k): packed sequences as ``fa3_forward`` takes
+    them, q, out, dout (total_q, Hq, D), k, v (total_k, Hkv, D), lse (Hq, total_q); dq, dk, dv
+    packed like q, k, v (check ``supported(..., packed=True)``).
     """
     tensors = (q, k, v, out, lse, dout)
     mod_args, mod_fn, input_scale = score_mod_args(score_mod, None)
-    key = plan_key(tensors + (() if mod_args is None else (mod_args, )),
-                   (causal, scale, variant, mod_fn, input_scale)) \
-        if all(isinstance(t, torch.Tensor) for t in tensors) else None
+    packed = () if cu_seqlens is None else tuple(cu_seqlens)
+    max_seqlen = None if max_seqlen is None else tuple(max_seqlen)   # a plan key's part
+    pointers = tensors + packed + (() if mod_args is None else (mod_args, ))
+    key = plan_key(pointers, (causal, scale, variant, mod_fn, input_scale, max_seqlen)) \
+        if all(isinstance(t, torch.Tensor) for t in pointers) else None
     plan = _plans.get(key)
     if plan is not None:   # a call like an earlier one: allocate and replay its launches (launch.py)
-        return _replay(plan, q, k, v, out, lse, dout, mod_args)
-    if not supported(q, k, v, out, lse, dout):
+        return _replay(plan, q, k, v, out, lse, dout, mod_args, packed)
+    if not supported(q, k, v, out, lse, dout, packed=bool(packed)):
         raise ValueError("fa3_backward: unsupported inputs (see fa3_bwd.supported); use fa2_backward")
-    B, Hq, Nq, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
+
+    def as4(t):   # what the kernels see: packed (total, H, D) as (1, H, total, D)
+        return fa3_fwd.packed_view(t) if packed else t
+    D = q.shape[-1]
     scale = resolve_scale(scale, D)
-    plannable = dout.dtype == q.dtype and _tma_ok(dout) and out.stride(-1) == 1   # no copies
+    plannable = dout.dtype == q.dtype and _tma_ok(as4(dout)) and out.stride(-1) == 1   # no copies
     dout = dout.to(q.dtype)
-    if not _tma_ok(dout):             # e.g. the expanded (stride 0) gradient of a sum
+    if not _tma_ok(as4(dout)):        # e.g. the expanded (stride 0) gradient of a sum
         dout = dout.contiguous()
-        if not _tma_ok(dout):
+        if not _tma_ok(as4(dout)):
             dout = dout.clone()
     if out.stride(-1) != 1:
         out = out.contiguous()
-    # laid out as ops._fake_grads says (torch.compile relies on it): like the inputs
+    # laid out as ops._fake_grads says (torch.compile relies on it): like the inputs; packed dK
+    # and dV share their strides (the kernel's masked stores take one pair)
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    dense_kv = not (_tma_ok(dk) and _tma_ok(dv))
+    dense_kv = not (_tma_ok(as4(dk)) and _tma_ok(as4(dv))) or (bool(packed)
+                                                                and dk.stride() != dv.stride())
     if dense_kv:
         dk, dv = torch.empty(k.shape, dtype=k.dtype, device=k.device), torch.empty_like(dk)
-    if B * Hq == 0:
-        return dq, dk, dv
-    if Nq == 0 or Nk == 0:
+    q4, k4, v4, out4, dout4, dq4, dk4, dv4 = (as4(t) for t in (q, k, v, out, dout, dq, dk, dv))
+    (Hq, rows_q), (Hkv, rows_k) = q4.shape[1:3], k4.shape[1:3]   # rows: packed, the totals
+    if packed:   # the kernels' Nq, Nk: the longest sequence's
+        (Nq, Nk), B = max_seqlen, packed[0].numel() - 1
+    else:
+        B, Nq, Nk = q.shape[0], rows_q, rows_k
+    if B * Hq == 0 or 0 in (Nq, Nk, rows_q, rows_k):
         return dq.zero_(), dk.zero_(), dv.zero_()
     variant = variant or DEFAULT_VARIANT[D]
     config = kernel_config(variant, D)
     BM = config["BLOCK_M"]
-    nq_pad = -(-Nq // BM) * BM
-    lse2 = torch.empty((B * Hq, nq_pad), dtype=torch.float32, device=q.device)
+    # lse2, delta rows per (batch, head): dense padded to whole query blocks (lse +inf, delta 0);
+    # packed the total, rows past a sequence's end masked by the kernel
+    nq_pad = rows_q if packed else -(-Nq // BM) * BM
+    lse2 = torch.empty((q4.shape[0] * Hq, nq_pad), dtype=torch.float32, device=q.device)
     delta = torch.empty_like(lse2)
-    lse = lse.contiguous()
+    lse = lse.contiguous()           # (B, Hq, Nq), or packed (Hq, total_q): (1 * Hq, total_q)
     rows = 64
-    preprocess = fast_launch(_preprocess_kernel, (-(-nq_pad // rows), B * Hq),
-                             out, dout, lse, lse2, delta, *out.stride()[:3], *dout.stride()[:3], Hq, Nq,
-                             nq_pad, HEAD_D=D, ROWS=rows, num_warps=4)
-    dq_accum = torch.zeros((B, Hq, Nq, D), dtype=torch.float32, device=q.device)
+    preprocess = fast_launch(_preprocess_kernel, (-(-nq_pad // rows), q4.shape[0] * Hq),
+                             out4, dout4, lse, lse2, delta, *out4.stride()[:3], *dout4.stride()[:3], Hq,
+                             rows_q, nq_pad, HEAD_D=D, ROWS=rows, num_warps=4)
+    dq_accum = torch.zeros(q4.shape, dtype=torch.float32, device=q.device)   # packed (1, Hq, total_q, D)
     block_q = (1, 1, BM, D)
     block_k = (1, 1, config["BLOCK_N"], D)
     block_dq = (1, 1, BM, config["DQ_N"])
-    descs = (_descriptor(q, block_q), _descriptor(dout, block_q), _descriptor(k, block_k),
-             _descriptor(v, block_k), _descriptor(dk, block_k), _descriptor(dv, block_k),
+    descs = (_descriptor(q4, block_q), _descriptor(dout4, block_q), _descriptor(k4, block_k),
+             _descriptor(v4, block_k), _descriptor(dk4, block_k), _descriptor(dv4, block_k),
              _descriptor(dq_accum, block_dq))
     cta_n = config["BLOCK_N"] * config["NUM_WG"]
     grid = (-(-Nk // cta_n) * B * Hkv,)
-    # the identity's args are never read: lse2 stands in; the softcap's 1 / c joins the scores'
-    # scale only (dK and dQ take the softmax scale alone)
+    # the identity's args and the dense kernel's offsets are never read: lse2 stands in; the
+    # softcap's 1 / c joins the scores' scale only (dK and dQ take the softmax scale alone)
     main = fast_launch(_fa3_bwd_kernel, grid, *descs, lse2, delta, dq_accum,
-                       lse2 if mod_args is None else mod_args, Hq, Hkv, Nq, Nk, nq_pad, scale,
+                       lse2 if mod_args is None else mod_args, *(packed or (lse2, lse2)), dk4, dv4,
+                       Hq, Hkv, Nq, Nk, nq_pad, dk4.stride(2), dk4.stride(1), scale,
                        scale * LOG2E * input_scale, Hq // Hkv, CAUSAL=bool(causal), SCORE_MOD=mod_fn,
-                       **config, **launch_options(variant))
-    convert = fast_launch(_convert_dq_kernel, (-(-Nq // rows), B * Hq), dq_accum, dq, *dq.stride()[:3],
-                          Hq, Nq, scale, HEAD_D=D, ROWS=rows, num_warps=4)
+                       VARLEN=bool(packed), **config, **launch_options(variant))
+    convert = fast_launch(_convert_dq_kernel, (-(-rows_q // rows), q4.shape[0] * Hq), dq_accum, dq4,
+                          *dq4.stride()[:3], Hq, rows_q, scale, HEAD_D=D, ROWS=rows, num_warps=4)
     if plannable:
-        remember(_plans, key, (preprocess, main, convert, dense_kv, lse2.shape,
+        remember(_plans, key, (preprocess, main, convert, dense_kv, (lse2.shape, dq_accum.shape),
                                tuple(Descriptor.view(d) for d in descs)))
     return dq, dk, dv
 
 
-_plans = {}   # launch.plan_key -> (its three Launches, dk/dv made dense?, lse2's shape, descriptor views)
+_plans = {}   # launch.plan_key -> (its three Launches, dk/dv made dense?, lse2's and dq_accum's shapes,
+#               descriptor views)
 
 
-def _replay(plan, q, k, v, out, lse, dout, mod_args):
+def _replay(plan, q, k, v, out, lse, dout, mod_args, packed):
     """fa3_backward's launches again, on new tensors laid out as the plan's (its key says so);
-    mod_args: the score modifier's, None for the identity."""
-    preprocess, main, convert, dense_kv, lse2_shape, views = plan
+    mod_args: the score modifier's, None for the identity; packed: (cu_q, cu_k) or ()."""
+    preprocess, main, convert, dense_kv, (lse2_shape, dq_accum_shape), views = plan
     dq = torch.empty_like(q)
     dk, dv = (torch.empty(k.shape, dtype=k.dtype, device=k.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)) \
         if dense_kv else (torch.empty_like(k), torch.empty_like(v))
@@ -616,8 +754,10 @@ def _replay(plan, q, k, v, out, lse, dout, mod_args):
     delta = torch.empty_like(lse2)
     lse = lse.contiguous()
     preprocess(out, dout, lse, lse2, delta)
-    dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dq_accum = torch.zeros(dq_accum_shape, dtype=torch.float32, device=q.device)
+    # a descriptor's base is read for its address only: packed tensors stand for their views
     main(*(Descriptor(t, *view) for t, view in zip((q, dout, k, v, dk, dv, dq_accum), views)),
-         lse2, delta, dq_accum, lse2 if mod_args is None else mod_args)
+         lse2, delta, dq_accum, lse2 if mod_args is None else mod_args, *(packed or (lse2, lse2)),
+         dk, dv)
     convert(dq_accum, dq)
     return dq, dk, dv
