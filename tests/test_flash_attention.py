@@ -48,6 +48,20 @@ def run_and_check(B, Hq, Hkv, Nq, Nk, D, causal, dtype, *, backward=True, scale=
             assert_close(g, r, baseline=b, dtype=dtype, name=name, magnitude=mags[name])
 
 
+def force_hopper_kernels(monkeypatch, dtype):
+    """Skip without an sm90 GPU and Triton 3.6; else send every problem to the FA3 kernels: no size
+    threshold, a score modifier at both head dims, and FA3's forward at d64 causal too."""
+    from flashlib import ops
+    from flashlib.kernels import fa3_fwd
+    probe = torch.empty(1, 1, 64, 64, dtype=dtype, device=DEV)
+    if not fa3_fwd.supported(probe, probe, probe):
+        pytest.skip("needs an sm90 GPU with Triton 3.6 (FA3 kernels)")
+    monkeypatch.setattr(ops, "FA3_FROM_FLOPS", 0)
+    monkeypatch.setattr(ops, "FA3_ENABLED", True)
+    monkeypatch.setattr(ops, "FA3_FWD_MOD_HEAD_DIMS", (64, 128))
+    monkeypatch.setattr(ops, "FA2_FORWARD_WINS", set())
+
+
 def tiled_backward(q, k, v, out, lse, dout, causal, scale):
     """flashlib.teach.tiled.fa2_backward (NumPy, no grouped heads) on grouped-head inputs."""
     group = q.shape[1] // k.shape[1]

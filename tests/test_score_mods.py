@@ -17,7 +17,7 @@ from flashlib.kernels import score_mod
 from flashlib.ops import block_sparse_attention, flash_attention
 from flashlib.testing import assert_attention_close
 from test_block_sparse import check_block_sparse, qkv
-from test_flash_attention import run_and_check
+from test_flash_attention import force_hopper_kernels, run_and_check
 
 DEV = runtime.DEVICE
 gpu = pytest.mark.skipif(DEV.type != "cuda", reason="needs a CUDA GPU")
@@ -238,15 +238,8 @@ def test_gpu_hopper_forward_with_modifiers(monkeypatch, dtype):
     """The FA3 kernels (kernels/fa3_fwd.py, fa3_bwd.py) run the same hook: out, lse and gradients
     through flash_attention against the oracle, ragged, grouped, bottom-right causal with Nq > Nk
     (rows that see no key), every modifier, both head dims."""
-    from flashlib import ops
     from flashlib.kernels import fa3_fwd
-    probe = torch.empty(1, 1, 64, 64, dtype=dtype, device=DEV)
-    if not fa3_fwd.supported(probe, probe, probe):
-        pytest.skip("needs an sm90 GPU with Triton 3.6 (FA3 kernels)")
-    monkeypatch.setattr(ops, "FA3_FROM_FLOPS", 0)
-    monkeypatch.setattr(ops, "FA3_ENABLED", True)
-    monkeypatch.setattr(ops, "FA3_FWD_MOD_HEAD_DIMS", (64, 128))
-    monkeypatch.setattr(ops, "FA2_FORWARD_WINS", set())
+    force_hopper_kernels(monkeypatch, dtype)
     calls, real = [], fa3_fwd.fa3_forward
     monkeypatch.setattr(fa3_fwd, "fa3_forward", lambda *a, **kw: calls.append(kw["score_mod"].fn) or real(*a, **kw))
     for D in (64, 128):

@@ -13,6 +13,7 @@ import torch
 from flashlib import flash_attention, flash_attention_varlen, runtime
 from flashlib.reference import attention_naive, attention_ref
 from flashlib.testing import assert_close, attention_magnitudes, lse_method_error
+from test_flash_attention import force_hopper_kernels
 
 DEV = runtime.DEVICE
 gpu = pytest.mark.skipif(DEV.type != "cuda", reason="needs a CUDA GPU")
@@ -176,21 +177,15 @@ def test_packed_calls_go_to_the_hopper_kernels_where_they_run(monkeypatch):
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gpu_hopper_forward_packed(monkeypatch, dtype):
-    """The FA3 forward (kernels/fa3_fwd.py) on packed sequences: descriptors over (1, H, total, D)
-    views, each sequence's rows from its offset, a sequence's last block stored row by row (TMA
-    would write the next sequence's rows), programs numbered over the pack's blocks. Ragged lengths with empty and 1-token sequences, a last sequence ending
-    mid-block, causal with Nq != Nk per sequence, grouped heads, both head dims, the modifiers;
-    a second call of each layout replays the first's plan on fresh tensors."""
-    from flashlib import ops
+def test_gpu_hopper_kernels_packed(monkeypatch, dtype):
+    """The FA3 kernels (kernels/fa3_fwd.py, fa3_bwd.py) on packed sequences through
+    flash_attention_varlen: descriptors over (1, H, total, D) views, each sequence's rows from its
+    offset, a sequence's last block stored row by row (TMA would write the next sequence's rows),
+    the forward's programs numbered over the pack's blocks. Ragged lengths with empty and 1-token
+    sequences, a last sequence ending mid-block, causal with Nq != Nk per sequence, grouped heads,
+    both head dims, the modifiers; a second call of each layout replays the first's plan."""
     from flashlib.kernels import fa3_fwd
-    probe = torch.empty(1, 1, 64, 64, dtype=dtype, device=DEV)
-    if not fa3_fwd.supported(probe, probe, probe):
-        pytest.skip("needs an sm90 GPU with Triton 3.6 (FA3 kernels)")
-    monkeypatch.setattr(ops, "FA3_FROM_FLOPS", 0)
-    monkeypatch.setattr(ops, "FA3_ENABLED", True)
-    monkeypatch.setattr(ops, "FA3_FWD_MOD_HEAD_DIMS", (64, 128))
-    monkeypatch.setattr(ops, "FA2_FORWARD_WINS", set())
+    force_hopper_kernels(monkeypatch, dtype)
     calls, real = [], fa3_fwd.fa3_forward
     monkeypatch.setattr(fa3_fwd, "fa3_forward", lambda *a, **kw: calls.append(kw["cu_seqlens"] is not None)
                         or real(*a, **kw))
