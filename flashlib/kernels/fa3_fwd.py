@@ -581,9 +581,11 @@ def supported(q, k, v, packed=False) -> bool:
     key = plan_key((q, k, v), ("supported", packed))   # everything the answer depends on (None: no memo)
     answer = _supported.get(key)
     if answer is None:
-        if packed:
-            q, k, v = (packed_view(t) if t.ndim == 3 else t[:0, :0] for t in (q, k, v))
-        answer = (hopper_inputs(q, k, v, (torch.float16, torch.bfloat16)) and all(_tma_ok(t) for t in (q, k, v)),)
+        views = (q, k, v)
+        if packed:   # (total, heads, D) only
+            views = tuple(packed_view(t) for t in views) if all(t.ndim == 3 for t in views) else None
+        answer = (views is not None and hopper_inputs(*views, (torch.float16, torch.bfloat16))
+                  and all(_tma_ok(t) for t in views),)
         remember(_supported, key, answer)
     return answer[0]
 
