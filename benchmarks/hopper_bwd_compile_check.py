@@ -237,10 +237,26 @@ def compile_helpers(D, dtype):
     return out
 
 
+def report_spill(tag, compile_kernel, D, beside):
+    """Compile (``compile_kernel()``) and print shared memory, registers and spills after ``tag``,
+    then ``beside()`` (another kernel's spill, for comparison); the plain kernels' rule: a spill
+    fails at d64, is reported at d128. Returns 1 for a failure, else 0."""
+    try:
+        ck = compile_kernel()
+        regs, spill = ptxas_report(ck.asm["ptx"])
+        ok = bool(ck.asm.get("cubin")) and (spill == 0 or D == 128)
+        print(f"{tag} smem {ck.metadata.shared}, regs {regs}, spill {spill} ({beside()}): "
+              f"{('ok: cubin' + (', spills' if spill else '')) if ok else 'PROBLEM'}")
+        return int(not ok)
+    except Exception as e:  # noqa: BLE001  (report every failure, keep going)
+        print(f"{tag} FAILED: {type(e).__name__}: {str(e).strip().splitlines()[:6]}")
+        return 1
+
+
 def check_score_mods(plain_spill):
     """The score modifiers through the hook (softcap, ALiBi, both) in the default variants,
-    bfloat16, causal and not; the same rule as the plain kernels (a spill fails at d64, is
-    reported at d128). Returns the number of failures."""
+    bfloat16, causal and not, beside the plain kernel's spill (``report_spill``). Returns the
+    number of failures."""
     failures = 0
     print("score modifiers: compiled for the default variants, bfloat16 (plain: the kernel without one)")
     for mod in (score_mod.tanh_softcap, score_mod.tanh_softcap_approx, score_mod.alibi_bias,
@@ -248,27 +264,22 @@ def check_score_mods(plain_spill):
         for D in fa3_bwd.HEAD_DIMS:
             name = fa3_bwd.DEFAULT_VARIANT[D]
             for causal in (False, True):
-                tag = f"{name:>11} {D:>4} {causal!s:>6} {mod.__name__:>30} |"
-                try:
-                    ck = compile_variant(name, D, causal, torch.bfloat16, mod=mod)
-                    regs, spill = ptxas_report(ck.asm["ptx"])
-                    ok = bool(ck.asm.get("cubin")) and (spill == 0 or D == 128)
-                    print(f"{tag} smem {ck.metadata.shared}, regs {regs}, spill {spill} (plain "
-                          f"{plain_spill.get((name, D, causal, torch.bfloat16), '?')}): "
-                          f"{('ok: cubin' + (', spills' if spill else '')) if ok else 'PROBLEM'}")
-                    failures += not ok
-                except Exception as e:  # noqa: BLE001
-                    failures += 1
-                    print(f"{tag} FAILED: {type(e).__name__}: {str(e).strip().splitlines()[:6]}")
+                failures += report_spill(
+                    f"{name:>11} {D:>4} {causal!s:>6} {mod.__name__:>30} |",
+                    lambda: compile_variant(name, D, causal, torch.bfloat16, mod=mod), D,
+                    lambda: f"plain {plain_spill.get((name, D, causal, torch.bfloat16), '?')}")
     return failures
 
 
 def check_varlen(plain_spill):
     """Packed sequences (VARLEN: per-sequence rows and lengths, masked lse/delta loads, a
     sequence's last key block stored from registers) in the default variants, float16, causal and
-    not, plain and with the softcap and ALiBi, then the other variants (causal, plain); the dense
-    rule (a spill fails at d64, is reported at d128), beside the dense kernel's spill. Returns the
-    number of failures."""
+    not, plain and with the softcap and ALiBi, then the other variants (causal, plain), beside the
+    dense kernel's spill (``report_spill``). Returns the number of failures."""
+    def dense_spill(name, D, causal, mod):
+        if mod is None:
+            return plain_spill.get((name, D, causal, torch.float16), "?")
+        return ptxas_report(compile_variant(name, D, causal, torch.float16, mod=mod).asm["ptx"])[1]
     failures = 0
     print("packed sequences (cu_seqlens): compiled for the default variants, float16, then the "
           "others (dense: the kernel on dense inputs, the same modifier)")
@@ -278,24 +289,10 @@ def check_varlen(plain_spill):
     cases += [(name, D, True, None) for name, v in fa3_bwd.VARIANTS.items() for D in v.head_dims
               if name != fa3_bwd.DEFAULT_VARIANT[D]]
     for name, D, causal, mod in cases:
-        mod_name = mod.__name__ if mod else "plain"
-        tag = f"{name:>11} {D:>4} {causal!s:>6} {'varlen ' + mod_name:>30} |"
-        try:
-            if mod is None:
-                dense_spill = plain_spill.get((name, D, causal, torch.float16), "?")
-            else:
-                dense_spill = ptxas_report(compile_variant(name, D, causal, torch.float16,
-                                                           mod=mod).asm["ptx"])[1]
-            ck = compile_variant(name, D, causal, torch.float16, mod=mod, varlen=True)
-            regs, spill = ptxas_report(ck.asm["ptx"])
-            ok = bool(ck.asm.get("cubin")) and (spill == 0 or D == 128)
-            status = ('ok: cubin' + (', spills' if spill else '')) if ok else 'PROBLEM'
-            print(f"{tag} smem {ck.metadata.shared}, regs {regs}, spill {spill} (dense "
-                  f"{dense_spill}): {status}")
-            failures += not ok
-        except Exception as e:  # noqa: BLE001
-            failures += 1
-            print(f"{tag} FAILED: {type(e).__name__}: {str(e).strip().splitlines()[:6]}")
+        failures += report_spill(
+            f"{name:>11} {D:>4} {causal!s:>6} {'varlen ' + (mod.__name__ if mod else 'plain'):>30} |",
+            lambda: compile_variant(name, D, causal, torch.float16, mod=mod, varlen=True), D,
+            lambda: f"dense {dense_spill(name, D, causal, mod)}")
     return failures
 
 

@@ -40,7 +40,7 @@ P, dS and dQ partials are 0 and the reduce-add into the next sequence's dq_accum
 Keys past Nk are masked as ragged tails are, but their dK and dV rows are another CTA's: a
 sequence's last key block leaves by a masked store from registers, full blocks by TMA. dq_accum
 is (1, Hq, total_q, D); the preprocess and convert kernels see one batch entry of total_q rows.
-For sm90 it compiles without spills at d64; at d128 the default variant spills 30-110 bytes a
+For sm90 it compiles without spills at d64; at d128 the default variant spills 28-112 bytes a
 thread more than the dense kernel (hopper_bwd_compile_check), a few more local loads per step.
 
 One CTA, producer and 2 consumers (t: step over (query head, query block); s = t % STAGES)::
