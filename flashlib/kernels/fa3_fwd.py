@@ -74,7 +74,7 @@ from .config import cdiv, padded_headdim
 from .launch import Descriptor, fast_launch, plan_key, remember
 from .score_mod import alibi_bias, alibi_slope
 from .score_mod import kernel_args as score_mod_args
-from .tile import LOG2E, exp2_fma
+from .tile import LOG2E
 
 TESTED_TRITON = ("3.6.",)   # Gluon's API as this file uses it; other releases fall back to FA2
 
@@ -127,7 +127,7 @@ DEFAULT_VARIANT = {64: "2wg_pingpong", 128: "2wg_pingpong"}   # H100 probe: h100
 DEFAULT_VARIANT_FP8 = {(64, False): "simple", (64, True): "2wg", (128, False): "2wg", (128, True): "2wg"}
 
 
-def kernel_config(variant: str, D: int, fp8: bool = False, exp2_fma: int = 0) -> dict:
+def kernel_config(variant: str, D: int, fp8: bool = False) -> dict:
     """The kernel's constexprs for ``variant`` at head dim D: the K/V ring as deep as fits beside
     the Q blocks (Q: num_wg x 64 x D, each stage one K and one V block of block_n x D). In FP8
     (1-byte Q, K, V) the bf16 output needs its own buffer: num_wg x 64 x D x 2 bytes."""
@@ -139,7 +139,7 @@ def kernel_config(variant: str, D: int, fp8: bool = False, exp2_fma: int = 0) ->
     stages = min(MAX_STAGES, (SMEM_BYTES - SMEM_SPARE - q_bytes) // (2 * v.block_n * D * elem_bytes))
     return dict(BLOCK_M=BLOCK_M, BLOCK_N=v.block_n, HEAD_D=D, NUM_WG=v.num_wg, STAGES=stages,
                 OVERLAP=v.overlap, PINGPONG=v.pingpong and v.num_wg > 1,
-                CONSUMER_REGS=v.regs or 240, FP8=fp8, EXP2_FMA=exp2_fma)
+                CONSUMER_REGS=v.regs or 240, FP8=fp8)
 
 
 def launch_options(variant: str) -> dict:
@@ -225,7 +225,7 @@ if _GLUON:
         return _mask_scores(s, j, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL, s_layout), r
 
     @gluon.jit
-    def _softmax_step(s, r, m_i, l_i, ALIBI_SPLIT: gl.constexpr, EXP2_FMA: gl.constexpr):
+    def _softmax_step(s, r, m_i, l_i, ALIBI_SPLIT: gl.constexpr):
         """Online softmax on one block of scaled, masked scores s + r (BM, BN), base 2 (r (BM,) a
         row term, ALIBI_SPLIT only: see ``_scores``). Returns the new max, the new sum, alpha (the
         old state's rescale factor) and P (float32, S's layout)."""
@@ -238,7 +238,7 @@ if _GLUON:
         alpha = gl.exp2(m_i - m_safe)
         if ALIBI_SPLIT:
             m_safe = m_safe - r                # exp2(s + r - m) = exp2(s - (m - r)): per row
-        p = exp2_fma(s - gl.expand_dims(m_safe, 1), EXP2_FMA)
+        p = gl.exp2(s - gl.expand_dims(m_safe, 1))
         l_i = l_i * alpha + gl.sum(p, 1)
         return m_new, l_i, alpha, p
 
@@ -270,8 +270,7 @@ if _GLUON:
                   WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                   NUM_WG: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                   OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FP8: gl.constexpr,
-                  SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr, VARLEN: gl.constexpr,
-                  EXP2_FMA: gl.constexpr):
+                  SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr, VARLEN: gl.constexpr):
         """One warpgroup: rows [row0, row0 + BLOCK_M) of the CTA's query block against n_blocks
         key blocks; writes out (TMA store from o_smem, clipped at Nq; VARLEN: rows from q_row0, and
         a sequence's last block by a masked store from o_base, the sequence's row 0 of this head,
@@ -315,7 +314,7 @@ if _GLUON:
                 mbarrier.arrive(k_empty.index(0))
                 s, r = _scores(s * qk_scale, 0, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
                                CAUSAL, SCORE_MOD, ALIBI_SPLIT, s_layout)
-                m_i, l_i, alpha, p = _softmax_step(s, r, m_i, l_i, ALIBI_SPLIT, EXP2_FMA)
+                m_i, l_i, alpha, p = _softmax_step(s, r, m_i, l_i, ALIBI_SPLIT)
                 p = _p_operand(p, p_layout, dtype)
                 for j in range(1, n_blocks):
                     st = j % STAGES
@@ -336,7 +335,7 @@ if _GLUON:
                     mbarrier.arrive(k_empty.index(st))
                     s, r = _scores(s * qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M,
                                    BLOCK_N, CAUSAL, SCORE_MOD, ALIBI_SPLIT, s_layout)
-                    m_i, l_i, alpha, p_next = _softmax_step(s, r, m_i, l_i, ALIBI_SPLIT, EXP2_FMA)
+                    m_i, l_i, alpha, p_next = _softmax_step(s, r, m_i, l_i, ALIBI_SPLIT)
                     p_next = _p_operand(p_next, p_layout, dtype)
                     # P_{j-1} stays a dependency until its wgmma is done: its registers are read
                     # asynchronously, P_j must not land on them. Triton 3.6 takes no 8-bit
@@ -368,7 +367,7 @@ if _GLUON:
                 mbarrier.arrive(k_empty.index(st))
                 s, r = _scores(s * qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
                                CAUSAL, SCORE_MOD, ALIBI_SPLIT, s_layout)
-                m_i, l_i, alpha, p = _softmax_step(s, r, m_i, l_i, ALIBI_SPLIT, EXP2_FMA)
+                m_i, l_i, alpha, p = _softmax_step(s, r, m_i, l_i, ALIBI_SPLIT)
                 p = _p_operand(p, p_layout, dtype)
                 acc = _rescale(acc, alpha, o_layout)
                 mbarrier.wait(v_ready.index(st), phase)
@@ -449,7 +448,7 @@ if _GLUON:
                         HEAD_D: gl.constexpr, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
                         OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                         FP8: gl.constexpr, SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr,
-                        VARLEN: gl.constexpr, MAX_SEQS: gl.constexpr, EXP2_FMA: gl.constexpr):
+                        VARLEN: gl.constexpr, MAX_SEQS: gl.constexpr):
         # Descale (FP8 only): float32 (3, B, Hkv), Q's, K's and V's factors, n_descale = B * Hkv.
         # ModArgs, SCORE_MOD: the score modifier's per-(batch, query head) row and function;
         # ALIBI_SPLIT: SCORE_MOD is ALiBi alone, its bias split off the diagonal (``_scores``)
@@ -531,7 +530,7 @@ if _GLUON:
                              k_ready, k_empty, v_ready, v_empty, turn_bars, lse_base, tma_b, off_h, off_hkv,
                              start_m, n_blocks, Nq, Nk, q_row0, qk_scale, v_scale, off_bh, ModArgs,
                              o_base, stride_om, 0, BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL,
-                             OVERLAP, False, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, EXP2_FMA)),
+                             OVERLAP, False, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                              v_ready, v_empty, tma_b, off_h, off_hkv, start_m, n_blocks, q_row0, k_row0,
                              BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
@@ -543,12 +542,12 @@ if _GLUON:
                              k_ready, k_empty, v_ready, v_empty, turn_bars, lse_base, tma_b, off_h, off_hkv,
                              start_m, n_blocks, Nq, Nk, q_row0, qk_scale, v_scale, off_bh, ModArgs,
                              o_base, stride_om, 0, BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL,
-                             OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, EXP2_FMA)),
+                             OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN)),
                 (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars,
                              k_ready, k_empty, v_ready, v_empty, turn_bars, lse_base, tma_b, off_h, off_hkv,
                              start_m, n_blocks, Nq, Nk, q_row0, qk_scale, v_scale, off_bh, ModArgs,
                              o_base, stride_om, 1, BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL,
-                             OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, EXP2_FMA)),
+                             OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                              v_ready, v_empty, tma_b, off_h, off_hkv, start_m, n_blocks, q_row0, k_row0,
                              BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
@@ -632,7 +631,7 @@ def _descriptor(t, block, shape=None):
 
 
 def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None, score_mod=None, cu_seqlens=None,
-                max_seqlen=None, exp2_fma=0):
+                max_seqlen=None):
     """Launch the FA3 forward kernel. Returns ``(out, lse)`` exactly as ``fa2_forward``.
 
     q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D), float16/bfloat16, D in (64, 128), on an sm90 GPU
@@ -646,7 +645,7 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None, score_mod=No
     mod_args, mod_fn, input_scale = score_mod_args(score_mod, None)
     packed = () if cu_seqlens is None else tuple(cu_seqlens)
     pointers = (q, k, v, *packed, *([] if mod_args is None else [mod_args]))
-    key = plan_key(pointers, (causal, scale, variant, mod_fn, input_scale, max_seqlen, exp2_fma)) \
+    key = plan_key(pointers, (causal, scale, variant, mod_fn, input_scale, max_seqlen)) \
         if all(isinstance(t, torch.Tensor) for t in pointers) else None
     plan = _plans.get(key)
     if plan is not None:   # a call like an earlier one: allocate and replay its launch (launch.py)
@@ -677,7 +676,7 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None, score_mod=No
     if max_k == 0 or k.shape[2] == 0:
         return out.zero_(), lse.fill_(float("-inf"))
     variant = variant or DEFAULT_VARIANT[D]
-    config = kernel_config(variant, D, exp2_fma=exp2_fma)
+    config = kernel_config(variant, D)
     v_desc = _descriptor(v, (1, 1, config["BLOCK_N"], D))
     launch, views = _launch(q, k, v_desc, out4, lse, causal, resolve_scale(scale, D), None, variant,
                             config, score_mod, packed and (*packed, max_q, max_k))
@@ -718,7 +717,7 @@ def supported_fp8(q, k, v) -> bool:
     return hopper_inputs(q, k, v, (torch.float8_e4m3fn,)) and _tma_ok(q) and _tma_ok(k)
 
 
-def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None, exp2_fma=0):
+def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None):
     """FA3's FP8 forward (section 3.3): float8_e4m3fn q, k, v, float32 ``descale`` (3, B, Hkv)
     holding Q's, K's and V's per-(batch, kv-head) factors (x = x8 * descale). Returns
     ``(out, lse)``: out bfloat16 like q's shape, lse as ``fa3_forward``'s.
@@ -742,7 +741,7 @@ def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None,
         raise ValueError(f"fa3_forward_fp8: variant {variant!r} ran causal FP8 about 1000x too slow "
                          "on an H200 (0.39 s at B1 H4 N4096 d64: benchmarks/fp8_hang_repro.py); "
                          "use a two-consumer variant")
-    config = kernel_config(variant, D, fp8=True, exp2_fma=exp2_fma)
+    config = kernel_config(variant, D, fp8=True)
     v_t = transpose_rows(v, -(-Nk // 16) * 16)  # columns past Nk: outside the descriptor's bounds
     v_desc = _descriptor(v_t, (1, 1, D, config["BLOCK_N"]), shape=(B, Hkv, D, Nk))
     _launch(q, k, v_desc, out, lse, causal, scale, descale.contiguous(), variant, config)

@@ -14,61 +14,6 @@ LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): log(x) = log2(x) * LN2
 
 
-# 2^f on [0, 1) as 1 + f (c1 + f (c2 + ...)): minimax for the relative error (a linear program on
-# 4001 points), float32 Horner, p(0) = 1 exactly; max relative error 1.7e-7, below the GPU's own
-# ex2.approx.f32 (2^-22 = 2.4e-7), so the lse keeps float32's rounding
-EXP2_POLY = (0.69315105676651, 0.24016660451889038, 0.05579448491334915, 0.009022697806358337,
-             0.001865033758804202)
-
-
-def _exp2_fma_ptx(on_fma):
-    """PTX for 4 float32 inputs ($4-$7) -> 2^x ($0-$3): the first ``on_fma`` by FMA-unit
-    arithmetic, the rest by ex2.approx (the special-function unit). x = floor + f, with
-    floor(x) from one add rounding down against 1.5 * 2^23 (its low bits are the integer), 2^f by
-    the polynomial and 2^floor added to its exponent field. Inputs at or below -127 (masked -inf
-    included) give exactly 0: floor -127 takes p(0) = 1's exponent to 0."""
-    def word(c):
-        import struct
-        return "0f%08X" % struct.unpack("<I", struct.pack("<f", c))[0]
-    lines = ["{", ".reg .f32 x<4>, t<4>, j<4>, f<4>, p<4>;", ".reg .b32 e<4>, b<4>;"]
-    for i in range(4):
-        if i >= on_fma:
-            lines.append(f"ex2.approx.ftz.f32 ${i}, ${i + 4};")
-            continue
-        lines += [f"max.ftz.f32 x{i}, ${i + 4}, 0fC2FE0000;",          # -127
-                  f"add.rm.ftz.f32 t{i}, x{i}, 0f4B400000;",          # 1.5 * 2^23 + floor(x)
-                  f"sub.ftz.f32 j{i}, t{i}, 0f4B400000;",
-                  f"sub.ftz.f32 f{i}, x{i}, j{i};",
-                  f"fma.rn.ftz.f32 p{i}, f{i}, {word(EXP2_POLY[-1])}, {word(EXP2_POLY[-2])};"]
-        for c in reversed(EXP2_POLY[:-2]):
-            lines.append(f"fma.rn.ftz.f32 p{i}, p{i}, f{i}, {word(c)};")
-        lines += [f"fma.rn.ftz.f32 p{i}, p{i}, f{i}, 0f3F800000;",
-                  f"mov.b32 e{i}, t{i};", f"shl.b32 e{i}, e{i}, 23;", f"mov.b32 b{i}, p{i};",
-                  f"add.s32 b{i}, b{i}, e{i};", f"mov.b32 ${i}, b{i};"]
-    return "\n".join(lines + ["}"])
-
-
-EXP2_FMA_PTX = [tl.constexpr(_exp2_fma_ptx(n)) for n in range(5)]
-_EXP2_FMA_1 = EXP2_FMA_PTX[1]
-_EXP2_FMA_2 = EXP2_FMA_PTX[2]
-
-
-@triton.jit
-def exp2_fma(x, ON_FMA: tl.constexpr):
-    """exp2(x) of float32 x with ON_FMA of every 4 values computed on the FMA units instead of
-    the special-function unit (FlashAttention-4's software exp2: on Hopper a warp's exp2 takes
-    the SFU 8 cycles, 16 lanes per SM, while the FMA units do 128 lanes a cycle). ON_FMA 0: plain
-    exp2 (and the CPU interpreter, which runs no PTX)."""
-    if ON_FMA == 1:
-        return tl.inline_asm_elementwise(_EXP2_FMA_1, "=f,=f,=f,=f,f,f,f,f", [x], dtype=tl.float32,
-                                         is_pure=True, pack=4)
-    elif ON_FMA == 2:
-        return tl.inline_asm_elementwise(_EXP2_FMA_2, "=f,=f,=f,=f,f,f,f,f", [x], dtype=tl.float32,
-                                         is_pure=True, pack=4)
-    else:
-        return tl.math.exp2(x)
-
-
 @triton.jit
 def tile_update(acc, m_i, l_i, s, v, DOT_PRECISION: tl.constexpr):
     """Fold one tile of base-2 scores into the running state.
