@@ -37,8 +37,7 @@ def forward_backward(q, k, v, causal, options, dout):
 
 
 def probe(dtype):
-    ops.FA3_FWD_MOD_HEAD_DIMS = (64, 128)   # FA3's forward at every head dim it runs, with and
-    ops.FA2_FORWARD_WINS = set()            # without a modifier, for its "fa3" rows
+    ops.FA3_FWD_MOD_HEAD_DIMS = (64, 128)   # FA3's forward with a modifier at every head dim it runs
     print(f"\n# {dtype}: ms (TFLOP/s), ratio to the same kernel's plain scores; fa3/fa2: same modifier")
     for D, N, causal in prod.MOD_SHAPES:
         B, H = shape_for(D, N)["B"], prod.WIDTH // D

@@ -37,10 +37,9 @@ FA3_ENABLED = os.environ.get("FLASHLIB_FA3", "1") != "0"
 # 1.05x-1.06x, d64 causal 0.83x-0.84x (the hook's work lands on FA3's softmax warpgroups, its
 # bound). FA3's backward takes them everywhere (forward+backward 1.02x-1.23x FA2's, _bwd.log).
 FA3_FWD_MOD_HEAD_DIMS = (128,)
-# ... and none at these (head dim, causal), where FA2's forward is faster: d64 causal, FA3's time
-# over FA2's in one process 1.03x-1.06x fp16 (fa2_fa3_forward_probe_*.log), 1.02x-1.07x bf16;
-# d64 non-causal FA3 1-3% faster, d128 1.24x-1.43x. The backward is FA3's there too.
-FA2_FORWARD_WINS = {(64, True)}
+# FA3's plain forward is ahead at every head dim and mask since its scale joined exp2's FFMA
+# (fa3_fwd.FOLD_SCALE; H100, fp16, one process: FA3's time over FA2's 0.93x at d64 4k / 16k / 4k
+# causal, FA2 autotuned; 0.78x-0.84x at d128: benchmarks/results/h100/fa2_fa3_forward_probe_fold*.log)
 
 
 def _fa3_worth_it(q, k, causal, max_seqlen=None):
@@ -52,11 +51,10 @@ def _fa3_worth_it(q, k, causal, max_seqlen=None):
 
 def attention_forward(q, k, v, causal, scale, mod, cu_seqlens=None, max_seqlen=None):
     """The forward kernel for these inputs: FA3 on Hopper (sm90, fp16/bf16, head dim 64 or 128,
-    dense or packed, large enough, not in ``FA2_FORWARD_WINS``; with a score modifier at
-    ``FA3_FWD_MOD_HEAD_DIMS``), FA2 otherwise. Returns (out, lse)."""
+    dense or packed, large enough; with a score modifier at ``FA3_FWD_MOD_HEAD_DIMS``), FA2
+    otherwise. Returns (out, lse)."""
     D = q.shape[-1]
     if _fa3_worth_it(q, k, causal, max_seqlen) and fa3_fwd.supported(q, k, v, cu_seqlens is not None) \
-            and (D, bool(causal)) not in FA2_FORWARD_WINS \
             and (mod.fn is score_mod.identity or D in FA3_FWD_MOD_HEAD_DIMS):
         return fa3_fwd.fa3_forward(q, k, v, causal=causal, scale=scale, score_mod=mod, cu_seqlens=cu_seqlens,
                                    max_seqlen=max_seqlen)

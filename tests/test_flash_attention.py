@@ -50,7 +50,7 @@ def run_and_check(B, Hq, Hkv, Nq, Nk, D, causal, dtype, *, backward=True, scale=
 
 def force_hopper_kernels(monkeypatch, dtype):
     """Skip without an sm90 GPU and Triton 3.6; else send every problem to the FA3 kernels: no size
-    threshold, a score modifier at both head dims, and FA3's forward at d64 causal too."""
+    threshold, and a score modifier at both head dims."""
     from flashlib import ops
     from flashlib.kernels import fa3_fwd
     probe = torch.empty(1, 1, 64, 64, dtype=dtype, device=DEV)
@@ -59,7 +59,6 @@ def force_hopper_kernels(monkeypatch, dtype):
     monkeypatch.setattr(ops, "FA3_FROM_FLOPS", 0)
     monkeypatch.setattr(ops, "FA3_ENABLED", True)
     monkeypatch.setattr(ops, "FA3_FWD_MOD_HEAD_DIMS", (64, 128))
-    monkeypatch.setattr(ops, "FA2_FORWARD_WINS", set())
 
 
 def tiled_backward(q, k, v, out, lse, dout, causal, scale):
@@ -193,6 +192,19 @@ def test_gpu_real_sizes(case, dtype):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("scale", [0.3, -0.2, 0.0])
+def test_gpu_hopper_forward_at_any_scale(monkeypatch, scale):
+    """FA3's forward folds a scale > 0 into exp2's FFMA (max(s c) = c max(s): fa3_fwd.FOLD_SCALE)
+    and scales first otherwise; both match the oracle with masked keys (causal, ragged) present,
+    where a folded 0 would give -inf * 0 = NaN."""
+    force_hopper_kernels(monkeypatch, torch.float16)
+    for D in (64, 128):
+        run_and_check(2, 4, 2, 333, 517, D, True, torch.float16, scale=scale)
+        run_and_check(1, 2, 2, 300, 130, D, True, torch.float16, scale=scale)   # rows with no key
+
+
+@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_float32_is_exact(causal):
     run_and_check(2, 4, 2, 1000, 1500, 64, causal, torch.float32)
@@ -248,7 +260,6 @@ def test_gpu_hopper_planned_launches_replay_the_plain_ones(monkeypatch):
     if not (launch.ENABLED and DEV.type == "cuda" and fa3_fwd.supported(*[rand(1, 1, 64, 64, dtype=torch.float16)] * 3)):
         pytest.skip("needs an sm90 GPU with Triton 3.6 (FA3 kernels, direct launches)")
     monkeypatch.setattr(ops, "FA3_FROM_FLOPS", 0)
-    monkeypatch.setattr(ops, "FA2_FORWARD_WINS", set())   # FA3's forward at d64 causal too
 
     def forward_backward(q, k, v, dout):
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
@@ -288,8 +299,8 @@ def test_gpu_hopper_planned_launches_replay_the_plain_ones(monkeypatch):
 @pytest.mark.gpu
 def test_gpu_hopper_forward_is_picked_where_it_runs(monkeypatch):
     """flash_attention's forward runs kernels/fa3_fwd.py on sm90 for large 16-bit problems at head
-    dims 64/128 (with a score modifier at d128 only; at d64 causal never, ops.FA2_FORWARD_WINS),
-    and FA2 for the rest (small, host-bound calls included)."""
+    dims 64/128 (with a score modifier at d128 only), and FA2 for the rest (small, host-bound calls
+    included)."""
     from flashlib import ops
     from flashlib.kernels import fa3_fwd
     monkeypatch.setattr(ops, "FA3_ENABLED", True)
@@ -301,12 +312,12 @@ def test_gpu_hopper_forward_is_picked_where_it_runs(monkeypatch):
     flash_attention(big, big, big, softcap=20.0)                       # a modifier, at d128: FA3
     d64 = rand(2, 8, 8192, 64, dtype=torch.bfloat16)
     flash_attention(d64, d64, d64, softcap=20.0)                       # at d64: FA2
-    flash_attention(d64, d64, d64, causal=True)                        # d64 causal: FA2 (faster)
+    flash_attention(d64, d64, d64, causal=True)                        # d64 causal: FA3
     flash_attention(d64, d64, d64)                                     # d64: FA3
     small = rand(1, 2, 300, 128, dtype=torch.bfloat16)
     flash_attention(small, small, small)                               # host-bound: FA2
     hopper = fa3_fwd.supported(big, big, big)
-    assert calls == ([big.shape] * 2 + [d64.shape] if hopper else []), (runtime.gpu_name(), calls)
+    assert calls == ([big.shape] * 2 + [d64.shape] * 2 if hopper else []), (runtime.gpu_name(), calls)
     assert 4 * 2 * 8 * 4096 * 4096 * 128 // 2 >= ops.FA3_FROM_FLOPS > 4 * 2 * 300 * 300 * 128
 
 

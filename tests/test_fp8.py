@@ -187,6 +187,32 @@ def test_gpu_fp8_forward_against_the_oracle(shape, logit_scale):
 
 @gpu
 @pytest.mark.gpu
+def test_gpu_fp8_zero_descale_gives_uniform_weights():
+    """A k_descale of 0 makes every score of that head 0: its output is the mean of the visible
+    values, under a causal mask too (the kernel keeps a folded scale of 0 at 1e-30, so that masked
+    keys stay -inf and not -inf * 0 = NaN; fa3_fwd._fa3_fwd_kernel)."""
+    if not hopper():
+        pytest.skip("FP8 attention needs an sm90 GPU and Triton 3.6's Gluon")
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", generator=g) for _ in range(3))
+    (q8, qd), (k8, kd), (v8, vd) = quantized(q, k, v)
+    kd = kd.clone()
+    kd[:, 1] = 0.0
+    out, lse = flashlib.flash_attention(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd,
+                                        v_descale=vd, return_lse=True)
+    deq = [fp8.dequantize(q8, qd), fp8.dequantize(k8, kd), fp8.dequantize(v8, vd)]
+    ref, ref_lse = attention_ref(*deq, causal=True)
+    assert not out.isnan().any() and not lse.isnan().any()
+    model_err = (p_rounding_model(*deq, causal=True) - ref).abs().max().item()
+    assert (out.double() - ref).abs().max() <= 3 * model_err + 2e-3
+    torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=2e-3)
+    # the zeroed head: uniform weights, the running mean of v (e4m3 P of 1 is exact)
+    mean = deq[2][:, 1].cumsum(1) / torch.arange(1, 301, device="cuda")[:, None]
+    torch.testing.assert_close(out[:, 1].float(), mean, atol=1e-2, rtol=1e-2)
+
+
+@gpu
+@pytest.mark.gpu
 def test_gpu_fp8_rotation_cuts_the_kernel_error_on_outlier_features():
     if not hopper():
         pytest.skip("FP8 attention needs an sm90 GPU and Triton 3.6's Gluon")

@@ -150,7 +150,7 @@ def test_gpu_real_sizes(dtype):
 def test_packed_calls_go_to_the_hopper_kernels_where_they_run(monkeypatch):
     # on an sm90 GPU (stood in for here: the FA3 kernels' supported and launchers replaced by
     # recorders that run FA2's) a large packed call runs FA3's forward and backward with the
-    # offsets; small ones, FA3 turned off, and d64 causal's forward (ops.FA2_FORWARD_WINS) FA2's
+    # offsets; small ones and FA3 turned off FA2's
     from flashlib import ops
     from flashlib.kernels import fa2_bwd, fa2_fwd, fa3_bwd, fa3_fwd
     calls = []
@@ -167,7 +167,7 @@ def test_packed_calls_go_to_the_hopper_kernels_where_they_run(monkeypatch):
     for D, causal, from_flops, expected in [(16, False, 0, fa3),
                                             (16, True, 4 * 23 * 4 * 17 * 16 // 2, fa3),
                                             (16, True, 4 * 23 * 4 * 17 * 16 // 2 + 1, ["fa2 bwd"]),
-                                            (64, True, 0, [("fa3 bwd", (17, 17))])]:
+                                            (64, True, 0, [("fa3", (17, 17)), ("fa3 bwd", (17, 17))])]:
         calls.clear()
         monkeypatch.setattr(ops, "FA3_FROM_FLOPS", from_flops)
         check(lengths, lengths, 4, 2, D, causal=causal)
