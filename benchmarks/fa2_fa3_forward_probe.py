@@ -8,10 +8,12 @@ softmax scale applied before the max (``fa3_fwd.FOLD_SCALE`` off), the kernel be
 Every kernel is first checked against the float64 oracle on a slice of its own output
 (``production.oracle_check``).
 
-    [FLASHLIB_AUTOTUNE=0] python benchmarks/fa2_fa3_forward_probe.py [--fp8] [--head-dim=D]
+    [FLASHLIB_AUTOTUNE=0] python benchmarks/fa2_fa3_forward_probe.py [--fp8 | --softcap] [--head-dim=D]
 
 ``--fp8``: instead of FA2 and FA3, ``flash_attention`` on e4m3 copies of the inputs, folded and not
 (their outputs compared with each other: e4m3's error is the FP8 suite's to report).
+``--softcap``: bfloat16 at the production suite's modifier shapes, every kernel with Gemma 2's
+softcap (``production.SOFTCAP``), and ``fa3_plain``, FA3 without it, for the softcap's ratio.
 """
 import statistics
 import sys
@@ -23,7 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashlib.bench import production as prod
 from flashlib.bench.harness import _time, make_inputs, shape_for
-from flashlib.kernels import fa2_fwd, fa3_fwd
+from flashlib.kernels import fa2_fwd, fa3_fwd, score_mod
 
 SHAPES = [(64, 4096, False), (64, 16384, False), (64, 4096, True), (128, 4096, False),
           (128, 16384, False), (128, 16384, True)]
@@ -56,16 +58,23 @@ def fp8_calls(q, k, v, causal):
 
 def main():
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
-    print("# float16 forward, ms (median of rounds) (TFLOP/s, cuDNN's time over it, the rounds' range); fa3 / fa2: FA3's time over FA2's (> 1: FA2 faster)")
+    softcap = prod.SOFTCAP if "--softcap" in sys.argv else None
+    dtype = torch.bfloat16 if softcap else torch.float16
+    print(f"# {dtype} forward{' with a softcap' if softcap else ''}, ms (median of rounds) (TFLOP/s, cuDNN's "
+          "time over it, the rounds' range); fa3 / fa2: FA3's time over FA2's (> 1: FA2 faster)")
     dims = [int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--head-dim=")]
-    for D, N, causal in SHAPES:
+    for D, N, causal in prod.MOD_SHAPES if softcap else SHAPES:
         if dims and D not in dims:
             continue
         B, H = shape_for(D, N)["B"], prod.WIDTH // D
-        q, k, v = make_inputs(B, H, H, N, N, D, torch.float16, "cuda")
-        calls = {"fa2": lambda: fa2_fwd.fa2_forward(q, k, v, causal=causal)[0],
-                 "fa3": lambda: fa3_fwd.fa3_forward(q, k, v, causal=causal)[0],
-                 "fa3_unfolded": lambda: unfolded(lambda: fa3_fwd.fa3_forward(q, k, v, causal=causal)[0])}
+        q, k, v = make_inputs(B, H, H, N, N, D, dtype, "cuda")
+        mod = score_mod.make(q, softcap=softcap) if softcap else None
+        calls = {"fa2": lambda: fa2_fwd.fa2_forward(q, k, v, causal=causal, score_mod=mod)[0],
+                 "fa3": lambda: fa3_fwd.fa3_forward(q, k, v, causal=causal, score_mod=mod)[0],
+                 "fa3_unfolded": lambda: unfolded(lambda: fa3_fwd.fa3_forward(q, k, v, causal=causal,
+                                                                              score_mod=mod)[0])}
+        if softcap:   # the plain kernel users get, for the modifier's ratio to it
+            calls["fa3_plain"] = lambda: fa3_fwd.fa3_forward(q, k, v, causal=causal)[0]
         if "--fp8" in sys.argv:
             calls = fp8_calls(q, k, v, causal)
         calls["cudnn"] = lambda: cudnn(q, k, v, causal)
@@ -76,8 +85,9 @@ def main():
                 err = (call().float() - first.float()).abs().max().item()
                 print(f"d{D} N{N} causal={causal} {name}: |out - fp8's out| {err:.3g}")
                 continue
-            err, ok = prod.oracle_check([tuple(t[:1, :2] for t in (call(), q, k, v))], torch.float16,
-                                        causal=causal)
+            options = dict(softcap=softcap) if softcap and name not in ("fa3_plain", "cudnn") else {}
+            err, ok = prod.oracle_check([tuple(t[:1, :2] for t in (call(), q, k, v))], dtype,
+                                        causal=causal, **options)
             if not ok:
                 print(f"d{D} N{N} causal={causal} {name}: WRONG (error {err:.3g})")
                 times.pop(name)

@@ -72,7 +72,8 @@ from .. import runtime
 from ..inputs import resolve_scale
 from .config import cdiv, padded_headdim
 from .launch import Descriptor, fast_launch, plan_key, remember
-from .score_mod import alibi_bias, alibi_slope, identity
+from .score_mod import (alibi_bias, alibi_slope, identity, softcap_cap, softcap_tanh, tanh_softcap,
+                        tanh_softcap_approx)
 from .score_mod import kernel_args as score_mod_args
 from .tile import LOG2E
 
@@ -94,7 +95,7 @@ BLOCK_M = 64    # query rows per consumer warpgroup: 4 warps x 16 rows, wgmma's 
 SMEM_BYTES = 232448     # H100/H200 shared memory per block (227 KiB)
 SMEM_SPARE = 8192       # kept for the barriers and the compiler's own scratch
 MAX_STAGES = 4
-FOLD_SCALE = True        # plain scores, scale > 0: the scale inside exp2's FFMA (``_softmax_step``)
+FOLD_SCALE = True        # the scores' factor (scale, softcap) inside exp2's FFMA (``_fold``)
 
 
 class Variant(NamedTuple):
@@ -198,11 +199,12 @@ if _GLUON:
     @gluon.jit
     def _scores(s, qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M: gl.constexpr,
                 BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, SCORE_MOD: gl.constexpr,
-                ALIBI_SPLIT: gl.constexpr, FOLD_SCALE: gl.constexpr, s_layout: gl.constexpr):
+                ALIBI_SPLIT: gl.constexpr, FOLD: gl.constexpr, s_layout: gl.constexpr):
         """Key block j's scores s (BM, BN), scaled by qk_scale, through the score-modifier hook
         (``kernels.score_mod``, the same @triton.jit functions as the portable kernels', compiled
         here with Gluon's layouts), then the mask. The identity's positions are never used and
-        compile away. Returns the scores and r (BM,): the block's scores are s + r per row.
+        compile away. Returns the scores, r (BM,) and c: the block's scores are s c + r per row,
+        c a factor ``_softmax_step`` multiplies in (FOLD; else 1).
 
         ALIBI_SPLIT (ALiBi alone): where every key of the block is at or before every query's
         position (or at or after), -slope |q - k| is +-slope (k - n0) + +-slope (n0 - q), a
@@ -210,13 +212,18 @@ if _GLUON:
         ``_softmax_step`` adds to the row's max: no per-score work beyond the plain kernel's. The
         blocks across the diagonal take the hook. r is 0 otherwise.
 
-        FOLD_SCALE (plain scores, qk_scale > 0): s is returned unscaled, masked, and
-        ``_softmax_step`` applies the scale (see there)."""
+        FOLD 1 (plain scores, qk_scale > 0): s is returned unscaled, c = qk_scale. FOLD 2 and 3 (a
+        softcap alone, tanh by ``score_mod.softcap_tanh``'s formula or tanh.approx): tanh(s / c)
+        is returned, c = the cap. ``_softmax_step`` multiplies c in (see there)."""
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         r = gl.zeros([BLOCK_M], gl.float32, row_layout)
-        if FOLD_SCALE:
-            return _mask_scores(s, j, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL, s_layout), r
+        if FOLD == 1:
+            return _mask_scores(s, j, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL, s_layout), r, qk_scale
         s = s * qk_scale
+        if FOLD >= 2:
+            t = softcap_tanh(s, FOLD == 3)
+            return (_mask_scores(t, j, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL, s_layout), r,
+                    softcap_cap(bh, mod_args))
         n0 = j * BLOCK_N
         first_q = row0 + Nk - Nq                       # the block's first query on the key axis
         before = n0 + BLOCK_N - 1 <= first_q           # every key at or before every query
@@ -229,20 +236,20 @@ if _GLUON:
             cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))   # (BN,)
             q_pos = first_q + gl.arange(0, BLOCK_M, layout=row_layout)
             s, _ = SCORE_MOD(s, gl.expand_dims(q_pos, 1), gl.expand_dims(cols, 0), bh, mod_args)
-        return _mask_scores(s, j, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL, s_layout), r
+        return _mask_scores(s, j, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL, s_layout), r, 1.0
 
     @gluon.jit
-    def _softmax_step(s, r, m_i, l_i, qk_scale, ALIBI_SPLIT: gl.constexpr, FOLD_SCALE: gl.constexpr):
-        """Online softmax on one block of scaled, masked scores s + r (BM, BN), base 2 (r (BM,) a
-        row term, ALIBI_SPLIT only: see ``_scores``). Returns the new max, the new sum, alpha (the
-        old state's rescale factor) and P (float32, S's layout).
+    def _softmax_step(s, r, c, m_i, l_i, ALIBI_SPLIT: gl.constexpr, FOLD: gl.constexpr):
+        """Online softmax on one block of masked scores s c + r (BM, BN), base 2 (r (BM,) a row
+        term, ALIBI_SPLIT only; c > 0, FOLD only: see ``_scores``). Returns the new max, the new
+        sum, alpha (the old state's rescale factor) and P (float32, S's layout).
 
-        FOLD_SCALE: s unscaled, the scores s * qk_scale with qk_scale > 0, so that their max is
-        qk_scale max(s) (a row's work) and each score's scale joins exp2's subtraction in one FFMA,
-        s * qk_scale - m: an instruction per score fewer than scaling first, where the softmax
-        warpgroups are bound by instructions issued (benchmarks/NOTES.md, the software exp2)."""
-        if FOLD_SCALE:
-            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        FOLD: the scores' max is c max(s) (a row's work, as c > 0) and each score's factor joins
+        exp2's subtraction in one FFMA, s c - m: an instruction per score fewer than multiplying
+        first, where the softmax warpgroups are bound by instructions issued (benchmarks/NOTES.md,
+        nineteenth session)."""
+        if FOLD:
+            m_new = gl.maximum(m_i, gl.max(s, 1) * c)
         elif ALIBI_SPLIT:
             m_new = gl.maximum(m_i, gl.max(s, 1) + r)
         else:
@@ -252,8 +259,8 @@ if _GLUON:
         alpha = gl.exp2(m_i - m_safe)
         if ALIBI_SPLIT:
             m_safe = m_safe - r                # exp2(s + r - m) = exp2(s - (m - r)): per row
-        if FOLD_SCALE:
-            p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe, 1))
+        if FOLD:
+            p = gl.exp2(s * c - gl.expand_dims(m_safe, 1))
         else:
             p = gl.exp2(s - gl.expand_dims(m_safe, 1))
         l_i = l_i * alpha + gl.sum(p, 1)
@@ -288,7 +295,7 @@ if _GLUON:
                   NUM_WG: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                   OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FP8: gl.constexpr,
                   SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr, VARLEN: gl.constexpr,
-                  FOLD_SCALE: gl.constexpr):
+                  FOLD: gl.constexpr):
         """One warpgroup: rows [row0, row0 + BLOCK_M) of the CTA's query block against n_blocks
         key blocks; writes out (TMA store from o_smem, clipped at Nq; VARLEN: rows from q_row0, and
         a sequence's last block by a masked store from o_base, the sequence's row 0 of this head,
@@ -330,9 +337,9 @@ if _GLUON:
                                   use_acc=False, is_async=True)
                 s = warpgroup_mma_wait(0, deps=(s, ))
                 mbarrier.arrive(k_empty.index(0))
-                s, r = _scores(s, qk_scale, 0, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
-                               CAUSAL, SCORE_MOD, ALIBI_SPLIT, FOLD_SCALE, s_layout)
-                m_i, l_i, alpha, p = _softmax_step(s, r, m_i, l_i, qk_scale, ALIBI_SPLIT, FOLD_SCALE)
+                s, r, c = _scores(s, qk_scale, 0, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
+                               CAUSAL, SCORE_MOD, ALIBI_SPLIT, FOLD, s_layout)
+                m_i, l_i, alpha, p = _softmax_step(s, r, c, m_i, l_i, ALIBI_SPLIT, FOLD)
                 p = _p_operand(p, p_layout, dtype)
                 for j in range(1, n_blocks):
                     st = j % STAGES
@@ -351,9 +358,9 @@ if _GLUON:
                         mbarrier.arrive(turn_bars.index((WG + 1) % NUM_WG))
                     s = warpgroup_mma_wait(1, deps=(s, ))      # S_j done, P_{j-1} V_{j-1} may run on
                     mbarrier.arrive(k_empty.index(st))
-                    s, r = _scores(s, qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M,
-                                   BLOCK_N, CAUSAL, SCORE_MOD, ALIBI_SPLIT, FOLD_SCALE, s_layout)
-                    m_i, l_i, alpha, p_next = _softmax_step(s, r, m_i, l_i, qk_scale, ALIBI_SPLIT, FOLD_SCALE)
+                    s, r, c = _scores(s, qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M,
+                                   BLOCK_N, CAUSAL, SCORE_MOD, ALIBI_SPLIT, FOLD, s_layout)
+                    m_i, l_i, alpha, p_next = _softmax_step(s, r, c, m_i, l_i, ALIBI_SPLIT, FOLD)
                     p_next = _p_operand(p_next, p_layout, dtype)
                     # P_{j-1} stays a dependency until its wgmma is done: its registers are read
                     # asynchronously, P_j must not land on them. Triton 3.6 takes no 8-bit
@@ -383,9 +390,9 @@ if _GLUON:
                                   use_acc=False, is_async=True)
                 s = warpgroup_mma_wait(0, deps=(s, ))
                 mbarrier.arrive(k_empty.index(st))
-                s, r = _scores(s, qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
-                               CAUSAL, SCORE_MOD, ALIBI_SPLIT, FOLD_SCALE, s_layout)
-                m_i, l_i, alpha, p = _softmax_step(s, r, m_i, l_i, qk_scale, ALIBI_SPLIT, FOLD_SCALE)
+                s, r, c = _scores(s, qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
+                               CAUSAL, SCORE_MOD, ALIBI_SPLIT, FOLD, s_layout)
+                m_i, l_i, alpha, p = _softmax_step(s, r, c, m_i, l_i, ALIBI_SPLIT, FOLD)
                 p = _p_operand(p, p_layout, dtype)
                 acc = _rescale(acc, alpha, o_layout)
                 mbarrier.wait(v_ready.index(st), phase)
@@ -466,7 +473,7 @@ if _GLUON:
                         HEAD_D: gl.constexpr, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
                         OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                         FP8: gl.constexpr, SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr,
-                        VARLEN: gl.constexpr, MAX_SEQS: gl.constexpr, FOLD_SCALE: gl.constexpr):
+                        VARLEN: gl.constexpr, MAX_SEQS: gl.constexpr, FOLD: gl.constexpr):
         # Descale (FP8 only): float32 (3, B, Hkv), Q's, K's and V's factors, n_descale = B * Hkv.
         # ModArgs, SCORE_MOD: the score modifier's per-(batch, query head) row and function;
         # ALIBI_SPLIT: SCORE_MOD is ALiBi alone, its bias split off the diagonal (``_scores``)
@@ -510,7 +517,7 @@ if _GLUON:
         if FP8:   # S = (Q8 K8^T) dq dk, O = (P V8) dv: the descales join the scales
             at = off_b * (Hq // GROUP) + off_hkv
             qk_scale = qk_scale * gl.load(Descale + at) * gl.load(Descale + n_descale + at)
-            if FOLD_SCALE:   # descales are >= 0; a 0 would make the masked scores -inf * 0 = NaN,
+            if FOLD:   # descales are >= 0; a 0 would make the masked scores -inf * 0 = NaN,
                 # where 1e-30 leaves every score's exp2 at exactly 1, as 0 does
                 qk_scale = gl.maximum(qk_scale, 1e-30)
             v_scale = gl.load(Descale + 2 * n_descale + at)
@@ -551,7 +558,7 @@ if _GLUON:
                              k_ready, k_empty, v_ready, v_empty, turn_bars, lse_base, tma_b, off_h, off_hkv,
                              start_m, n_blocks, Nq, Nk, q_row0, qk_scale, v_scale, off_bh, ModArgs,
                              o_base, stride_om, 0, BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL,
-                             OVERLAP, False, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, FOLD_SCALE)),
+                             OVERLAP, False, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, FOLD)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                              v_ready, v_empty, tma_b, off_h, off_hkv, start_m, n_blocks, q_row0, k_row0,
                              BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
@@ -563,12 +570,12 @@ if _GLUON:
                              k_ready, k_empty, v_ready, v_empty, turn_bars, lse_base, tma_b, off_h, off_hkv,
                              start_m, n_blocks, Nq, Nk, q_row0, qk_scale, v_scale, off_bh, ModArgs,
                              o_base, stride_om, 0, BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL,
-                             OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, FOLD_SCALE)),
+                             OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, FOLD)),
                 (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars,
                              k_ready, k_empty, v_ready, v_empty, turn_bars, lse_base, tma_b, off_h, off_hkv,
                              start_m, n_blocks, Nq, Nk, q_row0, qk_scale, v_scale, off_bh, ModArgs,
                              o_base, stride_om, 1, BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL,
-                             OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, FOLD_SCALE)),
+                             OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, FOLD)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                              v_ready, v_empty, tma_b, off_h, off_hkv, start_m, n_blocks, q_row0, k_row0,
                              BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
@@ -728,9 +735,17 @@ def _launch(q, k, v_desc, out, lse, causal, scale, descale, variant, config, sco
                          mod_args, out, cu_q, cu_k, Hq, Nq, Nk, scale * LOG2E * input_scale, Hq // Hkv,
                          B * Hkv, out.stride(2), out.stride(1), total_q, n_seq, CAUSAL=bool(causal),
                          SCORE_MOD=mod_fn, ALIBI_SPLIT=mod_fn is alibi_bias, VARLEN=bool(varlen),
-                         FOLD_SCALE=FOLD_SCALE and mod_fn is identity and scale > 0,
+                         FOLD=_fold(mod_fn, scale),
                          MAX_SEQS=max(128, triton.next_power_of_2(n_seq)), **config, **launch_options(variant))
     return launch, tuple(Descriptor.view(d) for d in descs)
+
+
+def _fold(mod_fn, scale):
+    """The kernel's FOLD (``_scores``): 1 for plain scores at a scale > 0, 2 / 3 for a softcap alone
+    (tanh by formula / tanh.approx), 0 otherwise or with ``FOLD_SCALE`` off."""
+    if not FOLD_SCALE:
+        return 0
+    return {identity: int(scale > 0), tanh_softcap: 2, tanh_softcap_approx: 3}.get(mod_fn, 0)
 
 
 def supported_fp8(q, k, v) -> bool:

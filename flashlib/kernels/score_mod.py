@@ -46,10 +46,10 @@ def identity(s, q_pos, k_pos, bh, args):
 
 
 @triton.jit
-def _softcap(y, cap, APPROX: tl.constexpr):
-    """(c tanh(y), 1 - tanh^2(y)) of y = s / c, the scores already divided by the cap
-    (``input_scale``: one multiply per score fewer than dividing here). tanh from one exp2 and a
-    division, exact at 0 and saturating to +-1 without overflow; APPROX: one instruction, PTX ``tanh.approx.f32`` (sm75+), relative
+def softcap_tanh(y, APPROX: tl.constexpr):
+    """tanh(y) of y = s / c, the scores already divided by the cap (``input_scale``: one multiply
+    per score fewer than dividing here), from one exp2 and a division, exact at 0 and saturating
+    to +-1 without overflow; APPROX: one instruction, PTX ``tanh.approx.f32`` (sm75+), relative
     error up to 2^-10.99, what flash-attn's softcap uses. Each of exp2, the division's reciprocal
     and tanh.approx is one instruction of the special-function unit: on an H100 the softcapped
     forward ran at 0.51x-0.63x the plain kernel with the exp2 formula and 0.78x-0.84x with
@@ -62,13 +62,27 @@ def _softcap(y, cap, APPROX: tl.constexpr):
         e = tl.math.exp2(-2.8853900817779268 * tl.abs(y))     # exp(-2|y|); 2 * log2(e)
         t = (1.0 - e) / (1.0 + e)
         t = tl.where(y < 0, -t, t)
+    return t
+
+
+@triton.jit
+def softcap_cap(bh, args):
+    """Row ``bh``'s cap c (base 2), column 0 of ``args``; also read by the Hopper forward, which
+    multiplies it in with exp2's subtraction (``fa3_fwd._softmax_step``)."""
+    return tl.load(args + bh * ARGS_PER_HEAD)
+
+
+@triton.jit
+def _softcap(y, cap, APPROX: tl.constexpr):
+    """(c tanh(y), 1 - tanh^2(y)) of y = s / c (``softcap_tanh``)."""
+    t = softcap_tanh(y, APPROX)
     return cap * t, 1.0 - t * t
 
 
 @triton.jit
 def tanh_softcap(s, q_pos, k_pos, bh, args):
     """Gemma 2's logit softcap, c * tanh(s / c), given s / c; d/ds = 1 - tanh^2. c in column 0."""
-    return _softcap(s, tl.load(args + bh * ARGS_PER_HEAD), False)
+    return _softcap(s, softcap_cap(bh, args), False)
 
 
 @triton.jit
@@ -77,7 +91,7 @@ def tanh_softcap_approx(s, q_pos, k_pos, bh, args):
     rounding (2^-9) is four times that tanh's error. float16's (2^-11) is not: with it, small
     float16 cases failed the oracle's tolerance on an H100, so float16 and float32 take the exp2
     formula."""
-    return _softcap(s, tl.load(args + bh * ARGS_PER_HEAD), True)
+    return _softcap(s, softcap_cap(bh, args), True)
 
 
 @triton.jit
