@@ -4,11 +4,12 @@ At the forward suite's shapes (``flashlib.bench.harness``: B x N = 32k tokens, H
 float16, both kernels called directly (``fa2_fwd.fa2_forward``, with its first fitting config
 under FLASHLIB_AUTOTUNE=0 and autotuned otherwise; ``fa3_fwd.fa3_forward``) and SDPA's cuDNN
 backend as the yardstick, in rounds that alternate the order. ``fa3_unfolded``: FA3 with the
-softmax scale applied before the max (``fa3_fwd.FOLD_SCALE`` off), the kernel before the fold.
+softmax scale applied before the max (``fa3_fwd.FOLD_SCALE`` off); ``fa3_eager``: O rescaled at
+every block (``fa3_fwd.LAZY_RESCALE`` off).
 Every kernel is first checked against the float64 oracle on a slice of its own output
 (``production.oracle_check``).
 
-    [FLASHLIB_AUTOTUNE=0] python benchmarks/fa2_fa3_forward_probe.py [--fp8 | --softcap] [--head-dim=D]
+    [FLASHLIB_AUTOTUNE=0] python benchmarks/fa2_fa3_forward_probe.py [--fp8 | --softcap] [--head-dim=D] [--rounds=3]
 
 ``--fp8``: instead of FA2 and FA3, ``flash_attention`` on e4m3 copies of the inputs, folded and not
 (their outputs compared with each other: e4m3's error is the FP8 suite's to report).
@@ -29,7 +30,7 @@ from flashlib.kernels import fa2_fwd, fa3_fwd, score_mod
 
 SHAPES = [(64, 4096, False), (64, 16384, False), (64, 4096, True), (128, 4096, False),
           (128, 16384, False), (128, 16384, True)]
-ROUNDS = 3
+ROUNDS = next((int(a.split('=')[1]) for a in sys.argv[1:] if a.startswith('--rounds=')), 3)
 
 
 def cudnn(q, k, v, causal):
@@ -37,12 +38,22 @@ def cudnn(q, k, v, causal):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def unfolded(call):
-    fa3_fwd.FOLD_SCALE = False     # in the launch plans' key: no stale plan is replayed
+def without(flag, call):
+    """call() with ``fa3_fwd.<flag>`` off (FOLD_SCALE, LAZY_RESCALE: both in the launch plans'
+    key, so no stale plan is replayed)."""
+    setattr(fa3_fwd, flag, False)
     try:
         return call()
     finally:
-        fa3_fwd.FOLD_SCALE = True
+        setattr(fa3_fwd, flag, True)
+
+
+def unfolded(call):
+    return without("FOLD_SCALE", call)
+
+
+def eager(call):
+    return without("LAZY_RESCALE", call)
 
 
 def fp8_calls(q, k, v, causal):
@@ -72,7 +83,8 @@ def main():
         calls = {"fa2": lambda: fa2_fwd.fa2_forward(q, k, v, causal=causal, score_mod=mod)[0],
                  "fa3": lambda: fa3_fwd.fa3_forward(q, k, v, causal=causal, score_mod=mod)[0],
                  "fa3_unfolded": lambda: unfolded(lambda: fa3_fwd.fa3_forward(q, k, v, causal=causal,
-                                                                              score_mod=mod)[0])}
+                                                                              score_mod=mod)[0]),
+                 "fa3_eager": lambda: eager(lambda: fa3_fwd.fa3_forward(q, k, v, causal=causal, score_mod=mod)[0])}
         if softcap:   # the plain kernel users get, for the modifier's ratio to it
             calls["fa3_plain"] = lambda: fa3_fwd.fa3_forward(q, k, v, causal=causal)[0]
         if "--fp8" in sys.argv:
