@@ -4,8 +4,7 @@ At the forward suite's shapes (``flashlib.bench.harness``: B x N = 32k tokens, H
 float16, both kernels called directly (``fa2_fwd.fa2_forward``, with its first fitting config
 under FLASHLIB_AUTOTUNE=0 and autotuned otherwise; ``fa3_fwd.fa3_forward``) and SDPA's cuDNN
 backend as the yardstick, in rounds that alternate the order. ``fa3_unfolded``: FA3 with the
-softmax scale applied before the max (``fa3_fwd.FOLD_SCALE`` off); ``fa3_eager``: O rescaled at
-every block (``fa3_fwd.LAZY_RESCALE`` off).
+softmax scale applied before the max (``fa3_fwd.FOLD_SCALE`` off).
 Every kernel is first checked against the float64 oracle on a slice of its own output
 (``production.oracle_check``).
 
@@ -38,22 +37,13 @@ def cudnn(q, k, v, causal):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def without(flag, call):
-    """call() with ``fa3_fwd.<flag>`` off (FOLD_SCALE, LAZY_RESCALE: both in the launch plans'
-    key, so no stale plan is replayed)."""
-    setattr(fa3_fwd, flag, False)
+def unfolded(call):
+    """call() with ``fa3_fwd.FOLD_SCALE`` off (in the launch plans' key: no stale plan is replayed)."""
+    fa3_fwd.FOLD_SCALE = False
     try:
         return call()
     finally:
-        setattr(fa3_fwd, flag, True)
-
-
-def unfolded(call):
-    return without("FOLD_SCALE", call)
-
-
-def eager(call):
-    return without("LAZY_RESCALE", call)
+        fa3_fwd.FOLD_SCALE = True
 
 
 def fp8_calls(q, k, v, causal):
@@ -83,8 +73,7 @@ def main():
         calls = {"fa2": lambda: fa2_fwd.fa2_forward(q, k, v, causal=causal, score_mod=mod)[0],
                  "fa3": lambda: fa3_fwd.fa3_forward(q, k, v, causal=causal, score_mod=mod)[0],
                  "fa3_unfolded": lambda: unfolded(lambda: fa3_fwd.fa3_forward(q, k, v, causal=causal,
-                                                                              score_mod=mod)[0]),
-                 "fa3_eager": lambda: eager(lambda: fa3_fwd.fa3_forward(q, k, v, causal=causal, score_mod=mod)[0])}
+                                                                              score_mod=mod)[0])}
         if softcap:   # the plain kernel users get, for the modifier's ratio to it
             calls["fa3_plain"] = lambda: fa3_fwd.fa3_forward(q, k, v, causal=causal)[0]
         if "--fp8" in sys.argv:

@@ -250,8 +250,7 @@ def specialize(fn, args, constexprs, backend):
     return signature, consts, attrs
 
 
-def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531), mod=None, varlen=False, fold=True,
-                    lazy=fa3_fwd.LAZY_RESCALE):
+def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531), mod=None, varlen=False, fold=True):
     """Compile one (variant, head dim, causal, dtype) for inputs of sizes (B, Hq, Hkv, Nq, Nk)
     (Triton specialises ints on being 1 or a multiple of 16), with the score modifier ``mod`` (a
     ``kernels.score_mod`` function; None: the identity); varlen: B sequences of at most Nq and Nk
@@ -283,7 +282,7 @@ def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531), mod=Non
                 Lse=lse, Descale=lse, ModArgs=lse, Out=q, CuSeqQ=cu, CuSeqK=cu, Hq=Hq, Nq=Nq, Nk=Nk,
                 qk_scale=0.1, GROUP=Hq // Hkv, n_descale=B * Hkv, stride_om=Hq * D, stride_oh=D, total_q=B * Nq - 3,
                 n_seq=B)
-    constexprs = dict(CAUSAL=causal, SCORE_MOD=mod or score_mod.identity, FOLD=fa3_fwd._fold(mod or score_mod.identity, 0.1) if fold else 0, LAZY=lazy and not fp8,
+    constexprs = dict(CAUSAL=causal, SCORE_MOD=mod or score_mod.identity, FOLD=fa3_fwd._fold(mod or score_mod.identity, 0.1) if fold else 0,
                       ALIBI_SPLIT=mod is score_mod.alibi_bias, VARLEN=varlen, MAX_SEQS=128, **config)
     target = GPUTarget("cuda", TARGET_ARCH, 32)
     backend = make_backend(target)

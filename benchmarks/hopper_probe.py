@@ -142,7 +142,7 @@ def precompile_one(task):
             fa3_fwd._descriptor(q, (1, 1, fa3_fwd.BLOCK_M, D)), lse, lse, lse, q, lse, lse,
             2, 256, 256, 0.1, 2, 1, q.stride(2), q.stride(1), 0, 0,
             grid=(1,), CAUSAL=causal, SCORE_MOD=score_mod.identity, ALIBI_SPLIT=False, VARLEN=False,
-            MAX_SEQS=128, FOLD=fa3_fwd._fold(score_mod.identity, 0.1), LAZY=fa3_fwd.LAZY_RESCALE, **config,
+            MAX_SEQS=128, FOLD=fa3_fwd._fold(score_mod.identity, 0.1), **config,
             **fa3_fwd.launch_options(name))
         return f"{name} d{D} causal={causal} {dtype_name}: {time.time() - t0:.1f} s"
     except Exception as e:  # noqa: BLE001  (only a head start; the variant's run compiles anyway)

@@ -152,35 +152,6 @@ def launch_options(variant: str) -> dict:
     return dict(num_warps=4, **({"maxnreg": 128} if VARIANTS[variant].num_wg == 1 else {}))
 
 
-# 16-bit only: skip O's rescale where the max grew by at most RESCALE_SLACK (``_rescale``). In FP8
-# it gained nothing measurable and P's e4m3 rounding on the shifted grid took one oracle case's max
-# error past the test's 3x the P-rounding model (h100/gpu_tests_lazy.log).
-LAZY_RESCALE = True
-RESCALE_SLACK = tl.constexpr(8.0)   # base 2: P up to 2^8 = 256 (float16, bfloat16 and e4m3 hold it)
-# The warp-uniform test: any of this thread's two rows (r, r + 8 of the wgmma layout) with a
-# rescale factor other than 1, voted over the warp; both outputs the warp's answer (1.0 or 0.0).
-_WARP_RESCALES = tl.constexpr("""{
-.reg .pred p, q;
-setp.ne.f32 p, $2, 0f3F800000;
-setp.ne.f32 q, $3, 0f3F800000;
-or.pred p, p, q;
-vote.sync.any.pred p, p, 0xffffffff;
-selp.f32 $0, 0f3F800000, 0f00000000, p;
-mov.b32 $1, $0;
-}""")
-
-
-def _rescale_asm(n):
-    """O's rescale for a thread's n accumulator values ($0-$n-1, tied to the inputs $n-$2n-1),
-    their rows' factors ($2n-...) and the warp's flag ($3n): one uniform branch around n FMULs."""
-    muls = "\n".join(f"mul.f32 ${i}, ${i}, ${2 * n + i};" for i in range(n))
-    return (f"{{\n.reg .pred p;\nsetp.eq.f32 p, ${3 * n}, 0f00000000;\n@p bra.uni SKIP;\n{muls}\nSKIP:\n}}",
-            ",".join(["=f"] * n + [str(i) for i in range(n)] + ["f"] * (2 * n)))
-
-
-_RESCALE_32, _RESCALE_32_CONSTRAINTS = (tl.constexpr(x) for x in _rescale_asm(32))
-_RESCALE_64, _RESCALE_64_CONSTRAINTS = (tl.constexpr(x) for x in _rescale_asm(64))
-
 if _GLUON:
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
@@ -268,7 +239,7 @@ if _GLUON:
         return _mask_scores(s, j, n_full, row0, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL, s_layout), r, 1.0
 
     @gluon.jit
-    def _softmax_step(s, r, c, m_i, l_i, ALIBI_SPLIT: gl.constexpr, FOLD: gl.constexpr, LAZY: gl.constexpr):
+    def _softmax_step(s, r, c, m_i, l_i, ALIBI_SPLIT: gl.constexpr, FOLD: gl.constexpr):
         """Online softmax on one block of masked scores s c + r (BM, BN), base 2 (r (BM,) a row
         term, ALIBI_SPLIT only; c > 0, FOLD only: see ``_scores``). Returns the new max, the new
         sum, alpha (the old state's rescale factor) and P (float32, S's layout).
@@ -283,8 +254,6 @@ if _GLUON:
             m_new = gl.maximum(m_i, gl.max(s, 1) + r)
         else:
             m_new = gl.maximum(m_i, gl.max(s, 1))
-        if LAZY:   # keep the old max unless the new one is RESCALE_SLACK above it (alpha = 1)
-            m_new = gl.where(m_new > m_i + RESCALE_SLACK, m_new, m_i)
         # a row that has seen only masked keys keeps m = -inf; exp2(-inf - -inf) would be NaN
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_safe)
@@ -304,22 +273,8 @@ if _GLUON:
         return gl.convert_layout(p.to(dtype), p_layout)
 
     @gluon.jit
-    def _rescale(acc, alpha, o_layout: gl.constexpr, HEAD_D: gl.constexpr, LAZY: gl.constexpr):
-        """O *= alpha per row. LAZY (FlashAttention-4's conditional rescaling): the max was kept
-        where it grew by at most RESCALE_SLACK (``_softmax_step``), so most blocks' alpha is 1 in
-        every row, and a warp whose 16 rows all have alpha = 1 skips the HEAD_D / 2 FMULs per
-        thread (a uniform branch in PTX: Gluon has no warp vote)."""
+    def _rescale(acc, alpha, o_layout: gl.constexpr):
         alpha = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))   # same rows, no data moves
-        if LAZY:
-            flag = gl.inline_asm_elementwise(_WARP_RESCALES, "=f,=f,f,f", [alpha], dtype=gl.float32,
-                                             is_pure=True, pack=2)
-            alpha2, flag2 = gl.expand_dims(alpha, 1), gl.expand_dims(flag, 1)
-            if HEAD_D == 64:
-                return gl.inline_asm_elementwise(_RESCALE_32, _RESCALE_32_CONSTRAINTS, [acc, alpha2, flag2],
-                                                 dtype=gl.float32, is_pure=True, pack=32)
-            else:
-                return gl.inline_asm_elementwise(_RESCALE_64, _RESCALE_64_CONSTRAINTS, [acc, alpha2, flag2],
-                                                 dtype=gl.float32, is_pure=True, pack=64)
         return acc * gl.expand_dims(alpha, 1)
 
     @gluon.jit
@@ -340,7 +295,7 @@ if _GLUON:
                   NUM_WG: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                   OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FP8: gl.constexpr,
                   SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr, VARLEN: gl.constexpr,
-                  FOLD: gl.constexpr, LAZY: gl.constexpr):
+                  FOLD: gl.constexpr):
         """One warpgroup: rows [row0, row0 + BLOCK_M) of the CTA's query block against n_blocks
         key blocks; writes out (TMA store from o_smem, clipped at Nq; VARLEN: rows from q_row0, and
         a sequence's last block by a masked store from o_base, the sequence's row 0 of this head,
@@ -384,7 +339,7 @@ if _GLUON:
                 mbarrier.arrive(k_empty.index(0))
                 s, r, c = _scores(s, qk_scale, 0, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
                                CAUSAL, SCORE_MOD, ALIBI_SPLIT, FOLD, s_layout)
-                m_i, l_i, alpha, p = _softmax_step(s, r, c, m_i, l_i, ALIBI_SPLIT, FOLD, LAZY)
+                m_i, l_i, alpha, p = _softmax_step(s, r, c, m_i, l_i, ALIBI_SPLIT, FOLD)
                 p = _p_operand(p, p_layout, dtype)
                 for j in range(1, n_blocks):
                     st = j % STAGES
@@ -405,7 +360,7 @@ if _GLUON:
                     mbarrier.arrive(k_empty.index(st))
                     s, r, c = _scores(s, qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M,
                                    BLOCK_N, CAUSAL, SCORE_MOD, ALIBI_SPLIT, FOLD, s_layout)
-                    m_i, l_i, alpha, p_next = _softmax_step(s, r, c, m_i, l_i, ALIBI_SPLIT, FOLD, LAZY)
+                    m_i, l_i, alpha, p_next = _softmax_step(s, r, c, m_i, l_i, ALIBI_SPLIT, FOLD)
                     p_next = _p_operand(p_next, p_layout, dtype)
                     # P_{j-1} stays a dependency until its wgmma is done: its registers are read
                     # asynchronously, P_j must not land on them. Triton 3.6 takes no 8-bit
@@ -417,7 +372,7 @@ if _GLUON:
                     else:
                         acc, p = warpgroup_mma_wait(0, deps=(acc, p))
                     mbarrier.arrive(v_empty.index(prev))
-                    acc = _rescale(acc, alpha, o_layout, HEAD_D, LAZY)
+                    acc = _rescale(acc, alpha, o_layout)
                     p = p_next
                 last = (n_blocks - 1) % STAGES
                 mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
@@ -437,9 +392,9 @@ if _GLUON:
                 mbarrier.arrive(k_empty.index(st))
                 s, r, c = _scores(s, qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
                                CAUSAL, SCORE_MOD, ALIBI_SPLIT, FOLD, s_layout)
-                m_i, l_i, alpha, p = _softmax_step(s, r, c, m_i, l_i, ALIBI_SPLIT, FOLD, LAZY)
+                m_i, l_i, alpha, p = _softmax_step(s, r, c, m_i, l_i, ALIBI_SPLIT, FOLD)
                 p = _p_operand(p, p_layout, dtype)
-                acc = _rescale(acc, alpha, o_layout, HEAD_D, LAZY)
+                acc = _rescale(acc, alpha, o_layout)
                 mbarrier.wait(v_ready.index(st), phase)
                 v = _v_operand(v_smem, st, BLOCK_N, HEAD_D, FP8)
                 acc = warpgroup_mma(p, v, acc, is_async=True)
@@ -518,8 +473,7 @@ if _GLUON:
                         HEAD_D: gl.constexpr, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
                         OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                         FP8: gl.constexpr, SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr,
-                        VARLEN: gl.constexpr, MAX_SEQS: gl.constexpr, FOLD: gl.constexpr,
-                        LAZY: gl.constexpr):
+                        VARLEN: gl.constexpr, MAX_SEQS: gl.constexpr, FOLD: gl.constexpr):
         # Descale (FP8 only): float32 (3, B, Hkv), Q's, K's and V's factors, n_descale = B * Hkv.
         # ModArgs, SCORE_MOD: the score modifier's per-(batch, query head) row and function;
         # ALIBI_SPLIT: SCORE_MOD is ALiBi alone, its bias split off the diagonal (``_scores``)
@@ -604,7 +558,7 @@ if _GLUON:
                              k_ready, k_empty, v_ready, v_empty, turn_bars, lse_base, tma_b, off_h, off_hkv,
                              start_m, n_blocks, Nq, Nk, q_row0, qk_scale, v_scale, off_bh, ModArgs,
                              o_base, stride_om, 0, BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL,
-                             OVERLAP, False, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, FOLD, LAZY)),
+                             OVERLAP, False, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, FOLD)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                              v_ready, v_empty, tma_b, off_h, off_hkv, start_m, n_blocks, q_row0, k_row0,
                              BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
@@ -616,12 +570,12 @@ if _GLUON:
                              k_ready, k_empty, v_ready, v_empty, turn_bars, lse_base, tma_b, off_h, off_hkv,
                              start_m, n_blocks, Nq, Nk, q_row0, qk_scale, v_scale, off_bh, ModArgs,
                              o_base, stride_om, 0, BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL,
-                             OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, FOLD, LAZY)),
+                             OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, FOLD)),
                 (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars,
                              k_ready, k_empty, v_ready, v_empty, turn_bars, lse_base, tma_b, off_h, off_hkv,
                              start_m, n_blocks, Nq, Nk, q_row0, qk_scale, v_scale, off_bh, ModArgs,
                              o_base, stride_om, 1, BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL,
-                             OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, FOLD, LAZY)),
+                             OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, FOLD)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                              v_ready, v_empty, tma_b, off_h, off_hkv, start_m, n_blocks, q_row0, k_row0,
                              BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
@@ -719,8 +673,7 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None, score_mod=No
     mod_args, mod_fn, input_scale = score_mod_args(score_mod, None)
     packed = () if cu_seqlens is None else tuple(cu_seqlens)
     pointers = (q, k, v, *packed, *([] if mod_args is None else [mod_args]))
-    key = plan_key(pointers, (causal, scale, variant, mod_fn, input_scale, max_seqlen, FOLD_SCALE,
-                              LAZY_RESCALE)) \
+    key = plan_key(pointers, (causal, scale, variant, mod_fn, input_scale, max_seqlen, FOLD_SCALE)) \
         if all(isinstance(t, torch.Tensor) for t in pointers) else None
     plan = _plans.get(key)
     if plan is not None:   # a call like an earlier one: allocate and replay its launch (launch.py)
@@ -782,7 +735,7 @@ def _launch(q, k, v_desc, out, lse, causal, scale, descale, variant, config, sco
                          mod_args, out, cu_q, cu_k, Hq, Nq, Nk, scale * LOG2E * input_scale, Hq // Hkv,
                          B * Hkv, out.stride(2), out.stride(1), total_q, n_seq, CAUSAL=bool(causal),
                          SCORE_MOD=mod_fn, ALIBI_SPLIT=mod_fn is alibi_bias, VARLEN=bool(varlen),
-                         FOLD=_fold(mod_fn, scale), LAZY=LAZY_RESCALE and descale is None,
+                         FOLD=_fold(mod_fn, scale),
                          MAX_SEQS=max(128, triton.next_power_of_2(n_seq)), **config, **launch_options(variant))
     return launch, tuple(Descriptor.view(d) for d in descs)
 
