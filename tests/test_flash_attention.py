@@ -190,6 +190,21 @@ def test_gpu_real_sizes(case, dtype):
     run_and_check(*case, dtype)
 
 
+def test_hopper_forward_folds_only_positive_factors(monkeypatch):
+    """FA3's forward multiplies a factor of the scores into exp2's FFMA (its max taken on the raw
+    scores, max(s c) = c max(s)) only where c > 0 is known: the scale of plain scores when it is
+    positive (a negative one would need the min, a zero one make masked keys -inf * 0 = NaN) and
+    a softcap's cap (validated > 0); never ALiBi's bias, added per score; none with FOLD_SCALE off."""
+    from flashlib.kernels import fa3_fwd, score_mod
+    assert fa3_fwd._fold(score_mod.identity, 0.125) == 1
+    assert fa3_fwd._fold(score_mod.identity, -0.125) == 0 and fa3_fwd._fold(score_mod.identity, 0.0) == 0
+    assert (fa3_fwd._fold(score_mod.tanh_softcap, -1.0), fa3_fwd._fold(score_mod.tanh_softcap_approx, 1.0)) == (2, 3)
+    for fn in (score_mod.alibi_bias, score_mod.tanh_softcap_alibi_bias, score_mod.tanh_softcap_approx_alibi_bias):
+        assert fa3_fwd._fold(fn, 0.125) == 0
+    monkeypatch.setattr(fa3_fwd, "FOLD_SCALE", False)
+    assert fa3_fwd._fold(score_mod.identity, 0.125) == 0 and fa3_fwd._fold(score_mod.tanh_softcap, 1.0) == 0
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("scale", [0.3, -0.2, 0.0])
