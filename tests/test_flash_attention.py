@@ -99,6 +99,15 @@ def test_bfloat16_and_custom_scale():
     run_and_check(1, 2, 1, 70, 45, 32, True, torch.bfloat16, scale=0.3)
 
 
+@pytest.mark.parametrize("scale", [-0.3, 0.0])
+def test_scales_at_or_below_zero(scale):
+    """The forward folds a positive scale into exp2's FFMA, its max taken on the raw scores
+    (tile.tile_update_folded); a negative one would need the min, and a zero one would turn the
+    masked keys' -inf into -inf * 0 = NaN: those scale first. Causal with Nq > Nk: rows with no
+    key, and masked keys in every row's last block."""
+    run_and_check(1, 2, 1, 70, 45, 32, True, torch.float32, scale=scale)
+
+
 def test_non_contiguous_inputs():
     # (B, N, H, D) storage viewed as (B, H, N, D), as produced by a fused qkv projection
     q = rand(2, 33, 4, 64, dtype=torch.float32).transpose(1, 2)
