@@ -101,10 +101,10 @@ def test_bfloat16_and_custom_scale():
 
 @pytest.mark.parametrize("scale", [-0.3, 0.0])
 def test_scales_at_or_below_zero(scale):
-    """The forward folds a positive scale into exp2's FFMA, its max taken on the raw scores
-    (tile.tile_update_folded); a negative one would need the min, and a zero one would turn the
-    masked keys' -inf into -inf * 0 = NaN: those scale first. Causal with Nq > Nk: rows with no
-    key, and masked keys in every row's last block."""
+    """A negative scale reverses the scores' order and a zero one makes every visible score 0
+    (a kernel that took the max before scaling, or multiplied the scale into masked -inf keys,
+    would fail here: FA3's forward folds only scales > 0, fa3_fwd._fold). Causal with Nq > Nk:
+    rows with no key, and masked keys in every row's last block."""
     run_and_check(1, 2, 1, 70, 45, 32, True, torch.float32, scale=scale)
 
 

@@ -27,10 +27,9 @@ import triton.language as tl
 from .. import runtime
 from .config import cdiv, packed_dims, padded_headdim, prologue, size_bucket, tuned
 from .launch import fast_launch, plan_key, remember
-from .score_mod import alibi_bias, alibi_slope, identity
+from .score_mod import alibi_bias, alibi_slope
 from .score_mod import kernel_args as score_mod_args
-from .tile import (LOG2E, bounded_offset, finalize, key_range, tile_update_bounded, tile_update_folded,
-                   tile_update_split)
+from .tile import LOG2E, bounded_offset, finalize, key_range, tile_update_bounded, tile_update_split
 from .tile import tile_update as tile_update_fn
 
 
@@ -39,8 +38,7 @@ def attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk
                 offs_d, D, visible, q_pos, bh, mod_args, pages, stride_kpage, stride_vpage,
                 MASKED: tl.constexpr, BOUNDED: tl.constexpr, EVEN_D: tl.constexpr,
                 DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr, SCORE_MOD: tl.constexpr,
-                PAGE: tl.constexpr = 0, key_term=0.0, row_term=0.0, ALIBI_SPLIT: tl.constexpr = False,
-                FOLD: tl.constexpr = False):
+                PAGE: tl.constexpr = 0, key_term=0.0, row_term=0.0, ALIBI_SPLIT: tl.constexpr = False):
     """Fold the key/value tile at columns ``cols`` (BN,) into the state: load, score, update.
 
     The scores go through SCORE_MOD (``kernels.score_mod``: q_pos (BM,) the rows' positions on the
@@ -52,8 +50,6 @@ def attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk
     ``stride_kpage`` / ``stride_vpage`` apart; otherwise row j of the cache.
     ALIBI_SPLIT: ALiBi alone, every key of the tile at or before every query: the bias is
     key_term (BN,) + row_term (BM,) (``_attend_key_blocks``), the hook is not called.
-    FOLD: plain scores (the identity hook, the library's tile update) and qk_scale > 0: the scale
-    goes into exp2's FFMA (``tile.tile_update_folded``).
     """
     if PAGE:
         page = tl.load(pages + cols // PAGE, mask=cols < Nk, other=0).to(tl.int64)     # (BN,)
@@ -73,11 +69,6 @@ def attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk
     else:
         kt = tl.load(kt_ptrs, mask=offs_d[:, None] < D, other=0.0)
         v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
-    if FOLD:
-        s = tl.dot(q, kt, input_precision=DOT_PRECISION)             # (BM, BN), unscaled
-        if MASKED:
-            s = tl.where(visible, s, float("-inf"))
-        return tile_update_folded(acc, m_i, l_i, s, qk_scale, v, DOT_PRECISION)
     s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale      # (BM, BN), base 2
     if ALIBI_SPLIT:   # one FFMA per score, as the plain kernel's multiply; the row term on the max
         acc, m_i, l_i = tile_update_split(acc, m_i, l_i, s + key_term[None, :], row_term, v,
@@ -96,9 +87,9 @@ def _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                        MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
                        BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr,
                        SCORE_MOD: tl.constexpr, pages=0, stride_kpage=0, stride_vpage=0,
-                       PAGE: tl.constexpr = 0, ALIBI_SPLIT: tl.constexpr = False, FOLD: tl.constexpr = False):
+                       PAGE: tl.constexpr = 0, ALIBI_SPLIT: tl.constexpr = False):
     """Stream key/value blocks [lo, hi) through the tile update; MASKED for ragged/diagonal ones.
-    pages, stride_*page, PAGE: a paged cache (decode), FOLD: as ``attend_tile``.
+    pages, stride_*page, PAGE: a paged cache (decode), as ``attend_tile``.
     ALIBI_SPLIT (SCORE_MOD is ALiBi alone; blocks wholly at or before every row's diagonal, the
     causal unmasked ones): -slope (q - k) = slope (k - start_n) + slope (start_n - q), a key term
     the same for every block and a row term per block, anchored at the block's first key so that
@@ -135,7 +126,7 @@ def _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                                         qk_scale, offs_d, D, visible, q_pos, bh, mod_args, pages,
                                         stride_kpage, stride_vpage, MASKED, MASKED, EVEN_D,
                                         DOT_PRECISION, TILE_UPDATE, SCORE_MOD, PAGE, key_term,
-                                        row_term, ALIBI_SPLIT, FOLD)
+                                        row_term, ALIBI_SPLIT)
     return acc, m_i, l_i
 
 
@@ -204,13 +195,12 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse, ModArgs, CuSeqQ, CuSeqK,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     EVEN_M: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     TILE_UPDATE: tl.constexpr, SCORE_MOD: tl.constexpr, VARLEN: tl.constexpr,
-                    ALIBI_SPLIT: tl.constexpr, FOLD: tl.constexpr):
+                    ALIBI_SPLIT: tl.constexpr):
     # one flat grid axis (CUDA caps axes 1 and 2 at 65535 programs; B x H can exceed that),
     # query blocks of one (batch, head) adjacent so they share its K/V in L2. VARLEN: Nq and Nk
     # are the longest sequence's, the grid covers it, and each entry's come from cu_seqlens.
     # m_init: the running max's start, -inf; tile.tile_update_bounded's fixed offset.
     # ALIBI_SPLIT: causal ALiBi alone, its bias split in the unmasked blocks (_attend_key_blocks).
-    # FOLD: plain scores, qk_scale > 0, the library's tile update: the scale in exp2's FFMA.
     n_m = tl.cdiv(Nq, BLOCK_M)
     pid_m = tl.program_id(0) % n_m
     off_bh = tl.program_id(0) // n_m
@@ -243,20 +233,18 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse, ModArgs, CuSeqQ, CuSeqK,
     acc, m_i, l_i = _attend_key_blocks(
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, 0, n_full, Nk,
         causal_offset, qk_scale, offs_m, offs_n, offs_d, D, off_bh, ModArgs,
-        False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD, ALIBI_SPLIT=ALIBI_SPLIT,
-        FOLD=FOLD)
+        False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD, ALIBI_SPLIT=ALIBI_SPLIT)
     if n_full < hi:   # a branch: even an empty loop sets up its software pipeline
         acc, m_i, l_i = _attend_key_blocks(
             acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, n_full, hi, Nk,
             causal_offset, qk_scale, offs_m, offs_n, offs_d, D, off_bh, ModArgs,
-            True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD, FOLD=FOLD)
+            True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD)
 
     out_base = Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh + q0 * stride_om
     write_output(out_base, lse_rows(Lse, off_b, off_h, Hq, Nq, q0, total_q, VARLEN), acc, m_i, l_i,
                  stride_om, offs_m, offs_d, Nq, D, EVEN_M, EVEN_D)
 
 
-FOLD_SCALE = True   # plain scores, scale > 0: the scale inside exp2's FFMA (tile.tile_update_folded)
 # (BLOCK_M, BLOCK_N, num_warps, num_stages); the first is used when autotuning is off
 CONFIGS = [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 4, 4),
            (128, 128, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3), (64, 64, 4, 2),
@@ -287,8 +275,7 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
     m_init = (None if tile_update is not None or score_mod is None or score_mod.bound is None
               else bounded_offset(score_mod.bound, v.dtype))   # not None: no running max
     pointers = (q, k, v, *(cu_seqlens or ()), *([] if mod_args is None else [mod_args]))
-    key = plan_key(pointers, (causal, scale, allow_tf32, tile_update, mod_fn, input_scale, max_seqlen, m_init,
-                              FOLD_SCALE))
+    key = plan_key(pointers, (causal, scale, allow_tf32, tile_update, mod_fn, input_scale, max_seqlen, m_init))
     plan = _plans.get(key)
     if plan is not None:   # a call like an earlier one: allocate and replay its launch
         launch, lse_shape = plan
@@ -319,8 +306,7 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
         TILE_UPDATE=(tile_update if tile_update is not None else tile_update_fn if m_init is None
                      else tile_update_bounded), SCORE_MOD=mod_fn,
         VARLEN=dims.cu_q is not None,
-        ALIBI_SPLIT=bool(causal) and mod_fn is alibi_bias and tile_update is None,
-        FOLD=FOLD_SCALE and mod_fn is identity and tile_update is None and scale > 0, **config)
+        ALIBI_SPLIT=bool(causal) and mod_fn is alibi_bias and tile_update is None, **config)
     remember(_plans, key, (launch, dims.lse_shape))
     return out.to(out_dtype), lse
 

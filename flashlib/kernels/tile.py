@@ -49,22 +49,6 @@ def tile_update_split(acc, m_i, l_i, s, r, v, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def tile_update_folded(acc, m_i, l_i, s, c, v, DOT_PRECISION: tl.constexpr):
-    """``tile_update`` for the scores s * c with c > 0 given apart (s unscaled, masked to -inf):
-    max(s c) = c max(s), a row's multiply, and each score's factor joins exp2's subtraction,
-    s c - m, one FFMA: an instruction per score fewer than scaling first (the softmax's warps
-    are bound by instructions issued on an H100: benchmarks/NOTES.md, nineteenth session)."""
-    m_new = tl.maximum(m_i, tl.max(s, 1) * c)                # (BM,)
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)    # (BM,) as tile_update
-    alpha = tl.math.exp2(m_i - m_safe)                       # (BM,)
-    p = tl.math.exp2(s * c - m_safe[:, None])                # (BM, BN)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
-    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # (BM, BD)
-    return acc, m_new, l_i
-
-
-@triton.jit
 def tile_update_bounded(acc, m_i, l_i, s, v, DOT_PRECISION: tl.constexpr):
     """``tile_update`` for scores with a known bound, without the running max.
 
