@@ -254,7 +254,8 @@ def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531), mod=Non
     """Compile one (variant, head dim, causal, dtype) for inputs of sizes (B, Hq, Hkv, Nq, Nk)
     (Triton specialises ints on being 1 or a multiple of 16), with the score modifier ``mod`` (a
     ``kernels.score_mod`` function; None: the identity); varlen: B sequences of at most Nq and Nk
-    rows packed, as fa3_forward's cu_seqlens path views them; return the CompiledKernel."""
+    rows packed, as fa3_forward's cu_seqlens path views them; fold: the scores' factor in exp2's
+    FFMA where the launcher puts it (``fa3_fwd._fold``), else never; return the CompiledKernel."""
     from flashlib.kernels import score_mod
     from triton.backends.compiler import GPUTarget
     from triton.compiler import compile as triton_compile
@@ -282,7 +283,8 @@ def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531), mod=Non
                 Lse=lse, Descale=lse, ModArgs=lse, Out=q, CuSeqQ=cu, CuSeqK=cu, Hq=Hq, Nq=Nq, Nk=Nk,
                 qk_scale=0.1, GROUP=Hq // Hkv, n_descale=B * Hkv, stride_om=Hq * D, stride_oh=D, total_q=B * Nq - 3,
                 n_seq=B)
-    constexprs = dict(CAUSAL=causal, SCORE_MOD=mod or score_mod.identity, FOLD=fa3_fwd._fold(mod or score_mod.identity, 0.1) if fold else 0,
+    mod = mod or score_mod.identity
+    constexprs = dict(CAUSAL=causal, SCORE_MOD=mod, FOLD=fa3_fwd._fold(mod, 0.1) if fold else 0,
                       ALIBI_SPLIT=mod is score_mod.alibi_bias, VARLEN=varlen, MAX_SEQS=128, **config)
     target = GPUTarget("cuda", TARGET_ARCH, 32)
     backend = make_backend(target)
