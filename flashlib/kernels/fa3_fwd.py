@@ -16,7 +16,10 @@ contract (``fa2_fwd.fa2_forward``: same inputs and outputs, bottom-right causal,
   back to back, waits for S_j only, and runs its softmax while the PV wgmma is still in flight.
 
 Scores are in base 2 (``qk_scale = scale * log2(e)``, ``exp2``), normalisation is deferred and
-lse is written in natural log, as in FA2. They pass through the portable kernels' score-modifier
+lse is written in natural log, as in FA2. The consumers' softmax is bound by instructions issued
+(an H100: benchmarks/NOTES.md, nineteenth session), so a positive factor of the scores (the scale
+of plain scores, a softcap's cap) is not multiplied in per score: the max is taken before it and
+it joins exp2's subtraction, one FFMA (``_fold``, ``_softmax_step``). They pass through the portable kernels' score-modifier
 hook (``kernels.score_mod``: softcap, ALiBi; SCORE_MOD, the same ``@triton.jit`` functions, which
 Gluon compiles with the scores' wgmma layout) before the mask. Q, K, V and O move through 4-D tensor descriptors
 (batch, head, row, dim): TMA zero-fills rows past a head's Nq or Nk and drops stores past Nq, so
