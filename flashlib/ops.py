@@ -35,7 +35,8 @@ FA3_ENABLED = os.environ.get("FLASHLIB_FA3", "1") != "0"
 # FA3's forward takes a score modifier at these head dims only: over FA2's with the same one (H100,
 # bf16; benchmarks/results/h100/fa3_score_mod_probe.log) d128 softcap 1.10x-1.13x, ALiBi
 # 1.05x-1.06x, d64 causal 0.83x-0.84x (the hook's work lands on FA3's softmax warpgroups, its
-# bound). FA3's backward takes them everywhere (forward+backward 1.02x-1.23x FA2's, _bwd.log).
+# bound; with the softcap's cap in exp2's FFMA still 0.90x, fa3_softcap_fold_probe.log). FA3's
+# backward takes them everywhere (forward+backward 1.02x-1.23x FA2's, _bwd.log).
 FA3_FWD_MOD_HEAD_DIMS = (128,)
 # FA3's plain forward is ahead at every head dim and mask since its scale joined exp2's FFMA
 # (fa3_fwd.FOLD_SCALE; H100, fp16, one process: FA3's time over FA2's 0.93x at d64 4k / 16k / 4k

@@ -19,9 +19,9 @@ Scores are in base 2 (``qk_scale = scale * log2(e)``, ``exp2``), normalisation i
 lse is written in natural log, as in FA2. The consumers' softmax is bound by instructions issued
 (an H100: benchmarks/NOTES.md, nineteenth session), so a positive factor of the scores (the scale
 of plain scores, a softcap's cap) is not multiplied in per score: the max is taken before it and
-it joins exp2's subtraction, one FFMA (``_fold``, ``_softmax_step``). They pass through the portable kernels' score-modifier
-hook (``kernels.score_mod``: softcap, ALiBi; SCORE_MOD, the same ``@triton.jit`` functions, which
-Gluon compiles with the scores' wgmma layout) before the mask. Q, K, V and O move through 4-D tensor descriptors
+it joins exp2's subtraction, one FFMA (``_fold``, ``_softmax_step``). The scores pass through the
+portable kernels' score-modifier hook (``kernels.score_mod``: softcap, ALiBi; SCORE_MOD, the same
+``@triton.jit`` functions, which Gluon compiles with the scores' wgmma layout) before the mask. Q, K, V and O move through 4-D tensor descriptors
 (batch, head, row, dim): TMA zero-fills rows past a head's Nq or Nk and drops stores past Nq, so
 a ragged tail never reads or writes the next head; keys past Nk still score 0 and are masked to
 -inf. Only key blocks that cross Nk or the causal diagonal pay for the mask. O leaves through the
@@ -341,7 +341,7 @@ if _GLUON:
                 s = warpgroup_mma_wait(0, deps=(s, ))
                 mbarrier.arrive(k_empty.index(0))
                 s, r, c = _scores(s, qk_scale, 0, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
-                               CAUSAL, SCORE_MOD, ALIBI_SPLIT, FOLD, s_layout)
+                                  CAUSAL, SCORE_MOD, ALIBI_SPLIT, FOLD, s_layout)
                 m_i, l_i, alpha, p = _softmax_step(s, r, c, m_i, l_i, ALIBI_SPLIT, FOLD)
                 p = _p_operand(p, p_layout, dtype)
                 for j in range(1, n_blocks):
@@ -362,7 +362,7 @@ if _GLUON:
                     s = warpgroup_mma_wait(1, deps=(s, ))      # S_j done, P_{j-1} V_{j-1} may run on
                     mbarrier.arrive(k_empty.index(st))
                     s, r, c = _scores(s, qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M,
-                                   BLOCK_N, CAUSAL, SCORE_MOD, ALIBI_SPLIT, FOLD, s_layout)
+                                      BLOCK_N, CAUSAL, SCORE_MOD, ALIBI_SPLIT, FOLD, s_layout)
                     m_i, l_i, alpha, p_next = _softmax_step(s, r, c, m_i, l_i, ALIBI_SPLIT, FOLD)
                     p_next = _p_operand(p_next, p_layout, dtype)
                     # P_{j-1} stays a dependency until its wgmma is done: its registers are read
@@ -394,7 +394,7 @@ if _GLUON:
                 s = warpgroup_mma_wait(0, deps=(s, ))
                 mbarrier.arrive(k_empty.index(st))
                 s, r, c = _scores(s, qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
-                               CAUSAL, SCORE_MOD, ALIBI_SPLIT, FOLD, s_layout)
+                                  CAUSAL, SCORE_MOD, ALIBI_SPLIT, FOLD, s_layout)
                 m_i, l_i, alpha, p = _softmax_step(s, r, c, m_i, l_i, ALIBI_SPLIT, FOLD)
                 p = _p_operand(p, p_layout, dtype)
                 acc = _rescale(acc, alpha, o_layout)
