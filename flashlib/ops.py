@@ -38,9 +38,10 @@ FA3_ENABLED = os.environ.get("FLASHLIB_FA3", "1") != "0"
 # bound; with the softcap's cap in exp2's FFMA still 0.90x, fa3_softcap_fold_probe.log). FA3's
 # backward takes them everywhere (forward+backward 1.02x-1.23x FA2's, _bwd.log).
 FA3_FWD_MOD_HEAD_DIMS = (128,)
-# FA3's plain forward is ahead at every head dim and mask since its scale joined exp2's FFMA
+# FA3's plain forward is ahead (or level) at every head dim and mask since its scale joined exp2's FFMA
 # (fa3_fwd.FOLD_SCALE; H100, fp16, one process: FA3's time over FA2's 0.93x at d64 4k / 16k / 4k
-# causal, FA2 autotuned; 0.78x-0.84x at d128: benchmarks/results/h100/fa2_fa3_forward_probe_fold*.log)
+# causal, FA2 autotuned; 0.78x-0.84x at d128: benchmarks/results/h100/fa2_fa3_forward_probe_fold*.log;
+# at d64 causal 0.93x-0.96x in three runs, 0.99x-1.01x in two more, _lazy.log: ahead or level)
 
 
 def _fa3_worth_it(q, k, causal, max_seqlen=None):
