@@ -6,6 +6,9 @@ model's (tests/test_fp8.py explains the model). Shapes: the forward suite's (fp1
 quantised per (batch, kv-head)).
 
     FLASHLIB_AUTOTUNE=0 python benchmarks/fp8_probe.py [--d 64 128] [--variants simple 2wg] > fp8_probe.log
+
+--key-order-ab times each variant with V^T's keys in P's register order (fa3_fwd.FP8_KEY_ORDER,
+``_p_operand``) and without, in alternating rounds (--rounds), each arm checked first.
 """
 import argparse
 import sys
@@ -26,6 +29,8 @@ from flashlib.reference import attention_ref  # noqa: E402
 parser = argparse.ArgumentParser()
 parser.add_argument("--d", type=int, nargs="+", default=[64, 128])
 parser.add_argument("--variants", nargs="+", default=list(fa3_fwd.VARIANTS))
+parser.add_argument("--key-order-ab", action="store_true")
+parser.add_argument("--rounds", type=int, default=3)
 args = parser.parse_args()
 print(f"{'shape':<24} {'impl':<16} {'ms':>7} {'TFLOP/s':>8} {'vs cuDNN':>8} {'rms err / model':>16}")
 for D, N, causal in [shape for shape in FORWARD_SHAPES if shape[0] in args.d]:
@@ -45,12 +50,28 @@ for D, N, causal in [shape for shape in FORWARD_SHAPES if shape[0] in args.d]:
     for name, variant in fa3_fwd.VARIANTS.items():
         if D not in variant.head_dims or name not in args.variants:
             continue
-        run = lambda: fa3_fwd.fa3_forward_fp8(q8, k8, v8, descale, causal=causal, variant=name)
-        try:
-            err = rms(run()[0][:1, :2].double() - ref) / model
-        except ValueError as e:   # a variant the launcher refuses here (one consumer, causal)
-            print(f"{tag:<24} {name:<16} refused: {str(e)[:60]}")
-            continue
-        ms = _time(run) if err <= 3 else float("nan")
-        print(f"{tag:<24} {name:<16} {ms:>7.3f} {flops / ms / 1e9:>8.1f} {base / ms:>8.2f} {err:>16.2f}")
+        arms = [(name, None)] if not args.key_order_ab else [(f"{name} natural", False), (f"{name} keyorder", True)]
+        times = {}
+        for label, key_order in arms:
+            def run(key_order=key_order, name=name):
+                saved = fa3_fwd.FP8_KEY_ORDER
+                fa3_fwd.FP8_KEY_ORDER = saved if key_order is None else key_order
+                try:
+                    return fa3_fwd.fa3_forward_fp8(q8, k8, v8, descale, causal=causal, variant=name)
+                finally:
+                    fa3_fwd.FP8_KEY_ORDER = saved
+            try:
+                err = rms(run()[0][:1, :2].double() - ref) / model
+            except ValueError as e:   # a variant the launcher refuses here (one consumer, causal)
+                print(f"{tag:<24} {label:<16} refused: {str(e)[:60]}")
+                continue
+            times[label] = (run, err, [])
+        for _ in range(args.rounds if args.key_order_ab else 1):
+            for label, (run, err, ms) in times.items():
+                ms.append(_time(run) if err <= 3 else float("nan"))
+        for label, (run, err, ms) in times.items():
+            best = sorted(ms)[len(ms) // 2]   # the median round
+            spread = f"  rounds {' '.join(f'{m:.3f}' for m in ms)}" if len(ms) > 1 else ""
+            print(f"{tag:<24} {label:<16} {best:>7.3f} {flops / best / 1e9:>8.1f} {base / best:>8.2f} "
+                  f"{err:>16.2f}{spread}")
     sys.stdout.flush()

@@ -99,6 +99,7 @@ SMEM_BYTES = 232448     # H100/H200 shared memory per block (227 KiB)
 SMEM_SPARE = 8192       # kept for the barriers and the compiler's own scratch
 MAX_STAGES = 4
 FOLD_SCALE = True        # the scores' factor (scale, softcap) inside exp2's FFMA (``_fold``)
+FP8_KEY_ORDER = True     # FP8: V^T's keys in the order of P's registers (``_p_operand``)
 
 
 class Variant(NamedTuple):
@@ -144,7 +145,7 @@ def kernel_config(variant: str, D: int, fp8: bool = False) -> dict:
     stages = min(MAX_STAGES, (SMEM_BYTES - SMEM_SPARE - q_bytes) // (2 * v.block_n * D * elem_bytes))
     return dict(BLOCK_M=BLOCK_M, BLOCK_N=v.block_n, HEAD_D=D, NUM_WG=v.num_wg, STAGES=stages,
                 OVERLAP=v.overlap, PINGPONG=v.pingpong and v.num_wg > 1,
-                CONSUMER_REGS=v.regs or 240, FP8=fp8)
+                CONSUMER_REGS=v.regs or 240, FP8=fp8, KEY_ORDER=fp8 and FP8_KEY_ORDER)
 
 
 def launch_options(variant: str) -> dict:
@@ -270,9 +271,17 @@ if _GLUON:
         return m_new, l_i, alpha, p
 
     @gluon.jit
-    def _p_operand(p, p_layout: gl.constexpr, dtype: gl.constexpr):
+    def _p_operand(p, p_layout: gl.constexpr, dtype: gl.constexpr, KEY_ORDER: gl.constexpr):
         """P as the PV wgmma's A operand, in registers: for 16-bit types the S accumulator's
-        fragments are the operand's (k_width 2, no data moves); 8-bit packs 4 per 32 bits."""
+        fragments are the operand's (k_width 2, no data moves). 8-bit A fragments hold 4
+        consecutive keys (k_width 4), the accumulator's thread keys 2q, 2q+1, 2q+8, 2q+9, ... of
+        every 32: as they stand, moving P there takes shuffles between lanes. KEY_ORDER: V^T's
+        columns hold the keys in ``fp8_key_order`` (``transpose_rows``), so P's columns are taken
+        in that order too, and each thread's accumulator registers already are its fragment."""
+        if KEY_ORDER:   # key = 32 g + 16 c1 + 8 c0 + 2 q + b sits at column 32 g + 16 c1 + 4 q + 2 c0 + b
+            M: gl.constexpr = p.shape[0]
+            N: gl.constexpr = p.shape[1]
+            p = p.reshape([M, N // 32, 2, 2, 4, 2]).permute((0, 1, 2, 4, 3, 5)).reshape([M, N])
         return gl.convert_layout(p.to(dtype), p_layout)
 
     @gluon.jit
@@ -298,7 +307,7 @@ if _GLUON:
                   NUM_WG: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                   OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FP8: gl.constexpr,
                   SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr, VARLEN: gl.constexpr,
-                  FOLD: gl.constexpr):
+                  FOLD: gl.constexpr, KEY_ORDER: gl.constexpr):
         """One warpgroup: rows [row0, row0 + BLOCK_M) of the CTA's query block against n_blocks
         key blocks; writes out (TMA store from o_smem, clipped at Nq; VARLEN: rows from q_row0, and
         a sequence's last block by a masked store from o_base, the sequence's row 0 of this head,
@@ -343,7 +352,7 @@ if _GLUON:
                 s, r, c = _scores(s, qk_scale, 0, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
                                   CAUSAL, SCORE_MOD, ALIBI_SPLIT, FOLD, s_layout)
                 m_i, l_i, alpha, p = _softmax_step(s, r, c, m_i, l_i, ALIBI_SPLIT, FOLD)
-                p = _p_operand(p, p_layout, dtype)
+                p = _p_operand(p, p_layout, dtype, KEY_ORDER)
                 for j in range(1, n_blocks):
                     st = j % STAGES
                     prev = (j - 1) % STAGES
@@ -364,7 +373,7 @@ if _GLUON:
                     s, r, c = _scores(s, qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M,
                                       BLOCK_N, CAUSAL, SCORE_MOD, ALIBI_SPLIT, FOLD, s_layout)
                     m_i, l_i, alpha, p_next = _softmax_step(s, r, c, m_i, l_i, ALIBI_SPLIT, FOLD)
-                    p_next = _p_operand(p_next, p_layout, dtype)
+                    p_next = _p_operand(p_next, p_layout, dtype, KEY_ORDER)
                     # P_{j-1} stays a dependency until its wgmma is done: its registers are read
                     # asynchronously, P_j must not land on them. Triton 3.6 takes no 8-bit
                     # dependencies; there ptxas, which allocates the registers and knows that
@@ -396,7 +405,7 @@ if _GLUON:
                 s, r, c = _scores(s, qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
                                   CAUSAL, SCORE_MOD, ALIBI_SPLIT, FOLD, s_layout)
                 m_i, l_i, alpha, p = _softmax_step(s, r, c, m_i, l_i, ALIBI_SPLIT, FOLD)
-                p = _p_operand(p, p_layout, dtype)
+                p = _p_operand(p, p_layout, dtype, KEY_ORDER)
                 acc = _rescale(acc, alpha, o_layout)
                 mbarrier.wait(v_ready.index(st), phase)
                 v = _v_operand(v_smem, st, BLOCK_N, HEAD_D, FP8)
@@ -476,7 +485,8 @@ if _GLUON:
                         HEAD_D: gl.constexpr, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
                         OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                         FP8: gl.constexpr, SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr,
-                        VARLEN: gl.constexpr, MAX_SEQS: gl.constexpr, FOLD: gl.constexpr):
+                        VARLEN: gl.constexpr, MAX_SEQS: gl.constexpr, FOLD: gl.constexpr,
+                        KEY_ORDER: gl.constexpr):
         # Descale (FP8 only): float32 (3, B, Hkv), Q's, K's and V's factors, n_descale = B * Hkv.
         # ModArgs, SCORE_MOD: the score modifier's per-(batch, query head) row and function;
         # ALIBI_SPLIT: SCORE_MOD is ALiBi alone, its bias split off the diagonal (``_scores``)
@@ -561,7 +571,7 @@ if _GLUON:
                              k_ready, k_empty, v_ready, v_empty, turn_bars, lse_base, tma_b, off_h, off_hkv,
                              start_m, n_blocks, Nq, Nk, q_row0, qk_scale, v_scale, off_bh, ModArgs,
                              o_base, stride_om, 0, BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL,
-                             OVERLAP, False, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, FOLD)),
+                             OVERLAP, False, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, FOLD, KEY_ORDER)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                              v_ready, v_empty, tma_b, off_h, off_hkv, start_m, n_blocks, q_row0, k_row0,
                              BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
@@ -573,12 +583,12 @@ if _GLUON:
                              k_ready, k_empty, v_ready, v_empty, turn_bars, lse_base, tma_b, off_h, off_hkv,
                              start_m, n_blocks, Nq, Nk, q_row0, qk_scale, v_scale, off_bh, ModArgs,
                              o_base, stride_om, 0, BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL,
-                             OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, FOLD)),
+                             OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, FOLD, KEY_ORDER)),
                 (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, o_smem, q_bars,
                              k_ready, k_empty, v_ready, v_empty, turn_bars, lse_base, tma_b, off_h, off_hkv,
                              start_m, n_blocks, Nq, Nk, q_row0, qk_scale, v_scale, off_bh, ModArgs,
                              o_base, stride_om, 1, BLOCK_M, BLOCK_N, HEAD_D, NUM_WG, STAGES, CAUSAL,
-                             OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, FOLD)),
+                             OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, FOLD, KEY_ORDER)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                              v_ready, v_empty, tma_b, off_h, off_hkv, start_m, n_blocks, q_row0, k_row0,
                              BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
@@ -782,39 +792,60 @@ def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None)
                          "on an H200 (0.39 s at B1 H4 N4096 d64: benchmarks/fp8_hang_repro.py); "
                          "use a two-consumer variant")
     config = kernel_config(variant, D, fp8=True)
-    v_t = transpose_rows(v, -(-Nk // 16) * 16)  # columns past Nk: outside the descriptor's bounds
-    v_desc = _descriptor(v_t, (1, 1, D, config["BLOCK_N"]), shape=(B, Hkv, D, Nk))
+    if config["KEY_ORDER"]:   # keys past Nk read as the zeros written there
+        v_t = transpose_rows(v, -(-Nk // 32) * 32, key_order=True)
+        v_desc = _descriptor(v_t, (1, 1, D, config["BLOCK_N"]))
+    else:                     # columns past Nk: outside the descriptor's bounds
+        v_t = transpose_rows(v, -(-Nk // 16) * 16)
+        v_desc = _descriptor(v_t, (1, 1, D, config["BLOCK_N"]), shape=(B, Hkv, D, Nk))
     _launch(q, k, v_desc, out, lse, causal, scale, descale.contiguous(), variant, config)
     return out, lse
 
 
 @triton.jit
+def fp8_key_order(n):
+    """The column of V^T that holds key n with KEY_ORDER (``_p_operand``): within each 32 keys,
+    key 16 c1 + 8 c0 + 2 q + b goes to column 16 c1 + 4 q + 2 c0 + b, the place of the 8-bit wgmma
+    A fragment's register that holds that key's P in the S accumulator's layout."""
+    r = n % 32
+    return n - r + (r & 1) + ((r >> 3) & 1) * 2 + ((r >> 1) & 3) * 4 + (r & 16)
+
+
+@triton.jit
 def _transpose_kernel(X, Y, N, D, n_blocks, Hkv, stride_xb, stride_xh, stride_xn, stride_yb, stride_yh,
-                      stride_yd, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Y[b, h, d, n] = X[b, h, n, d] for one (BLOCK_N, BLOCK_D) tile a program (bytes)."""
+                      stride_yd, WIDTH, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KEY_ORDER: tl.constexpr):
+    """Y[b, h, d, n] = X[b, h, n, d] for one (BLOCK_N, BLOCK_D) tile a program (bytes); KEY_ORDER:
+    key n in column ``fp8_key_order(n)``, and zeros for keys N ... WIDTH - 1."""
     bh, start_n = tl.program_id(0) // n_blocks, tl.program_id(0) % n_blocks * BLOCK_N
     b, h = (bh // Hkv).to(tl.int64), (bh % Hkv).to(tl.int64)
     offs_n = start_n + tl.arange(0, BLOCK_N)                                   # (BN,)
     offs_d = tl.arange(0, BLOCK_D)                                             # (BD,)
     x = tl.load(X + b * stride_xb + h * stride_xh + offs_n[:, None].to(tl.int64) * stride_xn + offs_d[None, :],
-                mask=(offs_n[:, None] < N) & (offs_d[None, :] < D))           # (BN, BD)
-    tl.store(Y + b * stride_yb + h * stride_yh + offs_d[:, None] * stride_yd + offs_n[None, :], tl.trans(x),
-             mask=(offs_d[:, None] < D) & (offs_n[None, :] < N))              # (BD, BN)
+                mask=(offs_n[:, None] < N) & (offs_d[None, :] < D), other=0)  # (BN, BD)
+    if KEY_ORDER:
+        cols, n_end = fp8_key_order(offs_n), WIDTH
+    else:
+        cols, n_end = offs_n, N
+    tl.store(Y + b * stride_yb + h * stride_yh + offs_d[:, None] * stride_yd + cols[None, :], tl.trans(x),
+             mask=(offs_d[:, None] < D) & (offs_n[None, :] < n_end))          # (BD, BN)
 
 
-def transpose_rows(v, width):
+def transpose_rows(v, width, key_order=False):
     """v (B, H, N, D) of 1-byte elements -> (B, H, D, width) with [..., :N] = v^T (the rest
-    unset): FP8's V^T, which 8-bit wgmma needs for its B operand. A tiled kernel: torch's
-    strided copy (``out[..., :N].copy_(v.transpose(2, 3))``) of 1-byte elements took 0.22 ms at
-    d64 and 0.45 ms at d128 for 67 MB on an H100, this kernel 0.051 ms
+    unset): FP8's V^T, which 8-bit wgmma needs for its B operand. key_order: the keys in the
+    columns ``fp8_key_order`` gives, and zeros up to ``width`` (a multiple of 32). A tiled kernel:
+    torch's strided copy (``out[..., :N].copy_(v.transpose(2, 3))``) of 1-byte elements took
+    0.22 ms at d64 and 0.45 ms at d128 for 67 MB on an H100, this kernel 0.051 ms
     (benchmarks/fp8_transpose_time.py)."""
     B, H, N, D = v.shape
+    if key_order and width % 32:
+        raise ValueError(f"transpose_rows: width {width} must be a multiple of 32 with key_order")
     out = torch.empty((B, H, D, width), dtype=v.dtype, device=v.device)
-    if v.numel() == 0:
+    if out.numel() == 0:
         return out
     x, y = (v if v.stride(-1) == 1 else v.contiguous()).view(torch.uint8), out.view(torch.uint8)
     block_n, block_d = 64, padded_headdim(D)
-    n_blocks = cdiv(N, block_n)
-    _transpose_kernel[(B * H * n_blocks,)](x, y, N, D, n_blocks, H, *x.stride()[:3], *y.stride()[:3],
-                                           BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4)
+    n_blocks = cdiv(width if key_order else N, block_n)
+    _transpose_kernel[(B * H * n_blocks,)](x, y, N, D, n_blocks, H, *x.stride()[:3], *y.stride()[:3], width,
+                                           BLOCK_N=block_n, BLOCK_D=block_d, KEY_ORDER=key_order, num_warps=4)
     return out
