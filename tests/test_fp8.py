@@ -123,40 +123,40 @@ def test_v_transpose_kernel_matches_torch(shape):
         assert torch.equal(out[..., :shape[2]].view(torch.uint8).cpu(), v.transpose(2, 3).view(torch.uint8))
 
 
-def key_order_columns(n):
-    """fa3_fwd.fp8_key_order in Python: the V^T column that holds key n."""
-    r = n % 32
-    return n - r + (r & 1) + ((r >> 3) & 1) * 2 + ((r >> 1) & 3) * 4 + (r & 16)
+def key_at(col):
+    """fa3_fwd.fp8_key_at in Python: the key whose row column col of V^T holds."""
+    r = col % 32
+    return col - r + (r & 17) + ((r >> 1) & 1) * 8 + ((r >> 2) & 3) * 2
 
 
 def test_fp8_key_order_puts_each_threads_p_in_its_own_fragment():
-    """The key order of the FP8 forward's V^T (fa3_fwd._p_operand): in each 32 keys, the keys whose P
-    lane q of a wgmma S accumulator holds (2q, 2q + 1, then + 8, + 16, + 24: PTX ISA, wgmma's
-    64xNxK f32 accumulator fragment) land in the columns lane q's 8-bit A fragment holds (4q ... 4q + 3
-    and 4q + 16 ... 4q + 19: the .e4m3 A register fragment), so the A operand is P's registers as they
-    are. A bijection on every 32 keys."""
+    """The key order of the FP8 forward's V^T (fa3_fwd._p_operand): in each 32 columns, the
+    columns lane q's 8-bit wgmma A fragment holds (4q ... 4q + 3 and 4q + 16 ... 4q + 19: PTX ISA,
+    the .e4m3 A register fragment) hold the keys whose P lane q of the S accumulator holds (2q,
+    2q + 1, then + 8, + 16, + 24: wgmma's 64xNxK f32 accumulator fragment), register by register,
+    so the A operand is P's registers as they are. A bijection on every 32 columns."""
     for group in range(3):
-        cols = [key_order_columns(32 * group + r) - 32 * group for r in range(32)]
-        assert sorted(cols) == list(range(32))
+        keys = [key_at(32 * group + c) - 32 * group for c in range(32)]
+        assert sorted(keys) == list(range(32))
         for q in range(4):
-            accumulator_keys = [2 * q + b + 8 * j for j in range(4) for b in range(2)]
             a_fragment_cols = [4 * q + i + 16 * h for h in range(2) for i in range(4)]
-            assert [cols[key] for key in accumulator_keys] == a_fragment_cols
+            accumulator_keys = [2 * q + b + 8 * j for j in range(4) for b in range(2)]
+            assert [keys[c] for c in a_fragment_cols] == accumulator_keys
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 100, 64), (1, 2, 7, 128), (1, 1, 64, 64), (1, 1, 0, 64)])
 def test_v_transpose_kernel_in_key_order(shape):
-    """transpose_rows(key_order=True) through the interpreter: key n's row in column
-    fp8_key_order(n), zeros for the padding keys up to the width (their P is 0; garbage there
-    could be NaN and 0 * NaN is NaN)."""
+    """transpose_rows(key_order=True) through the interpreter: column n holds key fp8_key_at(n)'s
+    row, zeros for the padding keys up to the width (their P is 0; garbage there could be NaN
+    and 0 * NaN is NaN)."""
     from flashlib.kernels.fa3_fwd import transpose_rows
     g = torch.Generator().manual_seed(1)
     v = torch.randint(1, 256, shape, dtype=torch.uint8, generator=g)  # no zero byte: zeros are padding
     N, width = shape[2], -(-shape[2] // 32) * 32
     out = transpose_rows(v.view(torch.float8_e4m3fn).to(runtime.DEVICE), width, key_order=True)
     assert out.shape == (*shape[:2], shape[3], width)
-    expect = torch.zeros(*shape[:2], shape[3], width, dtype=torch.uint8)
-    expect[..., [key_order_columns(n) for n in range(N)]] = v.transpose(2, 3)
+    padded = torch.cat([v, torch.zeros(*shape[:2], width - N, shape[3], dtype=torch.uint8)], dim=2)
+    expect = padded[:, :, [key_at(c) for c in range(width)]].transpose(2, 3)
     assert torch.equal(out.view(torch.uint8).cpu(), expect)
     with pytest.raises(ValueError, match="width 48 must be a multiple of 32"):
         transpose_rows(v.view(torch.float8_e4m3fn), 48, key_order=True)

@@ -276,8 +276,8 @@ if _GLUON:
         fragments are the operand's (k_width 2, no data moves). 8-bit A fragments hold 4
         consecutive keys (k_width 4), the accumulator's thread keys 2q, 2q+1, 2q+8, 2q+9, ... of
         every 32: as they stand, moving P there takes shuffles between lanes. KEY_ORDER: V^T's
-        columns hold the keys in ``fp8_key_order`` (``transpose_rows``), so P's columns are taken
-        in that order too, and each thread's accumulator registers already are its fragment."""
+        column n holds key ``fp8_key_at(n)`` (``transpose_rows``), so P's columns are taken in
+        that order too, and each thread's accumulator registers already are its fragment."""
         if KEY_ORDER:   # key = 32 g + 16 c1 + 8 c0 + 2 q + b sits at column 32 g + 16 c1 + 4 q + 2 c0 + b
             M: gl.constexpr = p.shape[0]
             N: gl.constexpr = p.shape[1]
@@ -803,37 +803,38 @@ def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None)
 
 
 @triton.jit
-def fp8_key_order(n):
-    """The column of V^T that holds key n with KEY_ORDER (``_p_operand``): within each 32 keys,
-    key 16 c1 + 8 c0 + 2 q + b goes to column 16 c1 + 4 q + 2 c0 + b, the place of the 8-bit wgmma
-    A fragment's register that holds that key's P in the S accumulator's layout."""
-    r = n % 32
-    return n - r + (r & 1) + ((r >> 3) & 1) * 2 + ((r >> 1) & 3) * 4 + (r & 16)
+def fp8_key_at(col):
+    """The key whose row column ``col`` of V^T holds with KEY_ORDER (``_p_operand``): within each
+    32 columns, column 16 c1 + 4 q + 2 c0 + b holds key 16 c1 + 8 c0 + 2 q + b, the key whose P
+    the S accumulator keeps in the register that the 8-bit wgmma A fragment reads for that column."""
+    r = col % 32
+    return col - r + (r & 17) + ((r >> 1) & 1) * 8 + ((r >> 2) & 3) * 2
 
 
 @triton.jit
 def _transpose_kernel(X, Y, N, D, n_blocks, Hkv, stride_xb, stride_xh, stride_xn, stride_yb, stride_yh,
                       stride_yd, WIDTH, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KEY_ORDER: tl.constexpr):
     """Y[b, h, d, n] = X[b, h, n, d] for one (BLOCK_N, BLOCK_D) tile a program (bytes); KEY_ORDER:
-    key n in column ``fp8_key_order(n)``, and zeros for keys N ... WIDTH - 1."""
+    column n holds key ``fp8_key_at(n)`` (rows gathered, stores contiguous), zeros past key N, up
+    to WIDTH columns."""
     bh, start_n = tl.program_id(0) // n_blocks, tl.program_id(0) % n_blocks * BLOCK_N
     b, h = (bh // Hkv).to(tl.int64), (bh % Hkv).to(tl.int64)
-    offs_n = start_n + tl.arange(0, BLOCK_N)                                   # (BN,)
+    cols = start_n + tl.arange(0, BLOCK_N)                                     # (BN,)
     offs_d = tl.arange(0, BLOCK_D)                                             # (BD,)
-    x = tl.load(X + b * stride_xb + h * stride_xh + offs_n[:, None].to(tl.int64) * stride_xn + offs_d[None, :],
-                mask=(offs_n[:, None] < N) & (offs_d[None, :] < D), other=0)  # (BN, BD)
     if KEY_ORDER:
-        cols, n_end = fp8_key_order(offs_n), WIDTH
+        keys, n_end = fp8_key_at(cols), WIDTH
     else:
-        cols, n_end = offs_n, N
+        keys, n_end = cols, N
+    x = tl.load(X + b * stride_xb + h * stride_xh + keys[:, None].to(tl.int64) * stride_xn + offs_d[None, :],
+                mask=(keys[:, None] < N) & (offs_d[None, :] < D), other=0)    # (BN, BD)
     tl.store(Y + b * stride_yb + h * stride_yh + offs_d[:, None] * stride_yd + cols[None, :], tl.trans(x),
-             mask=(offs_d[:, None] < D) & (offs_n[None, :] < n_end))          # (BD, BN)
+             mask=(offs_d[:, None] < D) & (cols[None, :] < n_end))            # (BD, BN)
 
 
 def transpose_rows(v, width, key_order=False):
     """v (B, H, N, D) of 1-byte elements -> (B, H, D, width) with [..., :N] = v^T (the rest
-    unset): FP8's V^T, which 8-bit wgmma needs for its B operand. key_order: the keys in the
-    columns ``fp8_key_order`` gives, and zeros up to ``width`` (a multiple of 32). A tiled kernel:
+    unset): FP8's V^T, which 8-bit wgmma needs for its B operand. key_order: column n holds key
+    ``fp8_key_at(n)``, zeros past the last key, up to ``width`` (a multiple of 32). A tiled kernel:
     torch's strided copy (``out[..., :N].copy_(v.transpose(2, 3))``) of 1-byte elements took
     0.22 ms at d64 and 0.45 ms at d128 for 67 MB on an H100, this kernel 0.051 ms
     (benchmarks/fp8_transpose_time.py)."""
