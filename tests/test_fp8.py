@@ -209,7 +209,15 @@ def test_gpu_fp8_forward_against_the_oracle(shape, logit_scale):
     out, lse = flashlib.flash_attention(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd,
                                         v_descale=vd, return_lse=True)
     assert out.dtype == torch.bfloat16 and out.shape == q.shape and lse.shape == q.shape[:3]
-    deq = [fp8.dequantize(q8, qd), fp8.dequantize(k8, kd), fp8.dequantize(v8, vd)]
+    err, model_err = check_against_oracle(out, lse, (q8, qd), (k8, kd), (v8, vd), causal=causal)
+    print(f"{shape} x{logit_scale}: rms error {err:.2e} (P-rounding model {model_err:.2e})")
+
+
+def check_against_oracle(out, lse, *quantized_qkv, causal):
+    """Assert that an FP8 forward's (out, lse) are within 3x the P-rounding model's error of the
+    float64 oracle on the dequantised inputs (RMS and max), rows with no key give 0 and lse -inf,
+    and lse is close; return (RMS error, the model's)."""
+    deq = [fp8.dequantize(x8, xd) for x8, xd in quantized_qkv]
     ref, ref_lse = attention_ref(*deq, causal=causal)
     model = p_rounding_model(*deq, causal=causal)
     err, model_err = (out.double() - ref), (model - ref)
@@ -221,7 +229,27 @@ def test_gpu_fp8_forward_against_the_oracle(shape, logit_scale):
     # FP8 wgmma accumulates S with fewer bits than float32: relative lse differences up to 8.1e-4
     # at scores near 70 (q x 20) on an H100
     torch.testing.assert_close(lse[~empty].double(), ref_lse[~empty], atol=2e-3, rtol=2e-3)
-    print(f"{shape} x{logit_scale}: rms error {rms(err):.2e} (P-rounding model {rms(model_err):.2e})")
+    return rms(err), rms(model_err)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["simple", "2wg", "2wg_overlap", "2wg_pingpong"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_fp8_every_variant_against_the_oracle(variant, D):
+    """Each of the FP8 forward's variants (kernels/fa3_fwd.VARIANTS; the launcher picks one per
+    head dim and mask), ragged and with grouped heads, causal where the variant runs it."""
+    if not hopper():
+        pytest.skip("FP8 attention needs an sm90 GPU and Triton 3.6's Gluon")
+    from flashlib.kernels import fa3_fwd
+    causal = fa3_fwd.VARIANTS[variant].num_wg > 1
+    g = torch.Generator(device="cuda").manual_seed(D)
+    q = torch.randn(2, 4, 1000, D, device="cuda", generator=g) * 3
+    k, v = (torch.randn(2, 2, 1531, D, device="cuda", generator=g) for _ in range(2))
+    (q8, qd), (k8, kd), (v8, vd) = quantized(q, k, v)
+    out, lse = fa3_fwd.fa3_forward_fp8(q8, k8, v8, torch.stack([qd, kd, vd]), causal=causal,
+                                       variant=variant)
+    check_against_oracle(out, lse, (q8, qd), (k8, kd), (v8, vd), causal=causal)
 
 
 @gpu

@@ -352,7 +352,11 @@ if _GLUON:
                 s, r, c = _scores(s, qk_scale, 0, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M, BLOCK_N,
                                   CAUSAL, SCORE_MOD, ALIBI_SPLIT, FOLD, s_layout)
                 m_i, l_i, alpha, p = _softmax_step(s, r, c, m_i, l_i, ALIBI_SPLIT, FOLD)
-                p = _p_operand(p, p_layout, dtype, KEY_ORDER)
+                # FP8's P crosses the loop's back edge in float32 and becomes the A operand just
+                # before its wgmma: Triton carries an 8-bit tensor as single bytes, which ptxas
+                # took apart and put back with 3 PRMT per packed register (sm90 SASS)
+                if not FP8:
+                    p = _p_operand(p, p_layout, dtype, KEY_ORDER)
                 for j in range(1, n_blocks):
                     st = j % STAGES
                     prev = (j - 1) % STAGES
@@ -363,6 +367,8 @@ if _GLUON:
                     k = k_smem.index(st).reshape([BLOCK_N, HEAD_D]).permute((1, 0))
                     s = warpgroup_mma(q, k, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
                                       use_acc=False, is_async=True)
+                    if FP8:
+                        p = _p_operand(p, p_layout, dtype, KEY_ORDER)
                     mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
                     v = _v_operand(v_smem, prev, BLOCK_N, HEAD_D, FP8)
                     acc = warpgroup_mma(p, v, acc, is_async=True)
@@ -373,7 +379,8 @@ if _GLUON:
                     s, r, c = _scores(s, qk_scale, j, n_full, row0, Nq, Nk, bh, mod_args, BLOCK_M,
                                       BLOCK_N, CAUSAL, SCORE_MOD, ALIBI_SPLIT, FOLD, s_layout)
                     m_i, l_i, alpha, p_next = _softmax_step(s, r, c, m_i, l_i, ALIBI_SPLIT, FOLD)
-                    p_next = _p_operand(p_next, p_layout, dtype, KEY_ORDER)
+                    if not FP8:
+                        p_next = _p_operand(p_next, p_layout, dtype, KEY_ORDER)
                     # P_{j-1} stays a dependency until its wgmma is done: its registers are read
                     # asynchronously, P_j must not land on them. Triton 3.6 takes no 8-bit
                     # dependencies; there ptxas, which allocates the registers and knows that
@@ -389,6 +396,8 @@ if _GLUON:
                 last = (n_blocks - 1) % STAGES
                 mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
                 v = _v_operand(v_smem, last, BLOCK_N, HEAD_D, FP8)
+                if FP8:
+                    p = _p_operand(p, p_layout, dtype, KEY_ORDER)
                 acc = warpgroup_mma(p, v, acc, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=(acc, ))
                 mbarrier.arrive(v_empty.index(last))
