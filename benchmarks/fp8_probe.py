@@ -8,7 +8,8 @@ quantised per (batch, kv-head)).
     FLASHLIB_AUTOTUNE=0 python benchmarks/fp8_probe.py [--d 64 128] [--variants simple 2wg] > fp8_probe.log
 
 --key-order-ab times each variant with V^T's keys in P's register order (fa3_fwd.FP8_KEY_ORDER,
-``_p_operand``) and without, in alternating rounds (--rounds), each arm checked first.
+``_p_operand``) and without. --rounds N times every arm of a shape N times in turn (the median
+printed, then each round).
 """
 import argparse
 import sys
@@ -30,7 +31,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--d", type=int, nargs="+", default=[64, 128])
 parser.add_argument("--variants", nargs="+", default=list(fa3_fwd.VARIANTS))
 parser.add_argument("--key-order-ab", action="store_true")
-parser.add_argument("--rounds", type=int, default=3)
+parser.add_argument("--rounds", type=int, default=1)
 args = parser.parse_args()
 print(f"{'shape':<24} {'impl':<16} {'ms':>7} {'TFLOP/s':>8} {'vs cuDNN':>8} {'rms err / model':>16}")
 for D, N, causal in [shape for shape in FORWARD_SHAPES if shape[0] in args.d]:
@@ -45,13 +46,11 @@ for D, N, causal in [shape for shape in FORWARD_SHAPES if shape[0] in args.d]:
     flops = attention_flops(B, H, N, N, D, causal=causal)
     tag = f"B{B} H{H} N{N} d{D}{' c' if causal else ''}"
     cudnn = _sdpa("sdpa_cudnn")
-    base = _time(lambda: cudnn(q, k, v, causal))
-    print(f"{tag:<24} {'cudnn fp16':<16} {base:>7.3f} {flops / base / 1e9:>8.1f} {1:>8.2f}")
+    times = {"cudnn fp16": (lambda: cudnn(q, k, v, causal), 0.0, [])}   # an arm of every round
     for name, variant in fa3_fwd.VARIANTS.items():
         if D not in variant.head_dims or name not in args.variants:
             continue
         arms = [(name, None)] if not args.key_order_ab else [(f"{name} natural", False), (f"{name} keyorder", True)]
-        times = {}
         for label, key_order in arms:
             def run(key_order=key_order, name=name):
                 saved = fa3_fwd.FP8_KEY_ORDER
@@ -66,12 +65,13 @@ for D, N, causal in [shape for shape in FORWARD_SHAPES if shape[0] in args.d]:
                 print(f"{tag:<24} {label:<16} refused: {str(e)[:60]}")
                 continue
             times[label] = (run, err, [])
-        for _ in range(args.rounds if args.key_order_ab else 1):
-            for label, (run, err, ms) in times.items():
-                ms.append(_time(run) if err <= 3 else float("nan"))
+    for _ in range(args.rounds):
         for label, (run, err, ms) in times.items():
-            best = sorted(ms)[len(ms) // 2]   # the median round
-            spread = f"  rounds {' '.join(f'{m:.3f}' for m in ms)}" if len(ms) > 1 else ""
-            print(f"{tag:<24} {label:<16} {best:>7.3f} {flops / best / 1e9:>8.1f} {base / best:>8.2f} "
-                  f"{err:>16.2f}{spread}")
+            ms.append(_time(run) if err <= 3 else float("nan"))
+    base = sorted(times["cudnn fp16"][2])[args.rounds // 2]
+    for label, (run, err, ms) in times.items():
+        median = sorted(ms)[len(ms) // 2]
+        spread = f"  rounds {' '.join(f'{m:.3f}' for m in ms)}" if len(ms) > 1 else ""
+        print(f"{tag:<24} {label:<16} {median:>7.3f} {flops / median / 1e9:>8.1f} {base / median:>8.2f} "
+              f"{err:>16.2f}{spread}")
     sys.stdout.flush()
