@@ -125,12 +125,14 @@ VARIANTS = {
     # at d64 against 2wg_pingpong's 0.89x-0.97x on one H100 (h100/hopper_probe.log): removed
 }
 DEFAULT_VARIANT = {64: "2wg_pingpong", 128: "2wg_pingpong"}   # H100 probe: h100/hopper_probe.log
-# FP8 (H200, h200/fp8_probe_d64.log, _d128.log): overlap and ping-pong lose (0.76x-0.83x cuDNN's
-# fp16 at d64), two consumers without them reach 0.90x-0.99x at d64 and 0.99x-1.25x at d128. One
-# consumer (0.98x-1.09x at d64) runs causal about 1000x too slow (h200/fp8_hang_repro.log): refused
-# under a causal mask, taken without one at d64 (H100: 0.99x / 1.11x against two consumers' 0.90x /
-# 1.02x, h100/fp8_probe_d64.log). Keyed by (head dim, causal).
-DEFAULT_VARIANT_FP8 = {(64, False): "simple", (64, True): "2wg", (128, False): "2wg", (128, True): "2wg"}
+# FP8, same-process rounds on an H100 (h100/fp8_probe_variants_rounds.log, fp8_probe_carry.log):
+# one consumer is fastest at d64 (1.18x / 1.25x cuDNN's fp16 against two consumers' 1.14x / 1.23x;
+# two CTAs share an SM: 78 KB of shared memory, 128 registers a thread) but runs causal about
+# 1000x too slow (h200/fp8_hang_repro.log, not understood): refused under a causal mask, where
+# ping-pong leads (1.313 ms against 2wg's 1.316-1.332); at d128 overlap 1.35x / 1.47x and, causal,
+# ping-pong 1.48x against 2wg's 1.34x / 1.43x / 1.38x. Keyed by (head dim, causal).
+DEFAULT_VARIANT_FP8 = {(64, False): "simple", (64, True): "2wg_pingpong", (128, False): "2wg_overlap",
+                       (128, True): "2wg_pingpong"}
 
 
 def kernel_config(variant: str, D: int, fp8: bool = False) -> dict:
