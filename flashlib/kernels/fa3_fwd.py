@@ -127,7 +127,7 @@ VARIANTS = {
 DEFAULT_VARIANT = {64: "2wg_pingpong", 128: "2wg_pingpong"}   # H100 probe: h100/hopper_probe.log
 # FP8, same-process rounds on an H100 (h100/fp8_probe_variants_rounds.log, fp8_probe_carry.log):
 # one consumer is fastest at d64 (1.18x / 1.25x cuDNN's fp16 against two consumers' 1.14x / 1.23x;
-# two CTAs share an SM: 78 KB of shared memory, 128 registers a thread) but runs causal about
+# 78 KB of shared memory and 128 registers a thread leave room for two CTAs an SM) but runs causal about
 # 1000x too slow (h200/fp8_hang_repro.log, not understood): refused under a causal mask, where
 # ping-pong leads (1.313 ms against 2wg's 1.316-1.332); at d128 overlap 1.35x / 1.47x and, causal,
 # ping-pong 1.48x against 2wg's 1.34x / 1.43x / 1.38x. Keyed by (head dim, causal).
