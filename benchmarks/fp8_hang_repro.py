@@ -1,23 +1,64 @@
-"""Does fa3_forward_fp8 finish? Three calls at one shape and variant, each synchronised and timed.
+"""Why does FP8's one-consumer variant run causal about 1000x too slow? Cases side by side, each
+in its own process under a timeout: three synchronised calls, seconds each.
 
-    python benchmarks/fp8_hang_repro.py B H N CAUSAL(0|1) VARIANT      (run it under `timeout`)
+    PYTHONPATH=$PWD python benchmarks/fp8_hang_repro.py            (all cases)
+    PYTHONPATH=$PWD python benchmarks/fp8_hang_repro.py B H N D CAUSAL(0|1) VARIANT DTYPE(fp8|fp16) KEY_ORDER(0|1)
 
-On an H200 the `simple` variant did not finish d64 causal B8 H32 N4096 in two runs (NOTES.md,
-twelfth session); this narrows it down.
+On an H200 the `simple` variant did not finish d64 causal B8 H32 N4096 in two runs, and took
+0.39 s a call at B1 H4 N4096 (NOTES.md, twelfth session). The cases vary one thing at a time:
+the mask, the CTA count (32 CTAs on 132 SMs: one an SM), the head dim (d128's 156 KB of shared
+memory leaves room for one CTA an SM, d64's 78 KB for two), the dtype and V^T's key order.
 """
-import sys, time
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import torch  # noqa: E402
-from flashlib import fp8  # noqa: E402
-from flashlib.kernels import fa3_fwd  # noqa: E402
-B, H, N, causal, variant = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5]
-q, k, v = (torch.randn(B, H, N, 64, device="cuda", dtype=torch.float16) for _ in range(3))
-(q8, qd), (k8, kd), (v8, vd) = (fp8.quantize(t, H) for t in (q, k, v))
-d = torch.stack([qd, kd, vd])
-t = time.time()
-for i in range(3):
-    out, lse = fa3_fwd.fa3_forward_fp8(q8, k8, v8, d, causal=causal, variant=variant)
+CASES = [  # B H N D causal variant dtype key_order
+    (1, 4, 4096, 64, 1, "simple", "fp8", 1),
+    (1, 4, 4096, 64, 0, "simple", "fp8", 1),
+    (1, 1, 4096, 64, 1, "simple", "fp8", 1),
+    (1, 4, 4096, 128, 1, "simple", "fp8", 1),
+    (1, 4, 4096, 64, 1, "simple", "fp16", 1),
+    (1, 4, 4096, 64, 1, "simple", "fp8", 0),
+    (1, 4, 4096, 64, 1, "2wg", "fp8", 1),
+]
+
+
+def one(B, H, N, D, causal, variant, dtype, key_order):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import torch
+    from flashlib import fp8
+    from flashlib.kernels import fa3_fwd
+    fa3_fwd.FP8_CAUSAL_ONE_CONSUMER, fa3_fwd.FP8_KEY_ORDER = True, bool(key_order)
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.float16) for _ in range(3))
+    if dtype == "fp8":
+        (q8, qd), (k8, kd), (v8, vd) = (fp8.quantize(t, H) for t in (q, k, v))
+        call = lambda: fa3_fwd.fa3_forward_fp8(q8, k8, v8, torch.stack([qd, kd, vd]), causal=causal,
+                                               variant=variant)
+    else:
+        call = lambda: fa3_fwd.fa3_forward(q, k, v, causal=causal, variant=variant)
+    call()
     torch.cuda.synchronize()
-    print(B, H, N, causal, variant, f"call {i}: {time.time() - t:.3f}s", flush=True)
+    times = []
+    for _ in range(3):
+        t = time.time()
+        call()
+        torch.cuda.synchronize()
+        times.append(time.time() - t)
+    print(" ".join(f"{x:.4f}s" for x in times), flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        a = sys.argv[1:]
+        one(*map(int, a[:5]), a[5], a[6], int(a[7]))
+    else:
+        for case in CASES:
+            tag = "B{} H{} N{} d{} causal={} {} {} key_order={}".format(*case)
+            try:
+                r = subprocess.run([sys.executable, __file__, *map(str, case)], capture_output=True,
+                                   text=True, timeout=60)
+                print(f"{tag:<52} {r.stdout.strip() or r.stderr.strip()[-300:]}", flush=True)
+            except subprocess.TimeoutExpired:
+                print(f"{tag:<52} did not finish in 60 s", flush=True)
