@@ -1,4 +1,4 @@
-"""Why does FP8's one-consumer variant run causal about 1000x too slow? Cases side by side, each
+"""Why does FP8's one-consumer variant not finish causal at d64? Cases side by side, each
 in its own process under a timeout: three synchronised calls, seconds each.
 
     PYTHONPATH=$PWD python benchmarks/fp8_hang_repro.py            (all cases)

@@ -128,8 +128,9 @@ VARIANTS = {
 DEFAULT_VARIANT = {64: "2wg_pingpong", 128: "2wg_pingpong"}   # H100 probe: h100/hopper_probe.log
 # FP8, same-process rounds on an H100 (h100/fp8_probe_variants_rounds.log, fp8_probe_carry.log):
 # one consumer is fastest at d64 (1.18x / 1.25x cuDNN's fp16 against two consumers' 1.14x / 1.23x;
-# 78 KB of shared memory and 128 registers a thread leave room for two CTAs an SM) but runs causal about
-# 1000x too slow (h200/fp8_hang_repro.log, not understood): refused under a causal mask, where
+# 78 KB of shared memory and 128 registers a thread leave room for two CTAs an SM) but does not
+# finish causal where two CTAs share an SM (h100/fp8_hang_repro.log: B1 H4 N4096 hangs, B1 H1, d128
+# and non-causal run; cause not found): refused under a causal mask, where
 # ping-pong leads (1.313 ms against 2wg's 1.316-1.332); at d128 overlap 1.35x / 1.47x and, causal,
 # ping-pong 1.48x against 2wg's 1.34x / 1.43x / 1.38x. Keyed by (head dim, causal).
 DEFAULT_VARIANT_FP8 = {(64, False): "simple", (64, True): "2wg_pingpong", (128, False): "2wg_overlap",
@@ -800,9 +801,9 @@ def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None)
         return out.zero_(), lse.fill_(float("-inf"))
     variant = variant or DEFAULT_VARIANT_FP8[D, bool(causal)]
     if causal and VARIANTS[variant].num_wg == 1 and not FP8_CAUSAL_ONE_CONSUMER:   # not understood yet
-        raise ValueError(f"fa3_forward_fp8: variant {variant!r} ran causal FP8 about 1000x too slow "
-                         "on an H200 (0.39 s at B1 H4 N4096 d64: benchmarks/fp8_hang_repro.py); "
-                         "use a two-consumer variant")
+        raise ValueError(f"fa3_forward_fp8: variant {variant!r} (one consumer) does not finish causal FP8 "
+                         "at d64, where two of its CTAs share an SM (h100/fp8_hang_repro.log; one CTA an "
+                         "SM runs); use a two-consumer variant")
     config = kernel_config(variant, D, fp8=True)
     if config["KEY_ORDER"]:   # keys past Nk read as the zeros written there
         v_t = transpose_rows(v, -(-Nk // 32) * 32, key_order=True)
