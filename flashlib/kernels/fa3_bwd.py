@@ -98,6 +98,8 @@ SMEM_BYTES = 232448     # H100/H200 shared memory per block (227 KiB)
 SMEM_SPARE = 8192       # kept for the barriers and the compiler's own scratch
 MAX_STAGES = 4
 DQ_N = 64               # dQ = dS K in column slices this wide (the accumulator's registers)
+DQ_BEFORE_DK = True     # rows along M: dQ's first slice issued before dK += dS^T Q, so that its
+                        # trip through shared memory overlaps dK's wgmma (``_consumer``)
 
 
 class Variant(NamedTuple):
@@ -146,7 +148,8 @@ def kernel_config(variant: str, D: int, elem_bytes: int = 2) -> dict:
     if stages < 1:
         raise ValueError(f"variant {variant!r} does not fit shared memory at head dim {D}")
     return dict(BLOCK_M=v.block_m, BLOCK_N=BLOCK_N, HEAD_D=D, NUM_WG=v.num_wg, STAGES=stages,
-                DQ_TMA=v.dq_tma, KEYS_M=v.keys_m, DQ_N=min(D, DQ_N), CONSUMER_REGS=v.regs or 240)
+                DQ_TMA=v.dq_tma, KEYS_M=v.keys_m, DQ_N=min(D, DQ_N), CONSUMER_REGS=v.regs or 240,
+                DQ_FIRST=DQ_BEFORE_DK and not v.keys_m)
 
 
 def launch_options(variant: str) -> dict:
@@ -343,7 +346,8 @@ if _GLUON:
     def _step_rows_m(k, v, q_smem, do_smem, q_bar, do_bar, phase, ds_view, p_view, dk, dv, lse2_ptr,
                      delta_ptr, n_rows, row0, n0, full_row, causal_offset, Nk, qk_scale, bh, mod_args,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                     CAUSAL: gl.constexpr, SCORE_MOD: gl.constexpr, VARLEN: gl.constexpr):
+                     CAUSAL: gl.constexpr, SCORE_MOD: gl.constexpr, VARLEN: gl.constexpr,
+                     DQ_FIRST: gl.constexpr):
         """One query block, query rows along wgmma's M (FA3's SdP without swapAB): S = Q K^T,
         dP = dO V^T, lse and delta two registers a thread; P and dS go to shared memory, read
         transposed by dV += P^T dO and dK += dS^T Q, and as is by dQ = dS K. SCORE_MOD on the
@@ -355,7 +359,8 @@ if _GLUON:
         spilled 816-1008 bytes a thread at d128 and ALiBi with it 1472-1736 (Triton 3.6,
         hopper_bwd_compile_check), this way 8 and 224-384. Without one (the identity, a
         compile-time test) the kernel is the plain one: dP beside the softmax. n_rows: as
-        ``_step_keys_m``'s. Returns (dk, dv)."""
+        ``_step_keys_m``'s. Returns (dk, dv); DQ_FIRST: dV still in flight and dK not issued
+        (the consumer issues it after dQ's first slice)."""
         dtype: gl.constexpr = k.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -408,8 +413,9 @@ if _GLUON:
         dp = warpgroup_mma_wait(1, deps=(dp, ))                      # dP done, dV may run on
         ds_view.store((pd * (dp - gl.expand_dims(delta, 1))).to(dtype))
         fence_async_shared()
-        dk = warpgroup_mma(ds_view.permute((1, 0)), q, dk, is_async=True)
-        dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
+        if not DQ_FIRST:
+            dk = warpgroup_mma(ds_view.permute((1, 0)), q, dk, is_async=True)
+            dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
         return dk, dv
 
     @gluon.jit
@@ -420,7 +426,7 @@ if _GLUON:
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, DQ_TMA: gl.constexpr,
                   KEYS_M: gl.constexpr, DQ_N: gl.constexpr, SCORE_MOD: gl.constexpr,
-                  VARLEN: gl.constexpr):
+                  VARLEN: gl.constexpr, DQ_FIRST: gl.constexpr):
         """One warpgroup: dK, dV of keys [n0, n0 + 64) over every step; dQ partials out. Nq, Nk,
         row0 and n0 count within the sequence; VARLEN: its rows start at q_row0 and k_row0 of the
         packed tensors, and a sequence's last key block leaves by masked stores into dK and dV
@@ -476,16 +482,33 @@ if _GLUON:
                                       do_ready.index(s), (t // STAGES) & 1, ds_smem.index(WG),
                                       p_smem.index(WG), dk, dv, Lse2 + stat_row, Delta + stat_row,
                                       Nq - row0, row0, n0, full_row, causal_offset, Nk, qk_scale, bh,
-                                      ModArgs, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, SCORE_MOD, VARLEN)
+                                      ModArgs, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, SCORE_MOD, VARLEN,
+                                      DQ_FIRST)
                 ds = ds_smem.index(WG)
-            mbarrier.arrive(empty.index(s))   # dK += dS^T Q was the stage's last reader
+            if DQ_FIRST:   # dQ's first slice, then dK += dS^T Q: the slice's store and reduce below
+                # run while dK's wgmma does (wgmma groups complete in order: waiting for all but
+                # the last leaves dK in flight)
+                dq_first = warpgroup_mma(ds, k.slice(0, DQ_N, dim=1),
+                                         gl.zeros([BLOCK_M, DQ_N], gl.float32, dq_layout),
+                                         use_acc=False, is_async=True)
+                dk = warpgroup_mma(ds.permute((1, 0)), q_smem.index(s).reshape([BLOCK_M, HEAD_D]), dk,
+                                   is_async=True)
+                dv, dq_first = warpgroup_mma_wait(1, deps=(dv, dq_first))
+            else:
+                mbarrier.arrive(empty.index(s))   # dK += dS^T Q was the stage's last reader
             # dQ = dS K in column slices of DQ_N: an accumulator of BLOCK_M x DQ_N beside dK and
             # dV (all of D at once spilled at d128)
             for part in gl.static_range(HEAD_D // DQ_N):
-                dq = warpgroup_mma(ds, k.slice(part * DQ_N, DQ_N, dim=1),
-                                   gl.zeros([BLOCK_M, DQ_N], gl.float32, dq_layout),
-                                   use_acc=False, is_async=True)
-                dq = warpgroup_mma_wait(0, deps=(dq, ))
+                if DQ_FIRST and part == 0:
+                    dq = dq_first
+                else:
+                    dq = warpgroup_mma(ds, k.slice(part * DQ_N, DQ_N, dim=1),
+                                       gl.zeros([BLOCK_M, DQ_N], gl.float32, dq_layout),
+                                       use_acc=False, is_async=True)
+                    if DQ_FIRST:
+                        dq, dk = warpgroup_mma_wait(0, deps=(dq, dk))
+                    else:
+                        dq = warpgroup_mma_wait(0, deps=(dq, ))
                 if DQ_TMA:   # through a (BLOCK_M, DQ_N) float32 buffer and a TMA reduce-add
                     # (VARLEN: rows past Nq add their zeros into the next sequence's)
                     tma.store_wait(0)         # the previous reduce has read the buffer
@@ -502,6 +525,9 @@ if _GLUON:
                         dq_head = DqAccum + bh.to(gl.int64) * Nq * HEAD_D
                     ptrs = dq_head + gl.expand_dims(rows * HEAD_D, 1) + gl.expand_dims(dcols, 0)
                     gl.atomic_add(ptrs, dq, mask=gl.expand_dims(rows < Nq, 1), sem="relaxed")
+            if DQ_FIRST:
+                dk = warpgroup_mma_wait(0, deps=(dk, ))
+                mbarrier.arrive(empty.index(s))   # dK += dS^T Q was the stage's last reader
 
         dk = (dk * scale).to(dtype)
         dv = dv.to(dtype)
@@ -551,7 +577,8 @@ if _GLUON:
                         CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         HEAD_D: gl.constexpr, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
                         DQ_TMA: gl.constexpr, KEYS_M: gl.constexpr, DQ_N: gl.constexpr,
-                        CONSUMER_REGS: gl.constexpr, SCORE_MOD: gl.constexpr, VARLEN: gl.constexpr):
+                        CONSUMER_REGS: gl.constexpr, SCORE_MOD: gl.constexpr, VARLEN: gl.constexpr,
+                        DQ_FIRST: gl.constexpr):
         # qk_scale: scale * log2(e) * the modifier's input_scale (dK and dQ take scale alone);
         # ModArgs, SCORE_MOD: the score modifier's per-(batch, query head) rows and function
         # VARLEN: packed sequences (Nq, Nk the longest's; descriptors over (1, H, total, D) views;
@@ -608,7 +635,7 @@ if _GLUON:
                              dK, dV, off_b, off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk,
                              Nq_pad, scale, qk_scale, ModArgs, CuSeqQ, CuSeqK, stride_dkm, stride_dkh,
                              0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA, KEYS_M, DQ_N,
-                             SCORE_MOD, VARLEN)),
+                             SCORE_MOD, VARLEN, DQ_FIRST)),
                 (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
                              q_ready, do_ready, empty, off_b, off_hkv, start_n, m_lo, n_mb, n_steps,
                              GROUP, CuSeqQ, CuSeqK, BLOCK_M, BLOCK_N, NUM_WG, STAGES, CAUSAL, VARLEN)),
@@ -621,13 +648,13 @@ if _GLUON:
                              dK, dV, off_b, off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk,
                              Nq_pad, scale, qk_scale, ModArgs, CuSeqQ, CuSeqK, stride_dkm, stride_dkh,
                              0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA, KEYS_M, DQ_N,
-                             SCORE_MOD, VARLEN)),
+                             SCORE_MOD, VARLEN, DQ_FIRST)),
                 (_consumer, (dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem, ds_smem,
                              p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum,
                              dK, dV, off_b, off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk,
                              Nq_pad, scale, qk_scale, ModArgs, CuSeqQ, CuSeqK, stride_dkm, stride_dkh,
                              1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA, KEYS_M, DQ_N,
-                             SCORE_MOD, VARLEN)),
+                             SCORE_MOD, VARLEN, DQ_FIRST)),
                 (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
                              q_ready, do_ready, empty, off_b, off_hkv, start_n, m_lo, n_mb, n_steps,
                              GROUP, CuSeqQ, CuSeqK, BLOCK_M, BLOCK_N, NUM_WG, STAGES, CAUSAL, VARLEN)),
@@ -667,7 +694,7 @@ def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=N
     packed = () if cu_seqlens is None else tuple(cu_seqlens)
     max_seqlen = None if max_seqlen is None else tuple(max_seqlen)   # a plan key's part
     pointers = tensors + packed + (() if mod_args is None else (mod_args, ))
-    key = plan_key(pointers, (causal, scale, variant, mod_fn, input_scale, max_seqlen)) \
+    key = plan_key(pointers, (causal, scale, variant, mod_fn, input_scale, max_seqlen, DQ_BEFORE_DK)) \
         if all(isinstance(t, torch.Tensor) for t in pointers) else None
     plan = _plans.get(key)
     if plan is not None:   # a call like an earlier one: allocate and replay its launches (launch.py)
