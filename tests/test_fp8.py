@@ -144,7 +144,8 @@ def test_fp8_key_order_puts_each_threads_p_in_its_own_fragment():
             assert [keys[c] for c in a_fragment_cols] == accumulator_keys
 
 
-@pytest.mark.parametrize("shape", [(2, 3, 100, 64), (1, 2, 7, 128), (1, 1, 64, 64), (1, 1, 0, 64)])
+@pytest.mark.parametrize("shape", [(2, 3, 100, 64), (1, 2, 7, 128), (1, 1, 64, 64), (1, 1, 0, 64),
+                                   (0, 2, 40, 64)])
 def test_v_transpose_kernel_in_key_order(shape):
     """transpose_rows(key_order=True) through the interpreter: column n holds key fp8_key_at(n)'s
     row, zeros for the padding keys up to the width (their P is 0; garbage there could be NaN

@@ -10,10 +10,13 @@ bottom-right causal, grouped heads):
 - *consumer* warpgroups (4 warps each, NUM_WG per CTA) each own 64 keys of the block (a wgmma's M)
   and, per query block (BLOCK_M rows), compute with async wgmma (written here as FA2's dK/dV
   kernel's transposed tiles): S^T = K Q^T and dP^T = V dO^T (issued back to back), P^T = exp2(S^T * scale log2e - lse log2e),
-  dV += P^T dO, dS^T = P^T * (dP^T - delta), dK += dS^T Q, then dQ_partial = dS K in column
-  slices of DQ_N (its accumulator beside dK and dV). KEYS_M keeps P^T in registers (the A
-  operand of dV); otherwise S and dP have the query rows along M (FA3's layout: lse and delta 2
-  registers a thread) and P goes through shared memory. dS always does (dK and dQ read it);
+  dV += P^T dO, dS^T = P^T * (dP^T - delta), dK += dS^T Q, and dQ_partial = dS K in column
+  slices of DQ_N (its accumulator beside dK and dV; with query rows along M the first slice is
+  issued before dK, whose wgmma then runs under that slice's store: DQ_BEFORE_DK, 1-3.5% at d64
+  on an H100, ``benchmarks/results/h100/fa3_bwd_order_probe.log``). KEYS_M keeps P^T in
+  registers (the A operand of dV); otherwise S and dP have the query rows along M (FA3's layout:
+  lse and delta 2 registers a thread) and P goes through shared memory. dS always does (dK and dQ
+  read it);
 - dQ as FA3 accumulates it: the float32 partial goes to shared memory and one TMA reduce-add
   (``cp.reduce.async.bulk.tensor``, clipped at Nq) adds it into a float32 ``dq_accum``
   (DQ_TMA; otherwise ``atomic_add`` from registers); a last small kernel scales it and casts it.
@@ -46,8 +49,9 @@ thread more than the dense kernel (hopper_bwd_compile_check), a few more local l
 One CTA, producer and 2 consumers (t: step over (query head, query block); s = t % STAGES)::
 
     producer   | TMA K_w,V_w | wait empty[s], TMA Q_t -> q_ready[s], TMA dO_t -> do_ready[s] | ...
-    consumer w | wait kv | wait q_ready: S | wait do_ready: dP | P | dV | dS | dK | arrive empty[s]
-               | dQ slices -> smem, TMA reduce-add | next step ... | dK, dV -> smem, TMA store
+    consumer w | wait kv | wait q_ready: S | wait do_ready: dP | P | dV | dS | dQ slice 0, dK
+               | slice 0 -> smem, TMA reduce-add | other slices ... | wait dK, arrive empty[s]
+               | next step ... | dK, dV -> smem, TMA store
 
     kv_bar           TMA -> consumers        (count 1 + K's and V's bytes)
     q_ready/do_ready TMA -> consumers        (count 1 + the block's bytes)

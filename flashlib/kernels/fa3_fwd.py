@@ -802,8 +802,8 @@ def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None)
     variant = variant or DEFAULT_VARIANT_FP8[D, bool(causal)]
     if causal and VARIANTS[variant].num_wg == 1 and not FP8_CAUSAL_ONE_CONSUMER:   # not understood yet
         raise ValueError(f"fa3_forward_fp8: variant {variant!r} (one consumer) does not finish causal FP8 "
-                         "at d64, where two of its CTAs share an SM (h100/fp8_hang_repro.log; one CTA an "
-                         "SM runs); use a two-consumer variant")
+                         "at d64, where two of its CTAs share an SM (benchmarks/results/h100/fp8_hang_repro.log; "
+                         "one CTA an SM runs); use a two-consumer variant")
     config = kernel_config(variant, D, fp8=True)
     if config["KEY_ORDER"]:   # keys past Nk read as the zeros written there
         v_t = transpose_rows(v, -(-Nk // 32) * 32, key_order=True)
@@ -855,11 +855,11 @@ def transpose_rows(v, width, key_order=False):
     if key_order and width % 32:
         raise ValueError(f"transpose_rows: width {width} must be a multiple of 32 with key_order")
     out = torch.empty((B, H, D, width), dtype=v.dtype, device=v.device)
-    if out.numel() == 0:
+    block_n, block_d = 64, padded_headdim(D)
+    n_blocks = cdiv(width if key_order else N, block_n)   # key order: the zeros past N too
+    if out.numel() == 0 or n_blocks == 0:
         return out
     x, y = (v if v.stride(-1) == 1 else v.contiguous()).view(torch.uint8), out.view(torch.uint8)
-    block_n, block_d = 64, padded_headdim(D)
-    n_blocks = cdiv(width if key_order else N, block_n)
     _transpose_kernel[(B * H * n_blocks,)](x, y, N, D, n_blocks, H, *x.stride()[:3], *y.stride()[:3], width,
                                            BLOCK_N=block_n, BLOCK_D=block_d, KEY_ORDER=key_order, num_warps=4)
     return out
