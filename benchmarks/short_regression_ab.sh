@@ -1,9 +1,9 @@
-# One device call: benchmarks/short_regression_probe.py on build/ab_base (carried) and this tree,
+# One device call: benchmarks/short_regression_probe.py on build/ab_base (carried; see host_time_ab.sh) and this tree,
 # alternating, autotuned. Writes $OUT/short_regression_ab.log.
 export PYTHONUNBUFFERED=1
 G="$(nvidia-smi --query-gpu=name --format=csv,noheader)"
 {
-echo "# $G, 2026-11-26: bash benchmarks/short_regression_ab.sh (build/ab_base = flashlib of 3fcab47; head = $(cat .head_commit 2>/dev/null)), autotuned"
+echo "# $G, $(date -u +%F): bash benchmarks/short_regression_ab.sh (build/ab_base = flashlib of 3fcab47; head = ${HEAD_COMMIT:-this tree}), autotuned"
 for arm in head base head base; do
   if [ $arm = head ]; then P=$PWD; else P=$PWD/build/ab_base; fi
   echo "## $arm"
