@@ -1,7 +1,7 @@
 """Why does FP8's one-consumer variant not finish causal at d64? Cases side by side, each
 in its own process under a timeout: three synchronised calls, seconds each.
 
-    PYTHONPATH=$PWD python benchmarks/fp8_hang_repro.py            (all cases)
+    PYTHONPATH=$PWD python benchmarks/fp8_hang_repro.py            (all cases; --last: the CTA-count ones)
     PYTHONPATH=$PWD python benchmarks/fp8_hang_repro.py B H N D CAUSAL(0|1) VARIANT DTYPE(fp8|fp16) KEY_ORDER(0|1)
 
 On an H200 the `simple` variant did not finish d64 causal B8 H32 N4096 in two runs, and took
@@ -22,7 +22,12 @@ CASES = [  # B H N D causal variant dtype key_order
     (1, 4, 4096, 64, 1, "simple", "fp16", 1),
     (1, 4, 4096, 64, 1, "simple", "fp8", 0),
     (1, 4, 4096, 64, 1, "2wg", "fp8", 1),
+    (1, 2, 4096, 64, 1, "simple", "fp8", 1),   # 128 CTAs on 132 SMs
+    (1, 3, 4096, 64, 1, "simple", "fp8", 1),   # 192: some SMs get two
+    (1, 8, 4096, 64, 0, "simple", "fp8", 1),   # 512 CTAs, non-causal: two an SM, four waves
 ]
+if len(sys.argv) > 1 and sys.argv[1] == "--last":   # only the cases after the first seven
+    CASES, sys.argv = CASES[7:], sys.argv[:1]
 
 
 def one(B, H, N, D, causal, variant, dtype, key_order):
