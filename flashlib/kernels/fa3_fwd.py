@@ -787,7 +787,9 @@ def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None)
 
     S = Q8 K8^T runs on FP8 tensor cores at twice the 16-bit rate; P is rounded to e4m3 for
     O = P V8, whose B operand 8-bit wgmma reads only K-major: the launcher copies V transposed,
-    (B, Hkv, D, Nk) with rows padded to 16 bytes (about 1/(2 Nq) of the kernel's bytes moved)."""
+    (B, Hkv, D, Nk rounded up to 32) with the keys of every 32 in the order of P's registers
+    (``fp8_key_at``; ``FP8_KEY_ORDER`` off: in order, rows padded to 16 bytes), about 1/(2 Nq) of
+    the kernel's bytes moved."""
     if not supported_fp8(q, k, v):
         raise ValueError("fa3_forward_fp8: unsupported inputs (see fa3_fwd.supported_fp8)")
     B, Hq, Nq, D = q.shape
