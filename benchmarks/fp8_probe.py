@@ -7,8 +7,9 @@ quantised per (batch, kv-head)).
 
     FLASHLIB_AUTOTUNE=0 python benchmarks/fp8_probe.py [--d 64 128] [--variants simple 2wg] > fp8_probe.log
 
---key-order-ab times each variant with V^T's keys in P's register order (fa3_fwd.FP8_KEY_ORDER,
-``_p_operand``) and without. --rounds N times every arm of a shape N times in turn (the median
+--ab NAME=A,B times each variant with fa3_fwd's module flag NAME set to each value in turn
+(``--ab FP8_KEY_ORDER=0,1``: V^T's keys in P's register order, ``_p_operand``, or not;
+``--ab PRODUCER_WARPS=1,4``). --rounds N times every arm of a shape N times in turn (the median
 printed, then each round).
 """
 import argparse
@@ -30,10 +31,10 @@ from flashlib.reference import attention_ref  # noqa: E402
 parser = argparse.ArgumentParser()
 parser.add_argument("--d", type=int, nargs="+", default=[64, 128])
 parser.add_argument("--variants", nargs="+", default=list(fa3_fwd.VARIANTS))
-parser.add_argument("--key-order-ab", action="store_true")
+parser.add_argument("--ab", default=None, help="NAME=A,B: arms with fa3_fwd.NAME = int(A), int(B)")
 parser.add_argument("--rounds", type=int, default=1)
 args = parser.parse_args()
-print(f"{'shape':<24} {'impl':<16} {'ms':>7} {'TFLOP/s':>8} {'vs cuDNN':>8} {'rms err / model':>16}")
+print(f"{'shape':<24} {'impl':<30} {'ms':>7} {'TFLOP/s':>8} {'vs cuDNN':>8} {'rms err / model':>16}")
 for D, N, causal in [shape for shape in FORWARD_SHAPES if shape[0] in args.d]:
     s = shape_for(D, N)
     B, H = s["B"], s["Hq"]
@@ -50,19 +51,20 @@ for D, N, causal in [shape for shape in FORWARD_SHAPES if shape[0] in args.d]:
     for name, variant in fa3_fwd.VARIANTS.items():
         if D not in variant.head_dims or name not in args.variants:
             continue
-        arms = [(name, None)] if not args.key_order_ab else [(f"{name} natural", False), (f"{name} keyorder", True)]
-        for label, key_order in arms:
-            def run(key_order=key_order, name=name):
-                saved = fa3_fwd.FP8_KEY_ORDER
-                fa3_fwd.FP8_KEY_ORDER = saved if key_order is None else key_order
+        flag, values = args.ab.split("=") if args.ab else ("FP8_KEY_ORDER", None)
+        arms = [(name, None)] if values is None else [(f"{name} {flag}={x}", int(x)) for x in values.split(",")]
+        for label, value in arms:
+            def run(value=value, name=name):
+                saved = getattr(fa3_fwd, flag)
+                setattr(fa3_fwd, flag, saved if value is None else type(saved)(value))
                 try:
                     return fa3_fwd.fa3_forward_fp8(q8, k8, v8, descale, causal=causal, variant=name)
                 finally:
-                    fa3_fwd.FP8_KEY_ORDER = saved
+                    setattr(fa3_fwd, flag, saved)
             try:
                 err = rms(run()[0][:1, :2].double() - ref) / model
             except ValueError as e:   # a variant the launcher refuses here (one consumer, causal)
-                print(f"{tag:<24} {label:<16} refused: {str(e)[:60]}")
+                print(f"{tag:<24} {label:<30} refused: {str(e)[:60]}")
                 continue
             times[label] = (run, err, [])
     for _ in range(args.rounds):
@@ -72,6 +74,6 @@ for D, N, causal in [shape for shape in FORWARD_SHAPES if shape[0] in args.d]:
     for label, (run, err, ms) in times.items():
         median = sorted(ms)[len(ms) // 2]
         spread = f"  rounds {' '.join(f'{m:.3f}' for m in ms)}" if len(ms) > 1 else ""
-        print(f"{tag:<24} {label:<16} {median:>7.3f} {flops / median / 1e9:>8.1f} {base / median:>8.2f} "
+        print(f"{tag:<24} {label:<30} {median:>7.3f} {flops / median / 1e9:>8.1f} {base / median:>8.2f} "
               f"{err:>16.2f}{spread}")
     sys.stdout.flush()
