@@ -575,6 +575,9 @@ if _GLUON:
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=NUM_WG)    # one arrival per consumer
             mbarrier.init(v_empty.index(i), count=NUM_WG)
+        # the inits are generic-proxy writes; the TMA engine (the async proxy) completes these
+        # barriers: the fence makes the inits visible to it before the first load is issued
+        fence_async_shared()
 
         # worker partitions take no tensors, only descriptors, shared memory and scalars; the
         # argument tuples are written out in the call so that the constexprs stay constexprs.
