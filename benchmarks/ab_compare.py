@@ -11,7 +11,8 @@ Each worker process imports flashlib from its own path, checks its output on the
 against the float64 oracle (first batch element, two heads), then times forward and
 forward+backward with ``triton.testing.do_bench`` (median). FLASHLIB_AUTOTUNE=0 and FLASHLIB_FA3=0
 (the portable kernels, also on Hopper), so both versions run the same block configs: the
-comparison is of the kernels' code, not of autotuning luck. With
+comparison is of the kernels' code, not of autotuning luck (``--fa3``: the Hopper kernels on,
+for a change to them). With
 ``--mods``, the new version is also timed with a softcap and ALiBi (what the modifiers cost).
 
 ``--suite block_sparse`` or ``--suite decode``: each worker is instead that suite of
@@ -112,6 +113,7 @@ def main():
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--suite", default="dense", choices=["dense", *SUITE_IMPLS],
                         help="dense: this file's shapes; otherwise that flashlib.bench suite")
+    parser.add_argument("--fa3", action="store_true", help="leave the FA3 kernels on (Hopper): FLASHLIB_FA3=1")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -121,7 +123,8 @@ def main():
     records = []
     for r in range(args.rounds):
         for label in (("base", "new") if r % 2 == 0 else ("new", "base")):
-            env = dict(os.environ, PYTHONPATH=str(paths[label]), FLASHLIB_AUTOTUNE="0", FLASHLIB_FA3="0")
+            env = dict(os.environ, PYTHONPATH=str(paths[label]), FLASHLIB_AUTOTUNE="0",
+                       FLASHLIB_FA3="1" if args.fa3 else "0")
             if args.suite != "dense":
                 out = args.out / f"{label}_{r}"
                 records += [dict(x, round=r) for x in suite_worker(label, args.suite, out, env)]

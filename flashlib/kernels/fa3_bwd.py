@@ -630,6 +630,7 @@ if _GLUON:
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(do_ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=NUM_WG)      # one arrival per consumer
+        fence_async_shared()   # the inits visible to the TMA engine before its first load (see fa3_fwd)
 
         # constexprs written out in each call so that they stay constexprs (see fa3_fwd)
         if NUM_WG == 1:

@@ -101,7 +101,6 @@ MAX_STAGES = 4
 FOLD_SCALE = True        # the scores' factor (scale, softcap) inside exp2's FFMA (``_fold``)
 FP8_KEY_ORDER = True     # FP8: V^T's keys in the order of P's registers (``_p_operand``)
 FP8_CAUSAL_ONE_CONSUMER = False   # run (not refuse) FP8 + causal + one consumer: for probes only
-PRODUCER_WARPS = 1       # warps of the producer partition (1, or 4: a whole warpgroup)
 
 
 class Variant(NamedTuple):
@@ -150,8 +149,7 @@ def kernel_config(variant: str, D: int, fp8: bool = False) -> dict:
     stages = min(MAX_STAGES, (SMEM_BYTES - SMEM_SPARE - q_bytes) // (2 * v.block_n * D * elem_bytes))
     return dict(BLOCK_M=BLOCK_M, BLOCK_N=v.block_n, HEAD_D=D, NUM_WG=v.num_wg, STAGES=stages,
                 OVERLAP=v.overlap, PINGPONG=v.pingpong and v.num_wg > 1,
-                CONSUMER_REGS=v.regs or 240, FP8=fp8, KEY_ORDER=fp8 and FP8_KEY_ORDER,
-                PRODUCER_WARPS=PRODUCER_WARPS)
+                CONSUMER_REGS=v.regs or 240, FP8=fp8, KEY_ORDER=fp8 and FP8_KEY_ORDER)
 
 
 def launch_options(variant: str) -> dict:
@@ -501,7 +499,7 @@ if _GLUON:
                         OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                         FP8: gl.constexpr, SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr,
                         VARLEN: gl.constexpr, MAX_SEQS: gl.constexpr, FOLD: gl.constexpr,
-                        KEY_ORDER: gl.constexpr, PRODUCER_WARPS: gl.constexpr):
+                        KEY_ORDER: gl.constexpr):
         # Descale (FP8 only): float32 (3, B, Hkv), Q's, K's and V's factors, n_descale = B * Hkv.
         # ModArgs, SCORE_MOD: the score modifier's per-(batch, query head) row and function;
         # ALIBI_SPLIT: SCORE_MOD is ALiBi alone, its bias split off the diagonal (``_scores``)
@@ -593,7 +591,7 @@ if _GLUON:
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                              v_ready, v_empty, tma_b, off_h, off_hkv, start_m, n_blocks, q_row0, k_row0,
                              BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
-            ], [PRODUCER_WARPS], [24])
+            ], [1], [24])
         else:
             gl.static_assert(NUM_WG == 2, "1 or 2 consumer warpgroups")
             gl.warp_specialize([
@@ -610,7 +608,7 @@ if _GLUON:
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                              v_ready, v_empty, tma_b, off_h, off_hkv, start_m, n_blocks, q_row0, k_row0,
                              BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
-            ], [4, PRODUCER_WARPS], [CONSUMER_REGS, 24])
+            ], [4, 1], [CONSUMER_REGS, 24])
 
 
 def hopper_inputs(q, k, v, dtypes) -> bool:
@@ -704,8 +702,7 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None, score_mod=No
     mod_args, mod_fn, input_scale = score_mod_args(score_mod, None)
     packed = () if cu_seqlens is None else tuple(cu_seqlens)
     pointers = (q, k, v, *packed, *([] if mod_args is None else [mod_args]))
-    key = plan_key(pointers, (causal, scale, variant, mod_fn, input_scale, max_seqlen, FOLD_SCALE,
-                              PRODUCER_WARPS)) \
+    key = plan_key(pointers, (causal, scale, variant, mod_fn, input_scale, max_seqlen, FOLD_SCALE)) \
         if all(isinstance(t, torch.Tensor) for t in pointers) else None
     plan = _plans.get(key)
     if plan is not None:   # a call like an earlier one: allocate and replay its launch (launch.py)
@@ -808,7 +805,7 @@ def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None)
     if Nk == 0:
         return out.zero_(), lse.fill_(float("-inf"))
     variant = variant or DEFAULT_VARIANT_FP8[D, bool(causal)]
-    if causal and VARIANTS[variant].num_wg == 1 and PRODUCER_WARPS == 1 and not FP8_CAUSAL_ONE_CONSUMER:   # not understood yet
+    if causal and VARIANTS[variant].num_wg == 1 and not FP8_CAUSAL_ONE_CONSUMER:   # not understood yet
         raise ValueError(f"fa3_forward_fp8: variant {variant!r} (one consumer) does not finish causal FP8 "
                          "at d64, where two of its CTAs share an SM (benchmarks/results/h100/fp8_hang_repro.log; "
                          "one CTA an SM runs); use a two-consumer variant")
