@@ -129,10 +129,11 @@ DEFAULT_VARIANT = {64: "2wg_pingpong", 128: "2wg_pingpong"}   # H100 probe: h100
 # FP8, same-process rounds on an H100 (h100/fp8_probe_variants_rounds.log, fp8_probe_carry.log):
 # one consumer is fastest at d64 (1.18x / 1.25x cuDNN's fp16 against two consumers' 1.14x / 1.23x;
 # 78 KB of shared memory and 128 registers a thread leave room for two CTAs an SM) but does not
-# finish causal where two CTAs share an SM (h100/fp8_hang_repro.log: B1 H4 N4096 hangs, B1 H1, d128
-# and non-causal run; cause not found): refused under a causal mask, where
-# ping-pong leads (1.313 ms against 2wg's 1.316-1.332); at d128 overlap 1.35x / 1.47x and, causal,
-# ping-pong 1.48x against 2wg's 1.34x / 1.43x / 1.38x. Keyed by (head dim, causal).
+# finish causal where two CTAs share an SM (h100/fp8_hang_repro*.log: B1 H3 N4096 hangs; B1 H2, d128,
+# non-causal, fp16 at two CTAs an SM and causal CTAs of equal work run; cause not found): refused
+# under a causal mask, where ping-pong leads (1.313 ms against 2wg's 1.316-1.332); at d128 overlap
+# 1.35x / 1.47x and, causal, ping-pong 1.48x against 2wg's 1.34x / 1.43x / 1.38x. Keyed by (head
+# dim, causal).
 DEFAULT_VARIANT_FP8 = {(64, False): "simple", (64, True): "2wg_pingpong", (128, False): "2wg_overlap",
                        (128, True): "2wg_pingpong"}
 
