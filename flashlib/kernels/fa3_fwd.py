@@ -808,8 +808,8 @@ def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None)
     variant = variant or DEFAULT_VARIANT_FP8[D, bool(causal)]
     if causal and VARIANTS[variant].num_wg == 1 and not FP8_CAUSAL_ONE_CONSUMER:   # not understood yet
         raise ValueError(f"fa3_forward_fp8: variant {variant!r} (one consumer) does not finish causal FP8 "
-                         "at d64, where two of its CTAs share an SM (benchmarks/results/h100/fp8_hang_repro.log; "
-                         "one CTA an SM runs); use a two-consumer variant")
+                         "at d64 where two of its CTAs of unequal work share an SM (benchmarks/results/h100/"
+                         "fp8_hang_repro*.log; one CTA an SM runs); use a two-consumer variant")
     config = kernel_config(variant, D, fp8=True)
     if config["KEY_ORDER"]:   # keys past Nk read as the zeros written there
         v_t = transpose_rows(v, -(-Nk // 32) * 32, key_order=True)
