@@ -52,9 +52,9 @@ def attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk
     key_term (BN,) + row_term (BM,) (``_attend_key_blocks``), the hook is not called.
     """
     if PAGE:
-        # one page id per page of the tile, not per key (PAGE < BN here; a tile within one
-        # page takes ``_attend_key_blocks``'s contiguous path), then each key's: the loop's sm90
-        # SASS, B=1 H=32 d128 page 16, 592 -> 457 instructions (contiguous: 284)
+        # one table entry loaded per page of the tile and broadcast to its keys, not one per key
+        # (PAGE < BN here: a tile inside one page takes ``_attend_key_blocks``'s contiguous path);
+        # the loop's sm90 SASS at B=1 H=32 d128 page 16: 592 -> 457 instructions (contiguous 284)
         NP: tl.constexpr = cols.shape[0] // PAGE
         first = tl.min(tl.reshape(cols, (NP, PAGE)), axis=1) // PAGE                    # (NP,)
         page = tl.load(pages + first, mask=first * PAGE < Nk, other=0).to(tl.int64)      # (NP,)
