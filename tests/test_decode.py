@@ -151,6 +151,13 @@ def test_heuristic_splits_fill_the_gpu_but_keep_splits_long():
     assert 1 <= pick(1, 1, 1, 10 ** 7, block_n=64, sms=132) <= kernels.MAX_SPLITS
     # lengths given (maybe ragged): more, shorter splits, so long sequences spread over idle SMs
     assert pick(8, 8, 1, 100000, block_n=64, sms=132, ragged=True) == 8 * pick(8, 8, 1, 100000, block_n=64, sms=132)
+    # a paged cache: two programs an SM where splits of 2 blocks allow it (the page ids' wait hidden)
+    assert pick(1, 32, 1, 1024, block_n=64, sms=132, ragged=True) == 4
+    assert pick(1, 32, 1, 1024, block_n=64, sms=132, ragged=True, paged=True) == 8
+    assert pick(1, 32, 1, 128, block_n=64, sms=132, ragged=True, paged=True) == 1    # 2 blocks: one split
+    for B, H, L in ((1, 32, 2048), (8, 8, 1024), (8, 8, 100000), (64, 32, 1024)):    # grid full already
+        assert pick(B, H, 1, L, block_n=64, sms=132, ragged=True, paged=True) == \
+            pick(B, H, 1, L, block_n=64, sms=132, ragged=True)
 
 
 def test_kv_cache_append_and_attend_equal_attention_over_all_keys():

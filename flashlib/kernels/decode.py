@@ -61,6 +61,7 @@ INTERPRETER_BLOCK_N = 32
 MAX_ROWS = 64            # query rows per program (group x new tokens); more rows: more row blocks
 MAX_SPLITS = 128         # the heuristic's cap; an explicit num_splits may be anything >= 1
 MIN_BLOCKS_PER_SPLIT = 4  # the heuristic gives each split at least this many key blocks
+PAGED_MIN_BLOCKS = 2      # ... paged caches this many, where it takes that to fill two programs an SM
 # ... and does not split a shorter cache in two (num_splits_heuristic); per GPU, from its sweep,
 # the H100's value elsewhere: the H200's bandwidth needs more SMs busy sooner
 SHORT_CACHE = {"h100": 8192, "h200": 1024}
@@ -255,7 +256,7 @@ def for_gpu(table, device) -> int:
 
 
 def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, ragged=False,
-                         short_cache=SHORT_CACHE["h100"]):
+                         short_cache=SHORT_CACHE["h100"], paged=False):
     """Splits per sequence. Equal lengths: as many as fit one program per SM (one wave, each
     program streaming one long chunk through its software pipeline; measured best on an H100).
     Lengths given (``ragged``): 8x that, so that the long sequences' chunks spread over the SMs
@@ -265,11 +266,21 @@ def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, 
     the SMs it adds. How short depends on the GPU (``SHORT_CACHE``; decode_sweep.log): on an H100,
     B=8 Hkv=8 read 2.02 / 2.37 / 2.65 TB/s unsplit at 1k / 2k / 4k keys, 1.74 / 2.16 / 2.52 in
     two, and tied at 16k; on an H200 two splits win from 1k keys (2.42 against 2.33 unsplit;
-    before the merge got cheaper, unsplit won at 1k)."""
+    before the merge got cheaper, unsplit won at 1k).
+
+    ``paged`` (a block table): at least two programs an SM where splits of ``PAGED_MIN_BLOCKS``
+    key blocks allow it. Each program's first K/V loads wait for its page ids, and a second
+    program on the SM hides that wait: on an H100 (h100/paged_split_probe.log, CUDA graphs) B=1
+    H=32 at 1k keys read 1.36-1.38 TB/s in 8 splits of 2 blocks against 1.22-1.29 in 4 of 4, at
+    pages of 16 and 256 alike, where the contiguous cache reads 1.50 in 4 and 1.42 in 8; where
+    the grid already holds 256 programs (B=1 H=32 at 2k keys, B=8 Hkv=8 at 1k) it changes nothing."""
     programs = max(1, batch * heads_kv * row_blocks)
     longest = cdiv(max_len, block_n * MIN_BLOCKS_PER_SPLIT)
     splits = max(1, min(sms // programs * (8 if ragged else 1), longest, MAX_SPLITS))
-    return 1 if splits == 2 and max_len < short_cache else splits
+    splits = 1 if splits == 2 and max_len < short_cache else splits
+    if paged:
+        splits = max(splits, min(2 * sms // programs, cdiv(max_len, block_n * PAGED_MIN_BLOCKS), MAX_SPLITS))
+    return splits
 
 
 def launch_plan(q, k_cache, cache_seqlens=None, *, num_splits=None, config=None, block_table=None):
@@ -277,7 +288,7 @@ def launch_plan(q, k_cache, cache_seqlens=None, *, num_splits=None, config=None,
     num_splits), from the shapes (and ``num_splits_heuristic`` unless num_splits is given)."""
     B, Hq, Nq, D = q.shape
     return _plan(B, Hq, Nq, D, k_cache.shape[1], cache_length(k_cache, block_table), q.element_size(),
-                 q.device, cache_seqlens is not None, num_splits, config)
+                 q.device, cache_seqlens is not None, block_table is not None, num_splits, config)
 
 
 def cache_length(k_cache, block_table=None):
@@ -287,7 +298,7 @@ def cache_length(k_cache, block_table=None):
 
 
 @functools.lru_cache(maxsize=4096)  # a decoding loop asks for the same plan at every step
-def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, num_splits, config):
+def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, paged, num_splits, config):
     rows = Hq // Hkv * Nq
     block_m = max(16, min(MAX_ROWS, next_power_of_2(rows)))
     row_blocks = cdiv(rows, block_m)
@@ -297,7 +308,7 @@ def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, num_splits, confi
     if num_splits is None:
         num_splits = num_splits_heuristic(B, Hkv, row_blocks, Lmax, block_n=config[0],
                                           sms=sm_count(device), ragged=ragged,
-                                          short_cache=for_gpu(SHORT_CACHE, device))
+                                          short_cache=for_gpu(SHORT_CACHE, device), paged=paged)
     long_split = cdiv(Lmax, num_splits) >= for_gpu(LONG_SPLIT, device)
     if chosen and long_split and not runtime.INTERPRET and \
             fits(LONG_SPLIT_KEY_BLOCK, block_d, elem_bytes, target()):
