@@ -270,10 +270,12 @@ def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, 
 
     ``paged`` (a block table): at least two programs an SM where splits of ``PAGED_MIN_BLOCKS``
     key blocks allow it. Each program's first K/V loads wait for its page ids, and a second
-    program on the SM hides that wait: on an H100 (h100/paged_split_probe.log, CUDA graphs) B=1
-    H=32 at 1k keys read 1.36-1.38 TB/s in 8 splits of 2 blocks against 1.22-1.29 in 4 of 4, at
-    pages of 16 and 256 alike, where the contiguous cache reads 1.50 in 4 and 1.42 in 8; where
-    the grid already holds 256 programs (B=1 H=32 at 2k keys, B=8 Hkv=8 at 1k) it changes nothing."""
+    program on the SM hides that wait. On an H100 (h100/paged_split_probe*.log, CUDA graphs, d128)
+    B=1 H=32 at 1k keys read 1.36-1.38 TB/s in 8 splits of 2 blocks against 1.22-1.29 in 4 of 4,
+    at pages of 16 and 256 alike (the contiguous cache: 1.50-1.52 in 4, 1.42-1.43 in 8); at 512
+    keys, 0.90-0.95 in 4 against 0.51-0.60 unsplit (B=1 H=32) and 1.20-1.25 against 1.01-1.07 (B=8
+    Hkv=8). Where the grid already holds 256 programs (B=1 H=32 at 2k keys, B=8 Hkv=8 at 1k) it
+    changes nothing."""
     programs = max(1, batch * heads_kv * row_blocks)
     longest = cdiv(max_len, block_n * MIN_BLOCKS_PER_SPLIT)
     splits = max(1, min(sms // programs * (8 if ragged else 1), longest, MAX_SPLITS))
