@@ -8,8 +8,8 @@ quantised per (batch, kv-head)).
     FLASHLIB_AUTOTUNE=0 python benchmarks/fp8_probe.py [--d 64 128] [--variants simple 2wg] > fp8_probe.log
 
 --ab NAME=A,B times each variant with fa3_fwd's module flag NAME set to each value in turn
-(``--ab FP8_KEY_ORDER=0,1``: V^T's keys in P's register order, ``_p_operand``, or not;
-``--ab PRODUCER_WARPS=1,4``). --rounds N times every arm of a shape N times in turn (the median
+(``--ab FP8_KEY_ORDER=0,1``: V^T's keys in P's register order, ``_p_operand``, or not; any
+int-valued flag works). --rounds N times every arm of a shape N times in turn (the median
 printed, then each round).
 """
 import argparse
