@@ -1,5 +1,5 @@
 """flashlib.teach.profile (occupancy, compiled kernels' resources, profiler tables, the committed
-report) and the CPU parts of benchmarks/profile_kernels.py (arguments, counts, ncu's CSV, the
+report) and the CPU parts of tools/profile_kernels.py (arguments, counts, ncu's CSV, the
 report's files), on a CPU. One test compiles a small kernel for sm90 in a child process with
 Triton's interpreter off (about 5 s)."""
 import importlib.util
@@ -16,7 +16,7 @@ ROOT = profile.Path(__file__).resolve().parent.parent
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("profile_kernels", ROOT / "benchmarks" / "profile_kernels.py")
+    spec = importlib.util.spec_from_file_location("profile_kernels", ROOT / "tools" / "profile_kernels.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -144,7 +144,7 @@ def test_a_kernel_compiled_for_sm90_on_this_machine_reports_its_resources():
 
 
 # ---------------------------------------------------------------------------------------------
-# benchmarks/profile_kernels.py, without a GPU
+# tools/profile_kernels.py, without a GPU
 
 NCU_CSV = '''==PROF== Connected to process 123
 "ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"

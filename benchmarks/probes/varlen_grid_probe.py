@@ -10,7 +10,7 @@ blocks per (sequence, head) and the programs past a sequence's end returned at o
 (``fa3_fwd._packed_block``), ``max_seqlen`` no longer changes the grid. Every call's output is
 first compared with the float64 oracle on two documents (``production.oracle_check``).
 
-    PYTHONPATH=$PWD python benchmarks/varlen_grid_probe.py     (on an sm90 GPU)
+    PYTHONPATH=$PWD python benchmarks/probes/varlen_grid_probe.py     (on an sm90 GPU)
 """
 import torch
 

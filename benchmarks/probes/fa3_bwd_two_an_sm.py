@@ -1,12 +1,12 @@
 """Do the FA3 backward's one-consumer variants finish causal with two CTAs on an SM?
 
-FP8's one-consumer forward does not (benchmarks/fp8_hang_repro.py); the backward's one-consumer
+FP8's one-consumer forward does not (benchmarks/probes/fp8_hang_repro.py); the backward's one-consumer
 variants (``simple``, ``1wg``, ``1wg_keys_m``: 99-115 KB of shared memory, 128 registers a
 thread) leave room for two CTAs an SM too, and their GPU tests launch 96 CTAs (one an SM). Each
 case in its own process under a timeout: causal B1 Hkv=Hq=8 N4096 d64 (512 CTAs of 64 keys,
 unequal work), gradients compared with the default variant's.
 
-    PYTHONPATH=$PWD python benchmarks/fa3_bwd_two_an_sm.py
+    PYTHONPATH=$PWD python benchmarks/probes/fa3_bwd_two_an_sm.py
 """
 import subprocess
 import sys
@@ -17,7 +17,7 @@ VARIANTS = ("simple", "1wg", "1wg_keys_m")
 
 
 def one(variant):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     import torch
     from flashlib.kernels import fa3_bwd, fa3_fwd
     torch.manual_seed(0)

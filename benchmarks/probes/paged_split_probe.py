@@ -2,14 +2,14 @@
 
 At B=1 H=32 d128 and 1k keys the heuristic gave 4 splits of 4 key blocks (128 programs, one
 wave), and pages of 16 and of 256 lost alike: the page ids' loads come before the first K/V loads
-of each program (benchmarks/NOTES.md). Would more programs, or fewer, hide it? (Its first log,
+of each program (benchmarks/probes/NOTES.md). Would more programs, or fewer, hide it? (Its first log,
 h100/paged_split_probe.log: 8 splits, two programs an SM; the heuristic's ``paged`` rule since.)
 "heur" is ``kernels.decode.num_splits_heuristic``'s pick for that cache, paged or not. Every
 (case, page size, splits) is checked against the float64 oracle, then timed in a CUDA graph
 (``bench.decode.graph_time``); rounds alternate so that the spread shows. Ratio: TB/s over the
 contiguous cache at the heuristic's split count, same round.
 
-    PYTHONPATH=$PWD FLASHLIB_AUTOTUNE=0 python benchmarks/paged_split_probe.py [ROUNDS]
+    PYTHONPATH=$PWD FLASHLIB_AUTOTUNE=0 python benchmarks/probes/paged_split_probe.py [ROUNDS]
 """
 import sys
 

@@ -5,7 +5,7 @@ error against the float64 oracle on the dequantised inputs must be within 3x the
 model's (tests/test_fp8.py explains the model). Shapes: the forward suite's (fp16 inputs, then
 quantised per (batch, kv-head)).
 
-    FLASHLIB_AUTOTUNE=0 python benchmarks/fp8_probe.py [--d 64 128] [--variants simple 2wg] > fp8_probe.log
+    FLASHLIB_AUTOTUNE=0 python benchmarks/probes/fp8_probe.py [--d 64 128] [--variants simple 2wg] > fp8_probe.log
 
 --ab NAME=A,B times each variant with fa3_fwd's module flag NAME set to each value in turn
 (``--ab FP8_KEY_ORDER=0,1``: V^T's keys in P's register order, ``_p_operand``, or not; any
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from test_fp8 import p_rounding_model, rms  # noqa: E402
 

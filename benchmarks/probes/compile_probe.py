@@ -5,7 +5,7 @@ graph. Compares each mode's loss and gradient (the tied embedding's, relative to
 entry) with eager's, then prints the median ms per step (do_bench). At these sizes host time
 decides (short_sequence_probe.py).
 
-    PYTHONPATH=$PWD python benchmarks/compile_probe.py   (on a GPU; h200/compile_probe.log)
+    PYTHONPATH=$PWD python benchmarks/probes/compile_probe.py   (on a GPU; h200/compile_probe.log)
 """
 import time
 

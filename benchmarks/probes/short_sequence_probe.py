@@ -3,7 +3,7 @@ model: T=256, 6 query heads over 2 K/V heads, d=64) and longer ones, bfloat16, c
 do_bench for the forward and for forward + backward (host time included: these calls are short),
 then the GPU time alone: the CUDA kernels' own time per call, from torch.profiler over 20 calls.
 
-    PYTHONPATH=$PWD python benchmarks/short_sequence_probe.py   (on a GPU; h200/short_sequence_probe.log)
+    PYTHONPATH=$PWD python benchmarks/probes/short_sequence_probe.py   (on a GPU; h200/short_sequence_probe.log)
 """
 import torch, triton.testing, torch.nn.functional as F
 import flashlib

@@ -8,7 +8,7 @@ SDPA's cuDNN backend, its forward run before the timed backward), in rounds that
 order. First, at each shape: both arms' dk and dv bit-equal and dq equal up to the order of its
 reduce-adds (the GPU tests, tests/test_fa3_bwd.py, check the kernel against the float64 oracle).
 
-    FLASHLIB_AUTOTUNE=0 python benchmarks/fa3_bwd_order_probe.py [--rounds=3]
+    FLASHLIB_AUTOTUNE=0 python benchmarks/probes/fa3_bwd_order_probe.py [--rounds=3]
 """
 import statistics
 import sys

@@ -20,9 +20,9 @@ N=4096, float16, not causal (lesson 07's roofline shape):
   special-function pipe use, warp stall reasons), one kernel launch per case in a child process;
   without it the report says "ncu not available".
 
-    python benchmarks/profile_kernels.py OUTDIR               # on a GPU: OUTDIR/report.json and report.md
-    python benchmarks/profile_kernels.py OUTDIR --no-ncu
-    python benchmarks/profile_kernels.py OUTDIR --cases flashlib_fa2_d64   # others kept from OUTDIR's report
+    python tools/profile_kernels.py OUTDIR               # on a GPU: OUTDIR/report.json and report.md
+    python tools/profile_kernels.py OUTDIR --no-ncu
+    python tools/profile_kernels.py OUTDIR --cases flashlib_fa2_d64   # others kept from OUTDIR's report
 
 The committed report lives in benchmarks/results/<gpu>/profile/ (h100, else h200), where lessons 05
 and 07 look for it (``flashlib.teach.profile.load_report``). Autotuning results are cached on disk
@@ -181,7 +181,7 @@ def markdown(report):
             for k in ("measured_fp16_flops", "datasheet_fp16_flops", "measured_bandwidth")}
     out = [f"# Kernel profile: {env['gpu']}", "",
            f"torch {env['torch']}, Triton {env['triton']}, CUDA {env.get('cuda')}, {env['date']}; "
-           f"autotune {env.get('autotune')}; written by `benchmarks/profile_kernels.py`.", "",
+           f"autotune {env.get('autotune')}; written by `tools/profile_kernels.py`.", "",
            f"Peak float16 matmul measured here: {_fmt(tera['measured_fp16_flops'], '.0f')} TFLOP/s "
            f"(datasheet {_fmt(tera['datasheet_fp16_flops'], '.0f')}); "
            f"copy bandwidth {_fmt(tera['measured_bandwidth'], '.2f')} TB/s.", ""]

@@ -7,7 +7,7 @@ kernels are shorter than the calls, so the loop measures the host). Then the for
 autograd's backward on its worker thread (PyTorch's default on CUDA) and on the calling thread;
 then, per .backward() call, the time until flashlib's backward starts, in it, and after it.
 
-    PYTHONPATH=$PWD python benchmarks/host_time_probe.py   (on a GPU; h200/host_time_probe.log)
+    PYTHONPATH=$PWD python benchmarks/probes/host_time_probe.py   (on a GPU; h200/host_time_probe.log)
 """
 import time
 

@@ -15,7 +15,7 @@
 Exit status 1 if anything fails. The compiles need Triton 3.6 (the GPU machines' version:
 Gluon's API changes between releases):
 
-    TRITON_INTERPRET=0 PYTHONPATH=$PWD /tmp/t36/bin/python benchmarks/hopper_compile_check.py [-v]
+    TRITON_INTERPRET=0 PYTHONPATH=$PWD /tmp/t36/bin/python benchmarks/probes/hopper_compile_check.py [-v]
 
 -v also prints each kernel's setmaxnreg and mbarrier instructions from the PTX.
 """

@@ -31,7 +31,7 @@
 
 Every timed call is first checked against the oracle (``production.oracle_check``).
 
-    FLASHLIB_FA3=0 FLASHLIB_AUTOTUNE=0 python benchmarks/production_probe.py [softcap varlen layout layout_profile softcap_fma softcap_bounded fold paged]
+    FLASHLIB_FA3=0 FLASHLIB_AUTOTUNE=0 python benchmarks/probes/production_probe.py [softcap varlen layout layout_profile softcap_fma softcap_bounded fold paged]
 """
 import os
 import sys

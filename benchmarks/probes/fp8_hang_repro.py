@@ -1,8 +1,8 @@
 """Why does FP8's one-consumer variant not finish causal at d64? Cases side by side, each
 in its own process under a timeout: three synchronised calls, seconds each.
 
-    PYTHONPATH=$PWD python benchmarks/fp8_hang_repro.py            (all cases; --last: the CTA-count ones)
-    PYTHONPATH=$PWD python benchmarks/fp8_hang_repro.py B H N D CAUSAL(0|1) VARIANT DTYPE(fp8|fp16) KEY_ORDER(0|1)
+    PYTHONPATH=$PWD python benchmarks/probes/fp8_hang_repro.py            (all cases; --last: the CTA-count ones)
+    PYTHONPATH=$PWD python benchmarks/probes/fp8_hang_repro.py B H N D CAUSAL(0|1) VARIANT DTYPE(fp8|fp16) KEY_ORDER(0|1)
 
 On an H200 the `simple` variant did not finish d64 causal B8 H32 N4096 in two runs, and took
 0.39 s a call at B1 H4 N4096 (NOTES.md, twelfth session). The cases vary one thing at a time:
@@ -39,7 +39,7 @@ if len(sys.argv) > 1 and sys.argv[1] == "--last":   # only the cases after the f
 
 
 def one(B, H, N, D, causal, variant, dtype, key_order, nq=0, smem_bytes=0):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     import torch
     from flashlib import fp8
     from flashlib.kernels import fa3_fwd

@@ -6,7 +6,7 @@ before it (``check_decode``, ``do_bench``, ``host_time``), without its warm-up (
 replays, as it was until 2026-11-25) and with it (25 ms untimed, then replays over 100 ms).
 GPU only:
 
-    PYTHONPATH=. python benchmarks/decode_graph_probe.py [--order]
+    PYTHONPATH=. python benchmarks/probes/decode_graph_probe.py [--order]
 """
 import statistics
 import sys

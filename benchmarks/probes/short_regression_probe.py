@@ -3,8 +3,8 @@ forward+backward (torch.profiler, by kernel) and do_bench's wall time, at the sh
 shapes (causal, bfloat16, B x N = 16k tokens, H = 12), autotuned as the suite runs. Run it once
 per tree (PYTHONPATH picks the tree):
 
-    PYTHONPATH=build/ab_base python benchmarks/short_regression_probe.py
-    PYTHONPATH=$PWD python benchmarks/short_regression_probe.py
+    PYTHONPATH=build/ab_base python benchmarks/probes/short_regression_probe.py
+    PYTHONPATH=$PWD python benchmarks/probes/short_regression_probe.py
 """
 import torch
 import triton

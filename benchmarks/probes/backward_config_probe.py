@@ -6,7 +6,7 @@ FlexAttention's backward beat them there in the production suite (ALiBi, forward
 Every config's gradients are compared with the first config's (max difference printed) after the
 first config's are checked against the float64 oracle on two heads.
 
-    FLASHLIB_AUTOTUNE=0 python benchmarks/backward_config_probe.py [--d64 | --chosen]
+    FLASHLIB_AUTOTUNE=0 python benchmarks/probes/backward_config_probe.py [--d64 | --chosen]
 
 The gradients of every config came out bit for bit equal to the first's on an H100: the dK/dV
 and dQ accumulators take their k-chunks in the same order whatever the tile.

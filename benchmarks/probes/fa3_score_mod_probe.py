@@ -7,7 +7,7 @@ Hopper kernels on and off (``ops.FA3_ENABLED``: which backward runs follows ``op
 Every call is first checked against the float64 oracle on a slice of its own inputs
 (``production.oracle_check``); a wrong one is reported and not timed.
 
-    FLASHLIB_AUTOTUNE=0 python benchmarks/fa3_score_mod_probe.py [bfloat16] [float16]
+    FLASHLIB_AUTOTUNE=0 python benchmarks/probes/fa3_score_mod_probe.py [bfloat16] [float16]
 
 Prints per row ms, TFLOP/s and the ratio to the same kernel's plain scores, and the Hopper
 kernel's ratio to the portable one with the same modifier. ``softcap_max``: the softcap with the

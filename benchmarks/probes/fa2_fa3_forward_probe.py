@@ -8,7 +8,7 @@ softmax scale applied before the max (``fa3_fwd.FOLD_SCALE`` off).
 Every kernel is first checked against the float64 oracle on a slice of its own output
 (``production.oracle_check``).
 
-    [FLASHLIB_AUTOTUNE=0] python benchmarks/fa2_fa3_forward_probe.py [--fp8 | --softcap] [--head-dim=D] [--rounds=3]
+    [FLASHLIB_AUTOTUNE=0] python benchmarks/probes/fa2_fa3_forward_probe.py [--fp8 | --softcap] [--head-dim=D] [--rounds=3]
 
 ``--fp8``: instead of FA2 and FA3, ``flash_attention`` on e4m3 copies of the inputs, folded and not
 (their outputs compared with each other: e4m3's error is the FP8 suite's to report).

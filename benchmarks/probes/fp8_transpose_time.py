@@ -2,7 +2,7 @@
 Triton kernel ``kernels/fa3_fwd.transpose_rows`` at the FP8 suite's shapes (bytes equal first),
 and the kernel with the keys in P's register order (``key_order``, the FP8 forward's default).
 
-    python benchmarks/fp8_transpose_time.py
+    python benchmarks/probes/fp8_transpose_time.py
 """
 import torch
 import triton

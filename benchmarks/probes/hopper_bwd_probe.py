@@ -26,7 +26,7 @@ Then (unless --quick), in one more subprocess, the baselines at the same shapes:
 backward-only time is fwd+bwd minus a timed forward); and a table of TFLOP/s with the ratio to
 cuDNN.
 
-    PYTHONPATH=$PWD python benchmarks/hopper_bwd_probe.py OUTDIR [--quick] [--mods] [--variants a,b] [--timeout S]
+    PYTHONPATH=$PWD python benchmarks/probes/hopper_bwd_probe.py OUTDIR [--quick] [--mods] [--variants a,b] [--timeout S]
 
 --timeout: seconds a subprocess may go without printing before it is taken as hung and killed
 (default 90; the baselines get 3x). --budget: seconds for the variants (default 600), the rest
@@ -358,7 +358,7 @@ def main():
         import triton
         log(f"torch {torch.__version__}, triton {triton.__version__}, cuda {torch.version.cuda}, "
             f"gpu {torch.cuda.get_device_name() if torch.cuda.is_available() else 'NONE'}")
-        sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(HERE))))
         from flashlib.kernels import fa3_bwd
         names = args.variants.split(",") if args.variants else list(fa3_bwd.VARIANTS)
         log(f"gluon hopper available: {fa3_bwd._GLUON}; variants: {', '.join(names)}")

@@ -10,7 +10,7 @@
    flashlib with FA2's kernels, flashlib with FA3's (FA3_FROM_FLOPS=0) and SDPA's default.
 3. cProfile's top functions of flashlib's forward+backward with FA3 at the tiny shape.
 
-    PYTHONPATH=$PWD FLASHLIB_AUTOTUNE=0 python benchmarks/launch_breakdown_probe.py
+    PYTHONPATH=$PWD FLASHLIB_AUTOTUNE=0 python benchmarks/probes/launch_breakdown_probe.py
 """
 import cProfile
 import io
@@ -56,7 +56,7 @@ def with_fa3(on, fn):
 
 def kernel_times(fn, calls=20, warmup=1):
     """{CUDA kernel: microseconds per call of fn} under torch.profiler, ``calls`` calls after
-    ``warmup`` untimed ones (also benchmarks/production_probe.py's layout_profile)."""
+    ``warmup`` untimed ones (also benchmarks/probes/production_probe.py's layout_profile)."""
     from torch.profiler import ProfilerActivity, profile
     for _ in range(warmup):
         fn()

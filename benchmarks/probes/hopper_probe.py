@@ -17,7 +17,7 @@ Then (unless --quick), in one more subprocess, the baselines at the same shapes:
 ``fa2_forward`` (autotuned unless FLASHLIB_AUTOTUNE=0, as the environment says), SDPA's flash
 backend and SDPA's cuDNN backend; and a table with every TFLOP/s and its ratio to cuDNN.
 
-    PYTHONPATH=$PWD python benchmarks/hopper_probe.py OUTDIR [--quick] [--variants a,b] [--timeout S]
+    PYTHONPATH=$PWD python benchmarks/probes/hopper_probe.py OUTDIR [--quick] [--variants a,b] [--timeout S]
 
 --timeout: seconds a subprocess may go without printing before it is taken as hung and killed
 (default 60; the precompile and the baselines get 3x: autotuning prints nothing while it
@@ -287,7 +287,7 @@ def run_child(args, idle_timeout, log, env=None):
     """Run this script with ``args`` in a new process group; stream its output into the log. Kill
     it (its group only) when it prints nothing for ``idle_timeout`` s. Returns (status, seconds)."""
     cmd = [sys.executable, "-u", HERE, *args]
-    root = os.path.dirname(os.path.dirname(HERE))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
@@ -384,7 +384,7 @@ def main():
         import triton
         log(f"torch {torch.__version__}, triton {triton.__version__}, cuda {torch.version.cuda}, "
             f"gpu {torch.cuda.get_device_name() if torch.cuda.is_available() else 'NONE'}")
-        sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(HERE))))
         from flashlib.kernels import fa3_fwd
         names = args.variants.split(",") if args.variants else list(fa3_fwd.VARIANTS)
         log(f"gluon hopper available: {fa3_fwd._GLUON}; variants: {', '.join(names)}")

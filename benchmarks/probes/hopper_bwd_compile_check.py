@@ -18,7 +18,7 @@
 
 Exit status 1 if anything fails. Needs Triton 3.6 (the GPU machines' version):
 
-    TRITON_INTERPRET=0 PYTHONPATH=$PWD /tmp/t36/bin/python benchmarks/hopper_bwd_compile_check.py [-v]
+    TRITON_INTERPRET=0 PYTHONPATH=$PWD /tmp/t36/bin/python benchmarks/probes/hopper_bwd_compile_check.py [-v]
 
 -v also prints each kernel's setmaxnreg, mbarrier and reduce/atomic instructions from the PTX.
 """
