@@ -12,7 +12,7 @@ for a prefill); ``cache_seqlens`` values are checked on the host only for CPU te
 that would cost a device sync per step; the kernel clamps them to [0, Lmax] instead). Each call
 costs host time (these checks, a few allocations and one Triton launch, the merge being fused
 into the split-KV kernel): at short caches it can exceed the GPU time, which CUDA graphs (or
-fewer, larger steps) hide; see benchmarks/NOTES.md.
+fewer, larger steps) hide; see benchmarks/probes/NOTES.md.
 """
 import numbers
 from typing import Optional

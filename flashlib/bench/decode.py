@@ -215,7 +215,7 @@ def graph_time(fn, q, k, v, lens, *, cold_bytes=4e8, warmup_ms=25, rep_ms=100):
     As do_bench does, replays run for ``warmup_ms`` untimed, then the median of replays filling
     ``rep_ms`` (at least 10). Without the warm-up, ten timed replays of a graph captured after
     the suite's correctness check (``check_decode``) read B=8 Hkv=8 at 32k-128k keys 11-13% slow
-    on an H200, every implementation alike (benchmarks/decode_graph_probe.py --order)."""
+    on an H200, every implementation alike (benchmarks/probes/decode_graph_probe.py --order)."""
     import statistics
     sets = max(1, min(32, math.ceil(cold_bytes / ((k.numel() + v.numel()) * k.element_size()))))
     inputs = [(q, k, v)] + [tuple(torch.randn_like(t) for t in (q, k, v)) for _ in range(sets - 1)]

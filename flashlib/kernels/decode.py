@@ -128,7 +128,7 @@ def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals,
         False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD,
         pages, stride_kpage, stride_vpage, PAGE)
     # a branch, not only an empty loop: the loop's software-pipeline set-up alone cost 4-7% of
-    # the GPU time under 4k keys on an H200 (benchmarks/NOTES.md)
+    # the GPU time under 4k keys on an H200 (benchmarks/probes/NOTES.md)
     if n_full < hi:
         acc, m_i, l_i = _attend_key_blocks(
             acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, n_full, hi, L,
@@ -477,7 +477,7 @@ def flash_decode_forward(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=
     cached_scratch=False: no scratch outlives the call (``workspace``'s ``cached``).
 
     One launch instead of two matters at short caches, where the host's time per Triton launch
-    (tens of microseconds) exceeds the GPU's work (benchmarks/NOTES.md)."""
+    (tens of microseconds) exceeds the GPU's work (benchmarks/probes/NOTES.md)."""
     B, Hq, Nq, D = q.shape
     out = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device) if return_lse else None

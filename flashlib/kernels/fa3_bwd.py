@@ -63,8 +63,8 @@ Phases as in fa3_fwd: the t-th step waits ``ready`` with parity (t // STAGES) & 
 Every partition runs the same number of steps (VARLEN: each computes it from the same
 offsets), so no barrier gets two phases ahead.
 
-``VARIANTS`` names the combinations; ``benchmarks/hopper_bwd_probe.py`` checks and times them,
-``benchmarks/hopper_bwd_compile_check.py`` compiles them without a GPU and models the protocol.
+``VARIANTS`` names the combinations; ``benchmarks/probes/hopper_bwd_probe.py`` checks and times them,
+``benchmarks/probes/hopper_bwd_compile_check.py`` compiles them without a GPU and models the protocol.
 Written for Triton 3.6's ``triton.experimental.gluon`` (its TMA reduce is reached through the
 builder, Gluon 3.6 has no Python wrapper for it). Importing never fails: on another Triton, or
 without Gluon's Hopper module, the kernels are not defined and ``supported`` is False.

@@ -17,7 +17,7 @@ contract (``fa2_fwd.fa2_forward``: same inputs and outputs, bottom-right causal,
 
 Scores are in base 2 (``qk_scale = scale * log2(e)``, ``exp2``), normalisation is deferred and
 lse is written in natural log, as in FA2. The consumers' softmax is bound by instructions issued
-(an H100: benchmarks/NOTES.md, nineteenth session), so a positive factor of the scores (the scale
+(an H100: benchmarks/probes/NOTES.md, nineteenth session), so a positive factor of the scores (the scale
 of plain scores, a softcap's cap) is not multiplied in per score: the max is taken before it and
 it joins exp2's subtraction, one FFMA (``_fold``, ``_softmax_step``). The scores pass through the
 portable kernels' score-modifier hook (``kernels.score_mod``: softcap, ALiBi; SCORE_MOD, the same
@@ -58,8 +58,8 @@ k & 1 of its k-th turn. Every partition runs the same number of key blocks (coun
 CTA's whole query block), so every arrival has its wait and no barrier gets two phases ahead.
 
 ``VARIANTS`` names the combinations (``simple``: producer + one consumer, no overlap); the
-launcher runs ``DEFAULT_VARIANT`` unless told otherwise; ``benchmarks/hopper_probe.py`` checks
-and times them all, ``benchmarks/hopper_compile_check.py`` compiles them without a GPU.
+launcher runs ``DEFAULT_VARIANT`` unless told otherwise; ``benchmarks/probes/hopper_probe.py`` checks
+and times them all, ``benchmarks/probes/hopper_compile_check.py`` compiles them without a GPU.
 Gluon's API changes between Triton releases; this file is written for Triton 3.6's
 ``triton.experimental.gluon``. Importing it never fails: on another Triton, or without Gluon's
 Hopper module, the kernels are not defined and ``supported`` is False (callers use FA2).
@@ -255,7 +255,7 @@ if _GLUON:
 
         FOLD: the scores' max is c max(s) (a row's work, as c > 0) and each score's factor joins
         exp2's subtraction in one FFMA, s c - m: an instruction per score fewer than multiplying
-        first, where the softmax warpgroups are bound by instructions issued (benchmarks/NOTES.md,
+        first, where the softmax warpgroups are bound by instructions issued (benchmarks/probes/NOTES.md,
         nineteenth session)."""
         if FOLD:
             m_new = gl.maximum(m_i, gl.max(s, 1) * c)
@@ -469,7 +469,7 @@ if _GLUON:
         sequence's last block first): (sequence b, its first row q0 and length Nq, its keys' k0
         and Nk, the block's first row in it); b = n_seq for t past the last block. A grid of
         max_seqlen's blocks per sequence would launch mostly programs that return at once for a
-        pack of short and long sequences (H100, benchmarks/varlen_grid_probe.py: each 4x as many
+        pack of short and long sequences (H100, benchmarks/probes/varlen_grid_probe.py: each 4x as many
         as there were blocks cost about 4% of the pack's time). One load of each offsets vector,
         as the per-sequence loads were; a scan of the block counts finds b."""
         layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
@@ -856,7 +856,7 @@ def transpose_rows(v, width, key_order=False):
     ``fp8_key_at(n)``, zeros past the last key, up to ``width`` (a multiple of 32). A tiled kernel:
     torch's strided copy (``out[..., :N].copy_(v.transpose(2, 3))``) of 1-byte elements took
     0.22 ms at d64 and 0.45 ms at d128 for 67 MB on an H100, this kernel 0.051 ms
-    (benchmarks/fp8_transpose_time.py)."""
+    (benchmarks/probes/fp8_transpose_time.py)."""
     B, H, N, D = v.shape
     if key_order and width % 32:
         raise ValueError(f"transpose_rows: width {width} must be a multiple of 32 with key_order")

@@ -54,7 +54,7 @@ def softcap_tanh(y, APPROX: tl.constexpr):
     and tanh.approx is one instruction of the special-function unit: on an H100 the softcapped
     forward ran at 0.51x-0.63x the plain kernel with the exp2 formula and 0.78x-0.84x with
     tanh.approx; the same work as polynomials and Newton steps on the FMA units ran slower still,
-    more instructions issued per score (benchmarks/production_probe.py)."""
+    more instructions issued per score (benchmarks/probes/production_probe.py)."""
     if APPROX:
         t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [y], dtype=tl.float32,
                                       is_pure=True, pack=1)
@@ -107,7 +107,7 @@ def alibi_bias(s, q_pos, k_pos, bh, args):
     The distance as an int tile, converted per score: the positions made float per row and per
     column first (two instructions fewer per score in the backward's SASS) ran 0.67x-0.70x the
     plain d64 causal forward against this form's 0.85x on an H100, though 1-3% faster at d128
-    (benchmarks/production_probe.py fold)."""
+    (benchmarks/probes/production_probe.py fold)."""
     slope = alibi_slope(bh, args)
     return s - slope * tl.abs(q_pos - k_pos).to(tl.float32), 1.0
 
@@ -157,7 +157,7 @@ def make(q, softcap=None, alibi_slopes=None, *, batch=None) -> ScoreMod:
         args[..., 1] = alibi_slopes.to(device=q.device, dtype=torch.float32) * LOG2E  # (Hq,) or (B, Hq)
     approx = runtime.approximate_tanh(q.dtype, q.device)   # see tanh_softcap_approx
     # the softcap's 1 / c rides in the kernels' scale: one multiply per score fewer (an H100, bf16:
-    # the d64 causal forward 0.804x -> 0.853x the plain one; benchmarks/production_probe.py fold)
+    # the d64 causal forward 0.804x -> 0.853x the plain one; benchmarks/probes/production_probe.py fold)
     bound, input_scale = None, 1.0 if softcap is None else 1.0 / (softcap * LOG2E)
     if softcap is None:
         fn = alibi_bias

@@ -1,5 +1,5 @@
 """Where a Triton kernel's time goes: what it was compiled to, how many of its programs fit on an
-SM, and what a profiler trace says (lessons 05 and 07, ``benchmarks/profile_kernels.py``).
+SM, and what a profiler trace says (lessons 05 and 07, ``tools/profile_kernels.py``).
 
 - ``kernel_resources(compiled)``: a compiled kernel's registers per thread, spills, shared memory
   per program, warps and stages. On a GPU the registers and spills are the driver's figures
@@ -16,7 +16,7 @@ SM, and what a profiler trace says (lessons 05 and 07, ``benchmarks/profile_kern
   Triton's interpreter off, and return their resources and occupancy: the lessons use it on a CPU.
 - ``kernel_table(prof)``: a ``torch.profiler`` trace as rows of (kernel, calls, total and mean
   time, share): GPU kernels when the trace has them, else the CPU's operators.
-- ``load_report()``: the committed GPU report of ``benchmarks/profile_kernels.py``
+- ``load_report()``: the committed GPU report of ``tools/profile_kernels.py``
   (``benchmarks/results/h100/profile/report.json``, else h200's), or None.
 
 Limits: occupancy counts what fits, not what runs well: a kernel with few resident warps can still
@@ -381,5 +381,5 @@ def load_report(root=None):
 def missing_report_message() -> str:
     """What a lesson prints while no GPU report is committed."""
     return ("no GPU profile is committed yet (looked for " + " and ".join(REPORT_PLACES) + "): "
-            "it is written on a GPU by `python benchmarks/profile_kernels.py "
+            "it is written on a GPU by `python tools/profile_kernels.py "
             "benchmarks/results/<gpu>/profile`; until then this cell shows nothing measured")
