@@ -1,4 +1,5 @@
-"""The set-up files agree: pyproject vs environment.yml, README's test command vs .ci/run."""
+"""The set-up files agree (pyproject vs environment.yml, README's test command vs .ci/run), and the
+README stays a short user's guide whose every named path exists."""
 import pathlib
 import re
 import tomllib
@@ -23,7 +24,9 @@ def test_environment_yml_lists_the_same_packages_as_pyproject():
 
 
 def _readme_commands():
-    text = (ROOT / "README.md").read_text()
+    """The README's `python -m pip install ...` commands, a line ending in `&&` or `\\` joined with
+    the next (so a long command can wrap under the 120-character bar)."""
+    text = re.sub(r"(&&|\\)\n\s*", lambda m: "&& " if m.group(1) == "&&" else "", (ROOT / "README.md").read_text())
     return re.findall(r"^\s*(python -m pip install .+)$", text, flags=re.M)
 
 
@@ -57,3 +60,38 @@ def test_readme_opens_jupyterlab_at_the_repository_root(monkeypatch):
         assert app.file_to_run and pathlib.Path(app.file_to_run).is_file()
     finally:
         ServerApp.clear_instance()
+
+
+def test_readme_is_short_with_short_lines():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; measurements go to benchmarks/README.md"
+    long = [(n, len(line)) for n, line in enumerate(lines, 1) if len(line) > 120]
+    assert not long, f"README.md lines over 120 characters (line, length): {long}"
+
+
+def test_benchmarks_top_level_holds_at_most_six_scripts():
+    """Supported entry points only; one-off probes live in benchmarks/probes/."""
+    scripts = sorted(p.name for p in (ROOT / "benchmarks").iterdir()
+                     if p.is_file() and p.suffix in (".py", ".sh"))
+    assert len(scripts) <= 6, scripts
+
+
+# A relative path with at least one slash and a file extension, e.g. `lessons/00_gpu_primer.ipynb`,
+# `h100/forward_float16.json` (result files are named relative to benchmarks/results/), or a glob
+# such as `h100/fa2_fa3_forward_probe_*.log`. Placeholders (`<gpu>`) and URLs are left out.
+_PATH = re.compile(r"(?<![\w/.:<>*-])((?:[\w.*-]+/)+[\w*-][\w.*-]*\.[A-Za-z][A-Za-z0-9]*)(?![\w/])")
+
+
+def _missing_paths(doc):
+    text = (ROOT / doc).read_text()
+    bases = (ROOT, ROOT / "benchmarks" / "results")
+    return sorted({p for p in _PATH.findall(text)
+                   if not any(list(base.glob(p)) for base in bases)})
+
+
+def test_every_path_the_readme_names_exists():
+    assert _missing_paths("README.md") == []
+
+
+def test_every_path_the_benchmark_notes_name_exists():
+    assert _missing_paths("benchmarks/README.md") == []
