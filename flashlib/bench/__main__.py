@@ -1,7 +1,8 @@
 """``python -m flashlib.bench [--suite ...]``: run benchmark suites, write JSON and PNG results.
 
 The suites live beside this file: ``harness`` (forward, backward, paper, memory), ``short``, ``fp8``, ``production``,
-``decode`` and ``sparse``; ``flashlib.bench``'s docstring says how each measures.
+``decode``, ``sparse`` and ``model`` (whole models' training steps, decoding and first step: long,
+so never in the default run); ``flashlib.bench``'s docstring says how each measures.
 """
 import argparse
 import json
@@ -20,19 +21,37 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", nargs="+", default=["forward", "backward", "paper", "memory"],
                         choices=["forward", "backward", "paper", "memory", "short", "block_sparse",
-                                 "decode", "fp8", "production"])
-    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+                                 "decode", "fp8", "production", "model"])
+    parser.add_argument("--dtype", default=None, choices=["float16", "bfloat16"],
+                        help="default float16; the model suite's autocast bfloat16")
     parser.add_argument("--impl", nargs="+", default=None, help="only these implementations")
-    parser.add_argument("--quick", action="store_true", help="three forward shapes only")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer shapes (three forward ones; the model suite: GPT-2 B8 T1024 only)")
     parser.add_argument("--out", default=None, help="folder (default benchmarks/results/<gpu>)")
+    parser.add_argument("--parts", default="train,compiled,decode,first",
+                        help="model suite: which of train,compiled,decode,first to run")
+    parser.add_argument("--tiny", action="store_true",
+                        help="model suite: tiny models (2 layers, d 64, T 32), runs on a CPU too")
     args = parser.parse_args(argv)
-    if runtime.DEVICE.type != "cuda":
+    parts = [p for p in args.parts.split(",") if p]
+    if args.tiny and args.suite != ["model"]:
+        parser.error("--tiny is the model suite's: use it with --suite model alone")
+    if runtime.DEVICE.type != "cuda" and not args.tiny:
         parser.error("benchmarks need a CUDA GPU (the interpreter is for correctness, not speed)")
     from tqdm.auto import tqdm
-    dtype = getattr(torch, args.dtype)
     out_dir = pathlib.Path(args.out or pathlib.Path("benchmarks/results") / runtime.gpu_name())
     out_dir.mkdir(parents=True, exist_ok=True)
     for suite in args.suite:
+        if suite == "model":   # whole models: see flashlib.bench.model
+            from . import model as bench_model
+            unknown = set(parts) - set(bench_model.PARTS)
+            if unknown:
+                parser.error(f"--parts: unknown {sorted(unknown)}; choose from {list(bench_model.PARTS)}")
+            dtype = getattr(torch, args.dtype or "bfloat16") if runtime.DEVICE.type == "cuda" else torch.float32
+            bench_model.run_suite(dtype, out_dir, parts=parts, quick=args.quick, tiny=args.tiny)
+            continue
+        args.dtype = args.dtype or "float16"
+        dtype = getattr(torch, args.dtype)
         if suite == "block_sparse":
             from . import sparse as bench_sparse
             records = bench_sparse.run_suite(dtype, quick=args.quick, impls=args.impl, progress=tqdm)

@@ -16,12 +16,13 @@ Implementations: flashlib; SDPA with each backend forced (flash, cudnn, efficien
 FLOPs: 4 * B * Hq * Nq * Nk * D for the forward (halved for causal), 2.5x that for the backward.
 """
 import datetime
+import os
 
 import torch
 import torch.nn.functional as F
 
 from .. import runtime
-from ..kernels.versions import attention_flops
+from ..kernels.dispatch import attention_flops
 from ..ops import flash_attention
 from ..reference import attention_naive, attention_ref
 from ..testing import tolerance, max_error
@@ -170,10 +171,14 @@ def add_ratios(records, baseline="sdpa_flash"):
 
 
 def environment():
-    props = torch.cuda.get_device_properties(0)
+    """The run's machine and software; on a CPU (the model suite's --tiny) gpu "cpu", no sm count.
+    autotune: whether the kernels autotune (on a GPU unless FLASHLIB_AUTOTUNE=0)."""
+    props = torch.cuda.get_device_properties(0) if runtime.DEVICE.type == "cuda" else None
     import triton
-    return dict(gpu=props.name, sm_count=props.multi_processor_count, torch=torch.__version__,
-                triton=triton.__version__, cuda=torch.version.cuda, autotune=runtime.AUTOTUNE,
+    return dict(gpu="cpu" if props is None else props.name,
+                sm_count=None if props is None else props.multi_processor_count, torch=torch.__version__,
+                triton=triton.__version__, cuda=torch.version.cuda,
+                autotune=runtime.DEVICE.type == "cuda" and os.environ.get("FLASHLIB_AUTOTUNE", "1") != "0",
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
 

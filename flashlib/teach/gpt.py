@@ -108,12 +108,15 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     """``GPT(cfg)``; ``attention`` replaces ``attend`` (same signature), e.g. a learner's own or
-    one built on ``torch.nn.functional.scaled_dot_product_attention`` to compare against."""
+    one built on ``torch.nn.functional.scaled_dot_product_attention`` to compare against;
+    ``kv_cache`` replaces the class ``new_caches`` builds (``KVCache``'s constructor and its
+    ``lengths`` and ``append``), for an attention that reads its cache its own way."""
 
-    def __init__(self, cfg: GPTConfig, *, attention=None):
+    def __init__(self, cfg: GPTConfig, *, attention=None, kv_cache=None):
         super().__init__()
         self.cfg = cfg
         attention = attend if attention is None else attention
+        self.kv_cache = KVCache if kv_cache is None else kv_cache
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.blocks = nn.ModuleList(Block(cfg, attention) for _ in range(cfg.n_layer))
@@ -150,15 +153,15 @@ class GPT(nn.Module):
         return logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
     def new_caches(self, batch, max_len, *, dtype=None):
-        """One empty ``KVCache`` per layer; dtype: what k and v will be (default: the autocast
-        dtype where autocast is on, else the parameters')."""
+        """One empty ``KVCache`` (or ``kv_cache``) per layer; dtype: what k and v will be
+        (default: the autocast dtype where autocast is on, else the parameters')."""
         device = self.wte.weight.device
         if dtype is None:
             dtype = (torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type)
                      else self.wte.weight.dtype)
         cfg = self.cfg
-        return [KVCache(batch, cfg.n_kv_head, max_len, cfg.n_embd // cfg.n_head, dtype=dtype,
-                        device=device) for _ in range(cfg.n_layer)]
+        return [self.kv_cache(batch, cfg.n_kv_head, max_len, cfg.n_embd // cfg.n_head, dtype=dtype,
+                              device=device) for _ in range(cfg.n_layer)]
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, *, temperature=1.0, top_k=None, use_cache=True,

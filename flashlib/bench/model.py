@@ -1,0 +1,449 @@
+"""The model suite: what a model's user runs, end to end, on flashlib's attention and on SDPA's.
+
+``python -m flashlib.bench --suite model [--parts train,compiled,decode,first] [--quick] [--tiny]``
+times whole models, flashlib against ``F.scaled_dot_product_attention`` with PyTorch's default
+dispatch (impl ``sdpa_default``), in one process, in alternating rounds (flashlib, sdpa, flashlib,
+sdpa, ...). The attention is the only difference: ``teach.gpt.GPT``'s and ``bench.llama.Llama``'s
+``attention=`` switch picks ``teach.gpt.attend`` (flash_attention, causal; KVCache and
+flash_decode when sampling) or ``sdpa_attend`` below (SDPA, is_causal; ``SDPACache``). Parts:
+
+- train (op ``train_step``) and compiled (``train_step_compiled``, ``torch.compile(model,
+  dynamic=False)``: one static graph per shape, as a user with fixed shapes gets): forward,
+  backward and a fused AdamW step under bfloat16 autocast, of GPT-2 small (12 layers, 12 heads,
+  d 768, vocab 50304) at B8 T1024 and B32 T256, and of a Llama-style stack (4 layers, 32 query /
+  8 K/V heads of dim 128, SwiGLU, RoPE) at B2 T4096. ms is the median over ``rounds`` x
+  ``steps`` steps (CUDA events between steps), warm-up steps excluded; both implementations
+  start each part from the same weights.
+- decode (op ``decode``): ``GPT.generate`` of GPT-2 small (bfloat16 weights) from a 512-token
+  prompt, B 1 and 8: ms per new token = (median time of generating 1 + n tokens - median time of
+  generating 1) / n, so the prefill is not in it (``prefill_ms`` beside). SDPA's cache is
+  preallocated like flashlib's (one write per token, no re-allocation).
+- first (op ``first_step``): the first training step of a fresh process (GPT-2 small B8 T1024,
+  eager), default settings (``autotune`` says which), after one untimed process has warmed
+  Triton's disk cache; ``process_s`` is that process's whole wall time. A timeout is recorded.
+
+Every implementation is checked before it is timed: its attention at the timed shape (one
+sequence, two heads: output and gradients) against ``attention_ref`` with ``attention_naive`` as
+the tolerance baseline; the model's logits and loss against a float64 copy of it, SDPA's error
+as the baseline; each part's first step's loss likewise; the decode logits after a cached prefill
+and three cached steps against the float64 model recomputing the sequence. A failing one gets a
+note and no time. Records (``benchmarks/results/<gpu>/model_<dtype>.json``, harness format): ms
+per step, ``ratio_vs_sdpa_default`` = SDPA's ms / this ms (> 1: flashlib faster), tokens_per_s,
+tflops (training: 6 x matmul parameters x tokens + 3.5 x the causal attention's forward FLOPs),
+model and layers. A run of some parts keeps the other parts' records of an earlier file.
+
+Limits: one process holds both models (peak memory is not recorded); ``--tiny`` (2 layers, d 64,
+T 32) runs through the interpreter on a CPU, in float32 without autocast, for tests, not timing.
+"""
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .. import runtime
+from ..reference import attention_naive, attention_ref
+from ..testing import FACTOR, attention_magnitudes, error_floor, max_error, tolerance
+from ..teach import gpt
+from . import harness
+from .llama import Llama, LlamaConfig
+
+IMPLS = ("flashlib", "sdpa_default")
+PARTS = {"train": "train_step", "compiled": "train_step_compiled", "decode": "decode",
+         "first": "first_step"}
+GPT2 = gpt.GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+LLAMA = LlamaConfig(n_layer=4)
+TINY_GPT = gpt.GPTConfig(vocab_size=96, block_size=64, n_layer=2, n_head=2, n_embd=64)
+TINY_LLAMA = LlamaConfig(vocab_size=96, block_size=32, n_layer=1, n_head=4, n_kv_head=2,
+                         n_embd=64, ffn_hidden=128)
+
+
+def plan(*, tiny=False, quick=False):
+    """The suite's sizes: training rows (name, config, B, T), decode, the first step, step counts."""
+    if tiny:
+        return dict(train=[("gpt2", TINY_GPT, 2, 32), ("llama", TINY_LLAMA, 1, 32)],
+                    decode=dict(cfg=TINY_GPT, batches=(1, 2), prompt=16, new_tokens=8),
+                    first=("gpt2", TINY_GPT, 2, 32), warmup=1, rounds=2, steps=2, decode_rounds=5,
+                    timeout_s=120)
+    train = [("gpt2", GPT2, 8, 1024)] + ([] if quick else [("gpt2", GPT2, 32, 256), ("llama", LLAMA, 2, 4096)])
+    return dict(train=train, decode=dict(cfg=GPT2, batches=(1, 8), prompt=512, new_tokens=128),
+                first=("gpt2", GPT2, 8, 1024), warmup=3, rounds=2, steps=10, decode_rounds=10,
+                timeout_s=300)
+
+
+# SDPA's backend: the same (q, k, v, cache) signature as teach.gpt.attend
+class SDPACache:
+    """A preallocated KV cache for SDPA: k, v (batch, heads_kv, max_len, headdim) and one length
+    on the host (every sequence alike, as ``GPT.generate`` keeps them); ``KVCache``'s constructor."""
+
+    def __init__(self, batch, heads_kv, max_len, headdim, *, dtype, device):
+        self.k = torch.zeros(batch, heads_kv, max_len, headdim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.length = 0
+
+    @property
+    def lengths(self):
+        return [self.length] * self.k.shape[0]
+
+    def append(self, k_new, v_new):
+        n = k_new.shape[2]
+        self.k[:, :, self.length:self.length + n] = k_new          # (B, Hkv, n, D)
+        self.v[:, :, self.length:self.length + n] = v_new
+        self.length += n
+
+
+def sdpa_attend(q, k, v, cache=None):
+    """``teach.gpt.attend`` on SDPA (default dispatch): causal training and prefill, then one new
+    token at a time against the first ``cache.length`` positions of the cache."""
+    gqa = q.shape[1] != k.shape[1]
+    if cache is None or cache.length == 0:
+        if cache is not None:
+            cache.append(k, v)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    if q.shape[2] != 1:   # SDPA's is_causal is top-left aligned: wrong for a chunk after a prefix
+        raise ValueError(f"sdpa_attend decodes one token at a time, got {q.shape[2]}")
+    cache.append(k, v)
+    n = cache.length
+    return F.scaled_dot_product_attention(q, cache.k[:, :, :n], cache.v[:, :, :n], enable_gqa=gqa)
+
+
+ATTENTION = {"flashlib": gpt.attend, "sdpa_default": sdpa_attend}
+CACHE = {"flashlib": None, "sdpa_default": SDPACache}     # None: GPT's default, flashlib's KVCache
+
+
+def oracle_attend(q, k, v, cache=None):
+    return attention_ref(q, k, v, causal=True)[0]           # float64, recomputing (no cache)
+
+
+def build(cfg, attention, kv_cache=None, *, device=runtime.DEVICE):
+    """GPT or Llama (by the config's type) with the given attention, weights from seed 0."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        if isinstance(cfg, LlamaConfig):
+            return Llama(cfg, attention=attention)
+        return gpt.GPT(cfg, attention=attention, kv_cache=kv_cache)
+
+
+def shape_of(cfg):
+    """(Hq, Hkv, D) of the model's attention."""
+    n_kv = cfg.n_head if getattr(cfg, "n_kv_head", None) is None else cfg.n_kv_head
+    return cfg.n_head, n_kv, cfg.n_embd // cfg.n_head
+
+
+def autocast(dtype):
+    """bfloat16/float16 autocast on a GPU; float32 (the interpreter's) runs as it is."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(runtime.DEVICE.type, dtype=dtype)
+
+
+def sync():
+    if runtime.DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_calls(fn, n):
+    """Milliseconds of each of n back-to-back calls: CUDA events between calls on a GPU (the
+    host runs ahead, so each interval is a call's share of the stream), wall time on a CPU."""
+    sync()
+    if runtime.DEVICE.type != "cuda":
+        times = []
+        for _ in range(n):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        return times
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+    events[0].record()
+    for i in range(n):
+        fn()
+        events[i + 1].record()
+    torch.cuda.synchronize()
+    return [a.elapsed_time(b) for a, b in zip(events, events[1:])]
+
+
+def train_step(model, optimizer, idx, targets, dtype):
+    """Forward, backward, optimizer step; returns the loss (a tensor: no sync)."""
+    with autocast(dtype):
+        _, loss = model(idx, targets)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def random_tokens(vocab, B, T, seed):
+    g = torch.Generator(device=runtime.DEVICE).manual_seed(seed)
+    return torch.randint(0, vocab, (B, T), device=runtime.DEVICE, generator=g)
+
+
+def record(op, impl, name, cfg, B, Nq, Nk, dtype, **extra):
+    """One record in the harness's format, plus model and layers; extra adds or overrides fields."""
+    Hq, Hkv, D = shape_of(cfg)
+    rec = dict(op=op, impl=impl, model=name, layers=cfg.n_layer, dtype=str(dtype).replace("torch.", ""),
+               B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, causal=True, density=1.0, ms=None,
+               tflops=None, gbps=None, peak_mem_gb=None, ratio_vs_sdpa_flash=None,
+               ratio_vs_sdpa_default=None, tokens_per_s=None)
+    rec.update(extra)
+    return rec
+
+
+def check_attention(impl, cfg, B, T, dtype):
+    """None if the impl's attention at the timed shape (first sequence, two query heads) is within
+    the tolerance rule of attention_ref, forward and gradients; else what is wrong."""
+    Hq, Hkv, D = shape_of(cfg)
+    fn = lambda q, k, v, causal: ATTENTION[impl](q, k, v)        # noqa: E731  (always causal)
+    q, k, v = harness.make_inputs(B, Hq, Hkv, T, T, D, dtype, runtime.DEVICE)
+    err, ok = harness.check(fn, q, k, v, True)
+    if not ok:
+        return f"wrong attention output: max error {err:.3g} over tolerance"
+    hkv = 1 if Hq > Hkv else 2                  # one K/V head with its query heads, or two heads
+    qs, ks, vs = q[:1, :hkv * Hq // Hkv], k[:1, :hkv], v[:1, :hkv]
+    dout = torch.randn_like(qs)
+    mine, ref, naive = ([t.detach().clone().requires_grad_() for t in (qs, ks, vs)] for _ in range(3))
+    ref = [t.detach().double().requires_grad_() for t in ref]
+    grads = [torch.autograd.grad(out, leaves, dout.to(out.dtype)) for out, leaves in (
+        (fn(*mine, True), mine), (attention_ref(*ref, causal=True)[0], ref),
+        (attention_naive(*naive, causal=True), naive))]
+    mags = attention_magnitudes(qs, ks, vs, dout, causal=True)
+    for name, g, r, b in zip(("dq", "dk", "dv"), *grads):
+        err, tol = max_error(g, r), tolerance(r, b, dtype, magnitude=mags[name])
+        if not err <= tol:
+            return f"wrong attention {name}: max error {err:.3g} over tolerance {tol:.3g}"
+    return None
+
+
+def check_model(models, cfg, idx, targets, dtype):
+    """{impl: None or what is wrong} for the models' logits (first sequence, last 128 positions)
+    and loss against a float64 copy's, SDPA's error the baseline; and the float64 and SDPA losses."""
+    oracle = build(cfg, oracle_attend)
+    oracle.load_state_dict(models["sdpa_default"].state_dict())
+    oracle.to(torch.float64)
+    with torch.no_grad():
+        logits, loss = oracle(idx, targets)
+        ref = logits[:1, -128:], loss
+        del oracle, logits
+        got = {}
+        for impl, m in models.items():
+            with autocast(dtype):
+                logits, loss = m(idx, targets)
+            got[impl] = logits[:1, -128:].float(), loss
+    notes = {}
+    for impl, (logits, loss) in got.items():
+        bad = [f"{what}: error {max_error(mine, r):.3g} over tolerance {tolerance(r, b, dtype):.3g}"
+               for what, mine, r, b in (("logits", logits, ref[0], got["sdpa_default"][0]),
+                                        ("loss", loss, ref[1], got["sdpa_default"][1]))
+               if not max_error(mine, r) <= tolerance(r, b, dtype)]
+        notes[impl] = "wrong " + "; ".join(bad) if bad else None
+    return notes, ref[1], got["sdpa_default"][1]
+
+
+def train_rows(name, cfg, B, T, dtype, parts, p, say):
+    """Records of the train and compiled parts for one (model, B, T)."""
+    models = {impl: build(cfg, ATTENTION[impl]) for impl in IMPLS}
+    models["sdpa_default"].load_state_dict(models["flashlib"].state_dict())
+    initial = {k: t.clone() for k, t in models["flashlib"].state_dict().items()}
+    idx, targets = random_tokens(cfg.vocab_size, B, T, 1), random_tokens(cfg.vocab_size, B, T, 2)
+    notes = {impl: check_attention(impl, cfg, B, T, dtype) for impl in IMPLS}
+    model_notes, ref_loss, sdpa_loss = check_model(models, cfg, idx, targets, dtype)
+    notes = {impl: notes[impl] or model_notes[impl] for impl in IMPLS}
+    matmul_params = sum(m.weight.numel() for m in models["flashlib"].modules() if isinstance(m, nn.Linear))
+    Hq, _, D = shape_of(cfg)
+    flops = 6 * matmul_params * B * T + 3.5 * cfg.n_layer * 2 * B * Hq * T * T * D  # causal: half of 4BHT^2D
+    records = []
+    for part in [q for q in ("train", "compiled") if q in parts]:
+        op = PARTS[part]
+        say(f"{op} {name} B{B} T{T}: first steps (compiling)" if part == "compiled" else
+            f"{op} {name} B{B} T{T}: first steps")
+        runners, optimizers, part_notes = {}, {}, dict(notes)
+        for impl, model in models.items():
+            model.load_state_dict(initial)
+            runners[impl] = torch.compile(model, dynamic=False) if part == "compiled" else model
+            optimizers[impl] = torch.optim.AdamW(model.parameters(), lr=1e-4,
+                                                 fused=runtime.DEVICE.type == "cuda")
+        steps = {impl: (lambda r=runners[impl], o=optimizers[impl]: train_step(r, o, idx, targets, dtype))
+                 for impl in IMPLS}
+        for impl in IMPLS:
+            if part_notes[impl] is None:
+                loss = steps[impl]()
+                tol = tolerance(ref_loss, sdpa_loss, dtype)
+                if not max_error(loss, ref_loss) <= tol:
+                    part_notes[impl] = f"wrong first-step loss {loss.item():.5g}, float64 {ref_loss.item():.5g}"
+        live = [impl for impl in IMPLS if part_notes[impl] is None]
+        for impl in live:
+            timed_calls(steps[impl], p["warmup"] - 1)
+        say(f"{op} {name} B{B} T{T}: timing {p['rounds']} x {p['steps']} steps")
+        times = {impl: [] for impl in live}
+        for _ in range(p["rounds"]):
+            for impl in live:
+                times[impl] += timed_calls(steps[impl], p["steps"])
+        for impl in IMPLS:
+            rec = record(op, impl, name, cfg, B, T, T, dtype)
+            if impl in times:
+                ms = statistics.median(times[impl])
+                rec.update(ms=ms, tokens_per_s=round(B * T / ms * 1e3), tflops=flops / ms / 1e9)
+            else:
+                rec["note"] = part_notes[impl]
+            records.append(rec)
+        del runners, optimizers, steps
+    del models, initial
+    if runtime.DEVICE.type == "cuda":
+        torch.cuda.empty_cache()
+    return records
+
+
+def check_decode(models, cfg, prompt, dtype, steps=3):
+    """{impl: None or what is wrong}: logits of the last of ``steps`` cached decode steps after a
+    cached prefill of prompt (B, T0), against the float64 model recomputing the whole sequence."""
+    B, T0 = prompt.shape
+    extra = random_tokens(cfg.vocab_size, B, steps, 3)                 # (B, steps)
+    oracle = build(cfg, oracle_attend)
+    oracle.load_state_dict(models["sdpa_default"].state_dict())
+    oracle.to(torch.float64)
+    with torch.no_grad():
+        ref = oracle(torch.cat([prompt, extra], dim=1))[0][:, -1]     # (B, vocab)
+        del oracle
+        got = {}
+        for impl, m in models.items():
+            caches = m.new_caches(B, T0 + steps)
+            m(prompt, caches=caches)
+            for i in range(steps):
+                logits, _ = m(extra[:, i:i + 1], caches=caches)        # (B, 1, vocab)
+            got[impl] = logits[:, -1].float()
+    tol = tolerance(ref, got["sdpa_default"], dtype)
+    return {impl: None if max_error(out, ref) <= tol else
+            f"wrong decode logits: error {max_error(out, ref):.3g} over tolerance {tol:.3g}"
+            for impl, out in got.items()}
+
+
+def decode_rows(dtype, p, say):
+    """Records of the decode part: ms per new token of GPT.generate, B in p["decode"]["batches"]."""
+    d = p["decode"]
+    cfg, T0, n = d["cfg"], d["prompt"], d["new_tokens"]
+    models = {impl: build(cfg, ATTENTION[impl], CACHE[impl]).to(dtype) for impl in IMPLS}
+    models["sdpa_default"].load_state_dict(models["flashlib"].state_dict())
+    records = []
+    for B in d["batches"]:
+        prompt = random_tokens(cfg.vocab_size, B, T0, 4)
+        say(f"decode gpt2 B{B}: check, then {p['decode_rounds']} rounds of generate({T0} + {n})")
+        notes = check_decode(models, cfg, prompt, dtype)
+        live = [impl for impl in IMPLS if notes[impl] is None]
+        times = {(impl, k): [] for impl in live for k in (1, 1 + n)}
+        for impl in live:                                              # warm-up, untimed
+            models[impl].generate(prompt, 1 + n)
+        for _ in range(p["decode_rounds"]):
+            for impl in live:
+                for k in (1, 1 + n):
+                    times[impl, k] += timed_calls(lambda: models[impl].generate(prompt, k), 1)
+        for impl in IMPLS:
+            rec = record("decode", impl, "gpt2", cfg, B, 1, T0 + n, dtype, prompt=T0, new_tokens=n,
+                         prefill_ms=None)
+            if impl in live:
+                prefill, total = (statistics.median(times[impl, k]) for k in (1, 1 + n))
+                ms = (total - prefill) / n
+                rec.update(prefill_ms=prefill)
+                if ms > 0:
+                    rec.update(ms=ms, tokens_per_s=round(B / ms * 1e3, 1))
+                else:                      # noise larger than n tokens' time: only --tiny's sizes
+                    rec["note"] = f"no decode time: generate(1 + {n}) took {total:.3g} ms, generate(1) {prefill:.3g}"
+            else:
+                rec["note"] = notes[impl]
+            records.append(rec)
+    return records
+
+
+def first_step_rows(dtype, p, tiny, say):
+    """Records of the first part: a fresh process's first step, per impl, after a warming one."""
+    name, cfg, B, T = p["first"]
+    command = [sys.executable, "-m", "flashlib.bench.model", "--dtype", str(dtype).replace("torch.", "")]
+    results = {}
+    for attempt in ("warm-up", "timed"):
+        for impl in IMPLS:
+            say(f"first_step {name} B{B} T{T}: {attempt} process, {impl}")
+            start = time.perf_counter()
+            try:
+                done = subprocess.run(command + ["--first-step", impl] + (["--tiny"] if tiny else []),
+                                      capture_output=True, text=True, timeout=p["timeout_s"])
+                out = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else \
+                    dict(note=f"failed: {done.stderr.strip().splitlines()[-1][:160] if done.stderr.strip() else done.returncode}")
+            except subprocess.TimeoutExpired:
+                out = dict(note=f"timed out after {p['timeout_s']} s")
+            results[impl] = dict(out, process_s=round(time.perf_counter() - start, 2))
+    sdpa_loss = results["sdpa_default"].get("loss")
+    records = []
+    for impl in IMPLS:
+        got = results[impl]
+        rec = record("first_step", impl, name, cfg, B, T, T, dtype, process_s=got["process_s"],
+                     autotune=got.get("autotune"))
+        note = got.get("note")
+        if note is None and sdpa_loss is not None and \
+                not abs(got["loss"] - sdpa_loss) <= FACTOR * error_floor(dtype, torch.tensor(sdpa_loss)):
+            note = f"wrong: first loss {got['loss']:.5g} against SDPA's {sdpa_loss:.5g}"
+        if note is None:
+            rec.update(ms=got["ms"], tokens_per_s=round(B * T / got["ms"] * 1e3))
+        else:
+            rec["note"] = note
+        records.append(rec)
+    return records
+
+
+def first_step(impl, dtype, tiny):
+    """In a fresh process: build the model, time its first training step; print one JSON line."""
+    name, cfg, B, T = plan(tiny=tiny)["first"]
+    model = build(cfg, ATTENTION[impl])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=runtime.DEVICE.type == "cuda")
+    idx, targets = random_tokens(cfg.vocab_size, B, T, 1), random_tokens(cfg.vocab_size, B, T, 2)
+    losses = []
+    ms, = timed_calls(lambda: losses.append(train_step(model, optimizer, idx, targets, dtype)), 1)
+    print(json.dumps(dict(ms=ms, loss=losses[0].item(), autotune=harness.environment()["autotune"])))
+
+
+def run_suite(dtype, out_dir, *, parts=tuple(PARTS), quick=False, tiny=False, say=print):
+    """Run the parts, add ratios, write model_<dtype>.json (merged with an earlier file's records
+    of the parts not run) and its PNG, print a table; returns the records."""
+    start = time.perf_counter()
+    stamp = lambda msg: say(f"[model {time.perf_counter() - start:6.0f} s] {msg}")   # noqa: E731
+    p = plan(tiny=tiny, quick=quick)
+    records = []
+    if {"train", "compiled"} & set(parts):
+        for name, cfg, B, T in p["train"]:
+            records += train_rows(name, cfg, B, T, dtype, parts, p, stamp)
+    if "decode" in parts:
+        records += decode_rows(dtype, p, stamp)
+    if "first" in parts:
+        records += first_step_rows(dtype, p, tiny, stamp)
+    harness.add_ratios(records, "sdpa_default")
+    stem = f"model_{str(dtype).replace('torch.', '')}"
+    path = out_dir / f"{stem}.json"
+    ran = {PARTS[q] for q in parts}
+    kept = [r for r in json.loads(path.read_text())["records"] if r["op"] not in ran] if path.exists() else []
+    all_records = kept + records
+    path.write_text(json.dumps(dict(env=dict(harness.environment(), parts=list(parts)),
+                                    records=all_records), indent=1))
+    harness.plot(all_records, out_dir / f"{stem}.png", f"model {stem[6:]}", value="ms", ylabel="ms",
+                 label=lambda r: f"{r['model']} B{r['B']} T{r['Nq'] if r['op'] != 'decode' else r['prompt']}")
+    stamp(f"wrote {path}")
+    print_table(all_records)
+    return records
+
+
+def print_table(records):
+    print(f"{'op':21}{'impl':14}{'row':24}{'ms':>10}{'tokens/s':>12}{'vs sdpa':>9}  note")
+    fmt = lambda x, f: "-" if x is None else format(x, f)   # noqa: E731
+    for r in records:
+        row = f"{r['model']} L{r['layers']} B{r['B']} T{r['Nq'] if r['op'] != 'decode' else r['prompt']}"
+        print(f"{r['op']:21}{r['impl']:14}{row:24}{fmt(r['ms'], '10.2f')}{fmt(r['tokens_per_s'], '12,.0f')}"
+              f"{fmt(r['ratio_vs_sdpa_default'], '9.2f')}  {r.get('note', '')}")
+
+
+if __name__ == "__main__":   # the first part's fresh process: --first-step IMPL [--tiny] --dtype D
+    args = sys.argv[1:]
+    first_step(args[args.index("--first-step") + 1], getattr(torch, args[args.index("--dtype") + 1]),
+               "--tiny" in args)
