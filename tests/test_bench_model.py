@@ -14,6 +14,7 @@ import torch
 from flashlib import runtime
 from flashlib.bench import model as bench_model
 from flashlib.bench.__main__ import main
+from flashlib.bench.sdpa_attend import SDPACache, sdpa_attend
 from flashlib.teach import gpt
 
 RECORD_KEYS = {"op", "impl", "dtype", "B", "Hq", "Hkv", "Nq", "Nk", "D", "causal", "density", "ms",
@@ -40,16 +41,16 @@ def test_tiny_suite_end_to_end(tmp_path, capsys):
         assert RECORD_KEYS <= set(r), RECORD_KEYS - set(r)
         assert r["ms"] > 0 and "note" not in r, r                   # checked, then timed
         rows.setdefault((r["op"], r["model"], r["B"], r["Nq"]), {})[r["impl"]] = r
-    assert sorted({key[:2] for key in rows}) == [("decode", "gpt2"), ("first_step", "gpt2"),
+    assert sorted({key[:2] for key in rows}) == [("first_step", "gpt2"), ("generate", "gpt2"),
                                                  ("train_step", "gpt2"), ("train_step", "llama")]
     for (op, name, B, Nq), pair in rows.items():
         assert set(pair) == {"flashlib", "sdpa_default"}
         mine, sdpa = pair["flashlib"], pair["sdpa_default"]
         assert mine["ratio_vs_sdpa_default"] == round(sdpa["ms"] / mine["ms"], 3)
         assert sdpa["ratio_vs_sdpa_default"] == 1.0
-        tokens = B if op == "decode" else B * Nq                    # new tokens a step
+        tokens = B if op == "generate" else B * Nq                    # new tokens a step
         assert mine["tokens_per_s"] == pytest.approx(tokens / mine["ms"] * 1e3, rel=1e-2, abs=1)
-        if op == "decode":
+        if op == "generate":
             assert (mine["Nq"], mine["Nk"]) == (1, mine["prompt"] + mine["new_tokens"])
             assert mine["prefill_ms"] > 0
         if op == "first_step":
@@ -77,11 +78,11 @@ def test_sdpa_decode_on_its_preallocated_cache_samples_what_flashlib_does():
     models = [bench_model.build(cfg, bench_model.ATTENTION[i], bench_model.CACHE[i]) for i in bench_model.IMPLS]
     prompt = torch.randint(0, 13, (2, 9), device=runtime.DEVICE)
     caches = models[1].new_caches(2, 15)
-    assert isinstance(caches[0], bench_model.SDPACache) and caches[0].k.shape == (2, 2, 15, 8)
+    assert isinstance(caches[0], SDPACache) and caches[0].k.shape == (2, 2, 15, 8)
     out = [m.generate(prompt, 6, top_k=1) for m in models]              # greedy: same tokens
     assert torch.equal(out[0], out[1])
     with pytest.raises(ValueError, match="one token at a time"):
-        cache = bench_model.SDPACache(1, 2, 8, 8, dtype=torch.float32, device=runtime.DEVICE)
+        cache = SDPACache(1, 2, 8, 8, dtype=torch.float32, device=runtime.DEVICE)
         q, k = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8)
-        bench_model.sdpa_attend(q, k, k, cache)                         # prefill
-        bench_model.sdpa_attend(q[:, :, :2], k[:, :, :2], k[:, :, :2], cache)
+        sdpa_attend(q, k, k, cache)                         # prefill
+        sdpa_attend(q[:, :, :2], k[:, :, :2], k[:, :, :2], cache)

@@ -123,3 +123,12 @@ def test_bad_generate_arguments_are_named():
               for _ in range(cfg.n_layer)]
     with pytest.raises(ValueError, match=r"lengths \[1, 3\]"):
         model(torch.zeros(2, 1, dtype=torch.long, device=DEV), caches=ragged)
+
+
+def test_kv_cache_switch_picks_the_class_new_caches_builds():
+    class Recorded(gpt.KVCache):
+        pass
+    cfg = gpt.GPTConfig(vocab_size=11, block_size=24, n_layer=2, n_head=4, n_kv_head=2, n_embd=32)
+    assert all(type(c) is gpt.KVCache for c in gpt.GPT(cfg).to(DEV).new_caches(2, 8))
+    caches = gpt.GPT(cfg, kv_cache=Recorded).to(DEV).new_caches(2, 8)
+    assert [type(c) for c in caches] == [Recorded] * 2 and caches[0].k.shape == (2, 2, 8, 8)

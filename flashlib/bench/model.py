@@ -14,10 +14,11 @@ flash_decode when sampling) or ``sdpa_attend`` below (SDPA, is_causal; ``SDPACac
   8 K/V heads of dim 128, SwiGLU, RoPE) at B2 T4096. ms is the median over ``rounds`` x
   ``steps`` steps (CUDA events between steps), warm-up steps excluded; both implementations
   start each part from the same weights.
-- decode (op ``decode``): ``GPT.generate`` of GPT-2 small (bfloat16 weights) from a 512-token
-  prompt, B 1 and 8: ms per new token = (median time of generating 1 + n tokens - median time of
-  generating 1) / n, so the prefill is not in it (``prefill_ms`` beside). SDPA's cache is
-  preallocated like flashlib's (one write per token, no re-allocation).
+- decode (op ``generate``; the decode suite's ``decode`` is attention alone): ``GPT.generate`` of
+  GPT-2 small (bfloat16 weights) from a 512-token prompt, B 1 and 8: ms per new token = (median
+  time of generating 1 + n tokens - median time of generating 1) / n, so the prefill is not in it
+  (``prefill_ms`` beside). SDPA's cache is preallocated like flashlib's (one write per token, no
+  re-allocation).
 - first (op ``first_step``): the first training step of a fresh process (GPT-2 small B8 T1024,
   eager), default settings (``autotune`` says which), after one untimed process has warmed
   Triton's disk cache; ``process_s`` is that process's whole wall time. A timeout is recorded.
@@ -37,16 +38,13 @@ T 32) runs through the interpreter on a CPU, in float32 without autocast, for te
 """
 import contextlib
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import replace
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .. import runtime
 from ..reference import attention_naive, attention_ref
@@ -54,9 +52,10 @@ from ..testing import FACTOR, attention_magnitudes, error_floor, max_error, tole
 from ..teach import gpt
 from . import harness
 from .llama import Llama, LlamaConfig
+from .sdpa_attend import SDPACache, sdpa_attend
 
 IMPLS = ("flashlib", "sdpa_default")
-PARTS = {"train": "train_step", "compiled": "train_step_compiled", "decode": "decode",
+PARTS = {"train": "train_step", "compiled": "train_step_compiled", "decode": "generate",
          "first": "first_step"}
 GPT2 = gpt.GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768)
 LLAMA = LlamaConfig(n_layer=4)
@@ -76,42 +75,6 @@ def plan(*, tiny=False, quick=False):
     return dict(train=train, decode=dict(cfg=GPT2, batches=(1, 8), prompt=512, new_tokens=128),
                 first=("gpt2", GPT2, 8, 1024), warmup=3, rounds=2, steps=10, decode_rounds=10,
                 timeout_s=300)
-
-
-# SDPA's backend: the same (q, k, v, cache) signature as teach.gpt.attend
-class SDPACache:
-    """A preallocated KV cache for SDPA: k, v (batch, heads_kv, max_len, headdim) and one length
-    on the host (every sequence alike, as ``GPT.generate`` keeps them); ``KVCache``'s constructor."""
-
-    def __init__(self, batch, heads_kv, max_len, headdim, *, dtype, device):
-        self.k = torch.zeros(batch, heads_kv, max_len, headdim, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
-        self.length = 0
-
-    @property
-    def lengths(self):
-        return [self.length] * self.k.shape[0]
-
-    def append(self, k_new, v_new):
-        n = k_new.shape[2]
-        self.k[:, :, self.length:self.length + n] = k_new          # (B, Hkv, n, D)
-        self.v[:, :, self.length:self.length + n] = v_new
-        self.length += n
-
-
-def sdpa_attend(q, k, v, cache=None):
-    """``teach.gpt.attend`` on SDPA (default dispatch): causal training and prefill, then one new
-    token at a time against the first ``cache.length`` positions of the cache."""
-    gqa = q.shape[1] != k.shape[1]
-    if cache is None or cache.length == 0:
-        if cache is not None:
-            cache.append(k, v)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-    if q.shape[2] != 1:   # SDPA's is_causal is top-left aligned: wrong for a chunk after a prefix
-        raise ValueError(f"sdpa_attend decodes one token at a time, got {q.shape[2]}")
-    cache.append(k, v)
-    n = cache.length
-    return F.scaled_dot_product_attention(q, cache.k[:, :, :n], cache.v[:, :, :n], enable_gqa=gqa)
 
 
 ATTENTION = {"flashlib": gpt.attend, "sdpa_default": sdpa_attend}
@@ -256,7 +219,8 @@ def train_rows(name, cfg, B, T, dtype, parts, p, say):
     notes = {impl: notes[impl] or model_notes[impl] for impl in IMPLS}
     matmul_params = sum(m.weight.numel() for m in models["flashlib"].modules() if isinstance(m, nn.Linear))
     Hq, _, D = shape_of(cfg)
-    flops = 6 * matmul_params * B * T + 3.5 * cfg.n_layer * 2 * B * Hq * T * T * D  # causal: half of 4BHT^2D
+    # 6 FLOPs per matmul weight and token (forward 2, backward 4), 3.5x causal attention's forward
+    flops = 6 * matmul_params * B * T + 3.5 * cfg.n_layer * 2 * B * Hq * T * T * D
     records = []
     for part in [q for q in ("train", "compiled") if q in parts]:
         op = PARTS[part]
@@ -337,13 +301,14 @@ def decode_rows(dtype, p, say):
         live = [impl for impl in IMPLS if notes[impl] is None]
         times = {(impl, k): [] for impl in live for k in (1, 1 + n)}
         for impl in live:                                              # warm-up, untimed
-            models[impl].generate(prompt, 1 + n)
+            for k in (1, 1 + n):
+                models[impl].generate(prompt, k)
         for _ in range(p["decode_rounds"]):
             for impl in live:
                 for k in (1, 1 + n):
                     times[impl, k] += timed_calls(lambda: models[impl].generate(prompt, k), 1)
         for impl in IMPLS:
-            rec = record("decode", impl, "gpt2", cfg, B, 1, T0 + n, dtype, prompt=T0, new_tokens=n,
+            rec = record("generate", impl, "gpt2", cfg, B, 1, T0 + n, dtype, prompt=T0, new_tokens=n,
                          prefill_ms=None)
             if impl in live:
                 prefill, total = (statistics.median(times[impl, k]) for k in (1, 1 + n))
@@ -352,7 +317,7 @@ def decode_rows(dtype, p, say):
                 if ms > 0:
                     rec.update(ms=ms, tokens_per_s=round(B / ms * 1e3, 1))
                 else:                      # noise larger than n tokens' time: only --tiny's sizes
-                    rec["note"] = f"no decode time: generate(1 + {n}) took {total:.3g} ms, generate(1) {prefill:.3g}"
+                    rec["note"] = f"no decode time: generate(1 + {n}) {total:.3g} ms, generate(1) {prefill:.3g}"
             else:
                 rec["note"] = notes[impl]
             records.append(rec)
@@ -371,8 +336,9 @@ def first_step_rows(dtype, p, tiny, say):
             try:
                 done = subprocess.run(command + ["--first-step", impl] + (["--tiny"] if tiny else []),
                                       capture_output=True, text=True, timeout=p["timeout_s"])
+                why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1][:160]
                 out = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else \
-                    dict(note=f"failed: {done.stderr.strip().splitlines()[-1][:160] if done.stderr.strip() else done.returncode}")
+                    dict(note=f"failed: {why}")
             except subprocess.TimeoutExpired:
                 out = dict(note=f"timed out after {p['timeout_s']} s")
             results[impl] = dict(out, process_s=round(time.perf_counter() - start, 2))
@@ -428,7 +394,7 @@ def run_suite(dtype, out_dir, *, parts=tuple(PARTS), quick=False, tiny=False, sa
     path.write_text(json.dumps(dict(env=dict(harness.environment(), parts=list(parts)),
                                     records=all_records), indent=1))
     harness.plot(all_records, out_dir / f"{stem}.png", f"model {stem[6:]}", value="ms", ylabel="ms",
-                 label=lambda r: f"{r['model']} B{r['B']} T{r['Nq'] if r['op'] != 'decode' else r['prompt']}")
+                 label=lambda r: f"{r['model']} B{r['B']} T{r['Nq'] if r['op'] != 'generate' else r['prompt']}")
     stamp(f"wrote {path}")
     print_table(all_records)
     return records
@@ -438,7 +404,7 @@ def print_table(records):
     print(f"{'op':21}{'impl':14}{'row':24}{'ms':>10}{'tokens/s':>12}{'vs sdpa':>9}  note")
     fmt = lambda x, f: "-" if x is None else format(x, f)   # noqa: E731
     for r in records:
-        row = f"{r['model']} L{r['layers']} B{r['B']} T{r['Nq'] if r['op'] != 'decode' else r['prompt']}"
+        row = f"{r['model']} L{r['layers']} B{r['B']} T{r['Nq'] if r['op'] != 'generate' else r['prompt']}"
         print(f"{r['op']:21}{r['impl']:14}{row:24}{fmt(r['ms'], '10.2f')}{fmt(r['tokens_per_s'], '12,.0f')}"
               f"{fmt(r['ratio_vs_sdpa_default'], '9.2f')}  {r.get('note', '')}")
 
