@@ -23,6 +23,7 @@ from . import runtime
 from .inputs import SUPPORTED_DTYPES, check_inputs, check_score_mods, read_once
 from .kernels import score_mod
 from .kernels.decode import flash_decode_forward
+from .kernels.score_mod import Modifiers
 
 
 def check_decode_inputs(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=None,
@@ -108,7 +109,7 @@ def check_pages(q, k_cache, v_cache, cache_seqlens, block_table, check_table=Tru
 
 
 def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, num_splits=None,
-                 scale=None, softcap=None, alibi_slopes=None, return_lse=False):
+                 scale=None, softcap=None, alibi_slopes=None, return_lse=False, kernel_options=None):
     """Attention of a few new query tokens over a KV cache, with Flash-Decoding's split-KV kernels.
 
     q: (batch, heads_q, n_new, headdim), n_new small (1 for plain decoding, a few for
@@ -131,25 +132,30 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
     head dims up to 256; CUDA tensors, or CPU tensors through Triton's interpreter.
     Returns out (like q) or (out, lse) with lse (batch, heads_q, n_new) float32, natural log. A
     row with nothing to attend to (L = 0, or n_new > L) gets out 0 and lse -inf. No gradient.
+    kernel_options: as ``flash_attention``'s.
     """
-    return _decode(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
-                   num_splits=num_splits, scale=scale, softcap=softcap, alibi_slopes=alibi_slopes,
-                   return_lse=return_lse)
+    return decode_attention(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
+                            num_splits=num_splits, scale=scale, softcap=softcap, alibi_slopes=alibi_slopes,
+                            return_lse=return_lse, kernel_options=kernel_options)
 
 
-def _decode(q, k_cache, v_cache, *, cache_seqlens, block_table, num_splits, scale, softcap,
-            alibi_slopes, return_lse, check_table=True):
+def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, num_splits=None,
+                     scale=None, softcap=None, alibi_slopes=None, return_lse=False, kernel_options=None,
+                     check_table=True):
+    """``flash_decode``, with ``check_table=False`` trusting ``block_table``'s entries instead of
+    reading them back (the tables a ``PagedKVCache`` built: no device sync per step)."""
+    options = runtime.options(kernel_options)
     scale = check_decode_inputs(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
                                 num_splits=num_splits, scale=scale, block_table=block_table,
                                 check_table=check_table)
-    softcap = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes)
+    mods = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes)
     if torch.compiler.is_compiling():
-        out, lse = _flash_decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, scale, softcap,
-                                    alibi_slopes, block_table)
+        out, lse = _flash_decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, scale, *mods.op_args(),
+                                    options.number, block_table)
     else:
         out, lse = flash_decode_forward(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
                                         scale=scale, return_lse=return_lse, block_table=block_table,
-                                        score_mod=score_mod.make(q, softcap, alibi_slopes))
+                                        score_mod=score_mod.make(q, mods), options=options)
     return (out, lse) if return_lse else out
 
 
@@ -159,16 +165,18 @@ def _decode(q, k_cache, v_cache, *, cache_seqlens, block_table, num_splits, scal
 @torch.library.custom_op("flashlib::flash_decode", mutates_args=())
 def _flash_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      cache_seqlens: Optional[torch.Tensor], num_splits: Optional[int],
-                     scale: float, softcap: Optional[float], alibi_slopes: Optional[torch.Tensor],
-                     block_table: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     scale: float, mod_floats: list[float], mod_tensors: list[Optional[torch.Tensor]],
+                     options: int, block_table: Optional[torch.Tensor] = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     return flash_decode_forward(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
                                 scale=scale, return_lse=True, cached_scratch=False,
-                                score_mod=score_mod.make(q, softcap, alibi_slopes),
-                                block_table=block_table)
+                                score_mod=score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors)),
+                                block_table=block_table, options=runtime.numbered(options))
 
 
 @_flash_decode_op.register_fake
-def _(q, k_cache, v_cache, cache_seqlens, num_splits, scale, softcap, alibi_slopes, block_table=None):
+def _(q, k_cache, v_cache, cache_seqlens, num_splits, scale, mod_floats, mod_tensors, options,
+      block_table=None):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
@@ -340,13 +348,12 @@ class PagedKVCache:
     def attend(self, q, **kwargs):
         """``flash_decode(q, k, v, cache_seqlens=seqlens, block_table=block_table, **kwargs)``;
         the table is the cache's own, so its entries are not read back to be checked."""
-        options = dict(num_splits=None, scale=None, softcap=None, alibi_slopes=None,
-                       return_lse=False)
-        unknown = set(kwargs) - set(options)
+        known = {"num_splits", "scale", "softcap", "alibi_slopes", "return_lse", "kernel_options"}
+        unknown = set(kwargs) - known
         if unknown:
             raise TypeError(f"attend() got unexpected keyword arguments {sorted(unknown)}")
-        return _decode(q, self.k, self.v, cache_seqlens=self.seqlens, block_table=self.block_table,
-                       check_table=False, **{**options, **kwargs})
+        return decode_attention(q, self.k, self.v, cache_seqlens=self.seqlens,
+                                block_table=self.block_table, check_table=False, **kwargs)
 
     def release(self, b):
         """Sequence ``b`` is finished: its pages go back to the pool and its length to 0."""

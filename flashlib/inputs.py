@@ -13,6 +13,7 @@ import numbers
 import torch
 
 from . import runtime
+from .kernels.score_mod import NO_MODIFIERS, Modifiers
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEADDIM = 256
@@ -93,10 +94,13 @@ def check_qkv(q, k, v, *, paged=False) -> tuple[int, int, int, int, int, int]:
 def check_score_mods(q, *, softcap=None, alibi_slopes=None, batch=None):
     """Validate the score modifiers for q (B, Hq, ...): ``softcap`` a positive finite float or
     None; ``alibi_slopes`` a float32 tensor (Hq,) or (B, Hq) on q's device with finite values, or
-    None (``batch``: B when q is packed, (total, Hq, D)). Returns softcap as a float (or None)."""
+    None (``batch``: B when q is packed, (total, Hq, D)). Returns them as one
+    ``kernels.score_mod.Modifiers`` (softcap as a float), ``NO_MODIFIERS`` when both are None."""
+    if softcap is None and alibi_slopes is None:
+        return NO_MODIFIERS
     if softcap is not None:
-        if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) \
-                or not math.isfinite(softcap) or softcap <= 0:
+        if (isinstance(softcap, bool) or not isinstance(softcap, numbers.Real)
+                or not math.isfinite(softcap) or softcap <= 0):
             raise ValueError(f"softcap must be a positive finite number or None, got {softcap!r}")
         softcap = float(softcap)
     if alibi_slopes is not None:
@@ -113,10 +117,10 @@ def check_score_mods(q, *, softcap=None, alibi_slopes=None, batch=None):
             raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {q.device}")
         # read on the host once per version of the tensor (a device sync), eagerly; not while a
         # CUDA graph is captured (no sync is allowed then: the eager warm-up call checked them)
-        if not torch.compiler.is_compiling() and not capturing(alibi_slopes) \
-                and not all_once([alibi_slopes], _all_finite):
+        if (not torch.compiler.is_compiling() and not capturing(alibi_slopes)
+                and not all_once([alibi_slopes], _all_finite)):
             raise ValueError("alibi_slopes holds a value that is not finite")
-    return softcap
+    return Modifiers(softcap, alibi_slopes)
 
 
 def _all_finite(t):

@@ -1,95 +1,40 @@
 """Public torch entry points: the autograd.Functions, ``flash_attention`` and ``block_sparse_attention``.
 
 The layers follow flash-attention's Triton file: ``@triton.jit`` kernel (flashlib/kernels) ->
-launcher (``fa2_forward`` / ``fa2_backward``: allocation, grid; on Hopper the forward may be
-``fa3_forward``, see ``attention_forward``) -> ``FlashAttention``
+launcher (chosen by ``kernels/dispatch.py``: ``fa2_forward`` / ``fa2_backward``, FA3's on Hopper;
+allocation, grid) -> ``FlashAttention``
 (autograd.Function saving exactly q, k, v, out and lse) -> ``flash_attention`` (checks,
 keyword-only options, this docstring). Bad input raises ValueError/TypeError naming the argument,
 before any kernel is compiled. Under torch.compile, ``flash_attention`` and
 ``block_sparse_attention`` reach the same launchers through custom ops (two each) instead of the
-autograd.Functions (see ``_fa2_forward_op``, ``_bs_forward_op``).
+autograd.Functions (see ``_fa2_forward_op``, ``_bs_forward_op``). Each public function takes
+``kernel_options`` (a dict of ``runtime.KernelOptions`` fields, or one), resolved once per call;
+the score modifiers travel as one ``score_mod.Modifiers``.
 """
-import os
 from typing import Optional
 
 import torch
 
 from . import runtime
 from .inputs import check_inputs, check_qkv, check_scale, check_score_mods, check_varlen
-from .kernels import score_mod
-from .kernels import fa3_fwd
-from .kernels.fa2_fwd import fa2_forward
+from .kernels import dispatch, fa3_fwd, score_mod
+from .kernels.score_mod import Modifiers
 from .masks import KernelView
-
-# The Hopper kernels (kernels/fa3_fwd.py, fa3_bwd.py) run problems of at least this many FLOPs
-# executed (4 B Hq Nq Nk D, halved under causal masking). Below it FA2's kernels win: autotuned,
-# they fit short sequences better, and FA3's replayed launches cost more host time (TMA
-# descriptors rebuilt per call; its backward runs four launches to FA2's two). Eager causal
-# forward+backward at 16k tokens on an H100 (benchmarks/results/h100/short_bfloat16.json with
-# FA3 from 2^35; FA2 autotuned in the 2026-11-25 run of the same suite): FA2 ahead at 2^35
-# (d128 N=512: 1.00x SDPA's default against FA3's 0.87x) and 2^35.6 (d64 N=2048: 0.92x against
-# 0.86x), FA3 from 2^36 (d128 N=1024: 0.85x against 0.82x; N=4096: 0.93x against 0.75x).
-# FLASHLIB_FA3=0 turns FA3 off.
-FA3_FROM_FLOPS = 1 << 36
-FA3_ENABLED = os.environ.get("FLASHLIB_FA3", "1") != "0"
-# FA3's forward takes a score modifier at these head dims only: over FA2's with the same one (H100,
-# bf16; benchmarks/results/h100/fa3_score_mod_probe.log) d128 softcap 1.10x-1.13x, ALiBi
-# 1.05x-1.06x, d64 causal 0.83x-0.84x (the hook's work lands on FA3's softmax warpgroups, its
-# bound; with the softcap's cap in exp2's FFMA still 0.90x, fa3_softcap_fold_probe.log). FA3's
-# backward takes them everywhere (forward+backward 1.02x-1.23x FA2's, _bwd.log).
-FA3_FWD_MOD_HEAD_DIMS = (128,)
-# FA3's plain forward is ahead (or level) at every head dim and mask since its scale joined exp2's FFMA
-# (fa3_fwd.FOLD_SCALE; H100, fp16, one process: FA3's time over FA2's 0.93x at d64 4k / 16k / 4k
-# causal, FA2 autotuned; 0.78x-0.84x at d128: benchmarks/results/h100/fa2_fa3_forward_probe_fold*.log;
-# at d64 causal 0.93x-0.96x in three runs, 0.99x-1.01x in two more, _lazy.log: ahead or level)
-
-
-def _fa3_worth_it(q, k, causal, max_seqlen=None):
-    """Whether the Hopper kernels should take this problem, if they can run it: turned on and
-    large enough (FA3_FROM_FLOPS; packed sequences counted at their longest key length)."""
-    Nk = k.shape[2] if max_seqlen is None else max_seqlen[1]
-    return FA3_ENABLED and 4 * q.shape[:-1].numel() * Nk * q.shape[-1] >> bool(causal) >= FA3_FROM_FLOPS
-
-
-def attention_forward(q, k, v, causal, scale, mod, cu_seqlens=None, max_seqlen=None):
-    """The forward kernel for these inputs: FA3 on Hopper (sm90, fp16/bf16, head dim 64 or 128,
-    dense or packed, large enough; with a score modifier at ``FA3_FWD_MOD_HEAD_DIMS``), FA2
-    otherwise. Returns (out, lse)."""
-    D = q.shape[-1]
-    if _fa3_worth_it(q, k, causal, max_seqlen) and fa3_fwd.supported(q, k, v, cu_seqlens is not None) \
-            and (mod.fn is score_mod.identity or D in FA3_FWD_MOD_HEAD_DIMS):
-        return fa3_fwd.fa3_forward(q, k, v, causal=causal, scale=scale, score_mod=mod, cu_seqlens=cu_seqlens,
-                                   max_seqlen=max_seqlen)
-    return fa2_forward(q, k, v, causal=causal, scale=scale, score_mod=mod, cu_seqlens=cu_seqlens,
-                       max_seqlen=max_seqlen)
-
-
-def attention_backward(q, k, v, out, lse, dout, causal, scale, mod, cu_seqlens=None, max_seqlen=None):
-    """The backward kernels for these inputs: FA3's (kernels/fa3_bwd.py) on Hopper for large
-    problems, dense or packed, score modifiers included (whichever kernel ran the forward: both
-    give the same out and lse), FA2's otherwise. Returns (dq, dk, dv)."""
-    from .kernels import fa3_bwd
-    from .kernels.fa2_bwd import fa2_backward
-    packed = cu_seqlens is not None
-    if _fa3_worth_it(q, k, causal, max_seqlen) and fa3_bwd.supported(q, k, v, out, lse, dout, packed):
-        return fa3_bwd.fa3_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=mod,
-                                    cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
-    return fa2_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=mod,
-                        cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
 
 
 class FlashAttention(torch.autograd.Function):
-    """The forward and backward kernels as one autograd node (FA2's, or FA3's on Hopper: see
-    ``attention_forward``); saves q, k, v, out, lse (O(N) memory)."""
+    """The forward and backward kernels as one autograd node (the versions ``kernels/dispatch.py``
+    picks: FA2's, or FA3's on Hopper); saves q, k, v, out, lse (O(N) memory)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, mod, packed=None):
-        # mod: a kernels.score_mod.ScoreMod; packed: None, or varlen's ((cu_q, cu_k), (max_q, max_k))
+    def forward(ctx, q, k, v, causal, scale, mod, options, packed=None):
+        # mod: a kernels.score_mod.ScoreMod; options: a runtime.KernelOptions (the backward's too);
+        # packed: None, or varlen's ((cu_q, cu_k), (max_q, max_k))
         cu_seqlens, max_seqlen = packed or (None, None)
-        out, lse = attention_forward(q, k, v, causal, scale, mod, cu_seqlens, max_seqlen)
+        out, lse = dispatch.forward(q, k, v, causal, scale, mod, options, cu_seqlens, max_seqlen)
         ctx.set_materialize_grads(False)   # lse's gradient: None, not a zeros tensor per call
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.scale, ctx.mod, ctx.packed = causal, scale, mod, packed
+        ctx.causal, ctx.scale, ctx.mod, ctx.options, ctx.packed = causal, scale, mod, options, packed
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -97,11 +42,11 @@ class FlashAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         if dout is None:   # out took no part in the loss
-            return None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None
         cu_seqlens, max_seqlen = ctx.packed or (None, None)
-        dq, dk, dv = attention_backward(q, k, v, out, lse, dout, ctx.causal, ctx.scale, ctx.mod,
-                                        cu_seqlens, max_seqlen)
-        return dq, dk, dv, None, None, None, None
+        dq, dk, dv = dispatch.backward(q, k, v, out, lse, dout, ctx.causal, ctx.scale, ctx.mod,
+                                       ctx.options, cu_seqlens, max_seqlen)
+        return dq, dk, dv, None, None, None, None, None
 
 
 # Under torch.compile, Dynamo cannot trace into the launchers (fast_launch's memo, a @triton.jit
@@ -109,15 +54,18 @@ class FlashAttention(torch.autograd.Function):
 # flash_attention calls these custom ops instead: the same kernels and gradient formula, opaque to
 # the compiler, which fuses the code around them and, with mode="reduce-overhead", captures them in
 # CUDA graphs. Outside compilation the autograd.Function above costs less host time per call.
+# An op takes no objects: the score modifiers go in as Modifiers.op_args' two lists (mod_floats,
+# mod_tensors) and the kernel options as their number (runtime.numbered).
 @torch.library.custom_op("flashlib::fa2_forward", mutates_args=())
 def _fa2_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-                    softcap: Optional[float], alibi_slopes: Optional[torch.Tensor]
+                    mod_floats: list[float], mod_tensors: list[Optional[torch.Tensor]], options: int
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    return attention_forward(q, k, v, causal, scale, score_mod.make(q, softcap, alibi_slopes))
+    mod = score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors))
+    return dispatch.forward(q, k, v, causal, scale, mod, runtime.numbered(options))
 
 
 @_fa2_forward_op.register_fake
-def _(q, k, v, causal, scale, softcap, alibi_slopes):
+def _(q, k, v, causal, scale, mod_floats, mod_tensors, options):
     # as fa2_forward: out in q's memory layout (a transposed projection stays transposed)
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
@@ -125,14 +73,14 @@ def _(q, k, v, causal, scale, softcap, alibi_slopes):
 @torch.library.custom_op("flashlib::fa2_backward", mutates_args=())
 def _fa2_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                      lse: torch.Tensor, dout: torch.Tensor, causal: bool, scale: float,
-                     softcap: Optional[float], alibi_slopes: Optional[torch.Tensor]
+                     mod_floats: list[float], mod_tensors: list[Optional[torch.Tensor]], options: int
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return attention_backward(q, k, v, out, lse, dout, causal, scale,
-                              score_mod.make(q, softcap, alibi_slopes))
+    mod = score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors))
+    return dispatch.backward(q, k, v, out, lse, dout, causal, scale, mod, runtime.numbered(options))
 
 
 @_fa2_backward_op.register_fake
-def _(q, k, v, out, lse, dout, causal, scale, softcap, alibi_slopes):
+def _(q, k, v, out, lse, dout, causal, scale, mod_floats, mod_tensors, options):
     return _fake_grads(q, k, v)
 
 
@@ -143,22 +91,23 @@ def _fake_grads(q, k, v):
 
 
 def _save_for_op_backward(ctx, inputs, output):
-    q, k, v, ctx.causal, ctx.scale, ctx.softcap, ctx.alibi_slopes = inputs
+    q, k, v, ctx.causal, ctx.scale, ctx.mod_floats, ctx.mod_tensors, ctx.options = inputs
     ctx.save_for_backward(q, k, v, *output)
 
 
 def _op_backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
-    grads = _fa2_backward_op(q, k, v, out, lse, dout, ctx.causal, ctx.scale, ctx.softcap,
-                             ctx.alibi_slopes)
-    return (*grads, None, None, None, None)
+    grads = _fa2_backward_op(q, k, v, out, lse, dout, ctx.causal, ctx.scale, ctx.mod_floats,
+                             ctx.mod_tensors, ctx.options)
+    return (*grads, None, None, None, [None] * len(ctx.mod_tensors), None)   # a list's entry: a list
 
 
 _fa2_forward_op.register_autograd(_op_backward, setup_context=_save_for_op_backward)
 
 
 def flash_attention(q, k, v, *, causal=False, scale=None, softcap=None, alibi_slopes=None,
-                    return_lse=False, q_descale=None, k_descale=None, v_descale=None):
+                    return_lse=False, q_descale=None, k_descale=None, v_descale=None,
+                    kernel_options=None):
     """Exact attention with FlashAttention-2 kernels, differentiable through torch.autograd.
 
     q: (batch, heads_q, seqlen_q, headdim); k, v: (batch, heads_kv, seqlen_k, headdim) with
@@ -186,23 +135,29 @@ def flash_attention(q, k, v, *, causal=False, scale=None, softcap=None, alibi_sl
     ``k_descale``, ``v_descale`` of shape (batch, heads_kv) (x = x8 * descale, as
     ``flashlib.fp8.quantize`` makes them) run the FP8 forward and return bfloat16 out; forward
     only, no score modifiers; other GPUs get a clear error.
+
+    kernel_options: a dict of ``flashlib.KernelOptions`` fields (``{"fa3": False}``) or a
+    ``KernelOptions``, for this call (and its backward); None: those in force (the environment's,
+    or a ``with flashlib.kernel_options(...)`` block's). An unknown name is a TypeError.
     """
-    if any(isinstance(t, torch.Tensor) and t.dtype == torch.float8_e4m3fn for t in (q, k, v)) \
-            or any(d is not None for d in (q_descale, k_descale, v_descale)):
-        out, lse = _fp8_forward(q, k, v, causal, scale, softcap, alibi_slopes,
-                                q_descale, k_descale, v_descale)
+    options = runtime.options(kernel_options)
+    if (any(isinstance(t, torch.Tensor) and t.dtype == torch.float8_e4m3fn for t in (q, k, v))
+            or any(d is not None for d in (q_descale, k_descale, v_descale))):
+        out, lse = _fp8_forward(q, k, v, causal, scale, Modifiers(softcap, alibi_slopes),
+                                (q_descale, k_descale, v_descale), options)
         return (out, lse) if return_lse else out
     scale = check_inputs(q, k, v, scale=scale, causal=causal)
-    softcap = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes)
+    mods = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes)
     if torch.compiler.is_compiling():
-        out, lse = _fa2_forward_op(q, k, v, causal, scale, softcap, alibi_slopes)
+        out, lse = _fa2_forward_op(q, k, v, causal, scale, *mods.op_args(), options.number)
     else:
-        out, lse = FlashAttention.apply(q, k, v, causal, scale, score_mod.make(q, softcap, alibi_slopes))
+        out, lse = FlashAttention.apply(q, k, v, causal, scale, score_mod.make(q, mods), options)
     return (out, lse) if return_lse else out
 
 
-def _fp8_forward(q, k, v, causal, scale, softcap, alibi_slopes, q_descale, k_descale, v_descale):
-    """flash_attention's FP8 path: checks, then kernels/fa3_fwd.fa3_forward_fp8."""
+def _fp8_forward(q, k, v, causal, scale, mods, descales, options):
+    """flash_attention's FP8 path: checks, then kernels/fa3_fwd.fa3_forward_fp8. mods: the
+    (unchecked) ``Modifiers``; descales: (q_descale, k_descale, v_descale)."""
     from . import fp8
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -211,23 +166,23 @@ def _fp8_forward(q, k, v, causal, scale, softcap, alibi_slopes, q_descale, k_des
         raise TypeError("q_descale, k_descale and v_descale go with float8_e4m3fn q, k and v; got "
                         f"{q.dtype}, {k.dtype}, {v.dtype}")
     D = check_qkv(q, k, v)[-1]
-    descales = fp8.check_descales(q, k, v, q_descale, k_descale, v_descale)
-    if softcap is not None or alibi_slopes is not None:
+    descales = fp8.check_descales(q, k, v, *descales)
+    if any(value is not None for value in mods):
         raise ValueError("softcap and alibi_slopes are not supported with FP8 inputs")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
     scale = check_scale(scale, D)
-    q, k = (t if fa3_fwd._tma_ok(t) else t.contiguous() for t in (q, k))
+    q, k = (t if fa3_fwd.tma_ok(t) else t.contiguous() for t in (q, k))
     if not fa3_fwd.supported_fp8(q, k, v):
         where = runtime.gpu_name() if q.device.type == "cuda" else f"a {q.device.type} tensor"
         raise RuntimeError(f"FP8 attention runs on a Hopper GPU (sm90) with Triton 3.6's Gluon, "
                            f"head dims {fa3_fwd.HEAD_DIMS}; got {where}, headdim {D}")
-    return fa3_fwd.fa3_forward_fp8(q, k, v, descales, causal=causal, scale=scale)
+    return fa3_fwd.fa3_forward_fp8(q, k, v, descales, causal=causal, scale=scale, options=options)
 
 
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                            causal=False, scale=None, softcap=None, alibi_slopes=None,
-                           return_lse=False):
+                           return_lse=False, kernel_options=None):
     """``flash_attention`` over a batch of sequences of different lengths, packed without padding.
 
     q: (total_q, heads_q, headdim), k, v: (total_k, heads_kv, headdim): the sequences one after
@@ -248,22 +203,24 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     scale, softcap: as ``flash_attention``; alibi_slopes: (heads_q,) or (batch, heads_q), the bias
     from positions within each sequence. Returns out (total_q, heads_q, headdim) or (out, lse) with
     lse (heads_q, total_q) float32, natural log; an empty sequence has no rows. Differentiable in
-    q, k, v. On Hopper the kernels are FA3's (``attention_forward``, ``attention_backward``). The
+    q, k, v. On Hopper the kernels are FA3's (``kernels/dispatch.py``). The
     offsets are checked on the host (a device sync on a GPU, once per version of each offsets
     tensor: ``inputs.read_once``; under torch.compile a graph break before the kernels, which run
     as the custom ops ``flashlib::fa2_varlen_forward`` and ``flashlib::fa2_varlen_backward``).
+    kernel_options: as ``flash_attention``'s.
     """
+    options = runtime.options(kernel_options)
     scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          scale=scale, causal=causal)
     batch = cu_seqlens_q.numel() - 1
-    softcap = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes, batch=batch)
+    mods = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes, batch=batch)
     if torch.compiler.is_compiling():
         out, lse = _varlen_forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
-                                      int(max_seqlen_k), causal, scale, softcap, alibi_slopes)
+                                      int(max_seqlen_k), causal, scale, *mods.op_args(), options.number)
     else:
         packed = ((cu_seqlens_q, cu_seqlens_k), (int(max_seqlen_q), int(max_seqlen_k)))
-        out, lse = FlashAttention.apply(q, k, v, causal, scale,
-                                        score_mod.make(q, softcap, alibi_slopes, batch=batch), packed)
+        out, lse = FlashAttention.apply(q, k, v, causal, scale, score_mod.make(q, mods, batch=batch),
+                                        options, packed)
     return (out, lse) if return_lse else out
 
 
@@ -273,16 +230,16 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 @torch.library.custom_op("flashlib::fa2_varlen_forward", mutates_args=())
 def _varlen_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                        cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
-                       scale: float, softcap: Optional[float], alibi_slopes: Optional[torch.Tensor]
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    return attention_forward(q, k, v, causal, scale,
-                             score_mod.make(q, softcap, alibi_slopes, batch=cu_seqlens_q.numel() - 1),
-                             (cu_seqlens_q, cu_seqlens_k), (max_seqlen_q, max_seqlen_k))
+                       scale: float, mod_floats: list[float], mod_tensors: list[Optional[torch.Tensor]],
+                       options: int) -> tuple[torch.Tensor, torch.Tensor]:
+    mod = score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors), batch=cu_seqlens_q.numel() - 1)
+    return dispatch.forward(q, k, v, causal, scale, mod, runtime.numbered(options),
+                            (cu_seqlens_q, cu_seqlens_k), (max_seqlen_q, max_seqlen_k))
 
 
 @_varlen_forward_op.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, softcap,
-      alibi_slopes):
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, mod_floats,
+      mod_tensors, options):
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
@@ -290,30 +247,31 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, s
 def _varlen_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                         lse: torch.Tensor, dout: torch.Tensor, cu_seqlens_q: torch.Tensor,
                         cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                        causal: bool, scale: float, softcap: Optional[float],
-                        alibi_slopes: Optional[torch.Tensor]
+                        causal: bool, scale: float, mod_floats: list[float],
+                        mod_tensors: list[Optional[torch.Tensor]], options: int
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return attention_backward(q, k, v, out, lse, dout, causal, scale,
-                              score_mod.make(q, softcap, alibi_slopes, batch=cu_seqlens_q.numel() - 1),
-                              (cu_seqlens_q, cu_seqlens_k), (max_seqlen_q, max_seqlen_k))
+    mod = score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors), batch=cu_seqlens_q.numel() - 1)
+    return dispatch.backward(q, k, v, out, lse, dout, causal, scale, mod, runtime.numbered(options),
+                             (cu_seqlens_q, cu_seqlens_k), (max_seqlen_q, max_seqlen_k))
 
 
 @_varlen_backward_op.register_fake
 def _(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-      scale, softcap, alibi_slopes):
+      scale, mod_floats, mod_tensors, options):
     return _fake_grads(q, k, v)
 
 
 def _save_for_varlen_backward(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal, ctx.scale, ctx.softcap, ctx.alibi_slopes = inputs
+    q, k, v, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal, ctx.scale, *mods, ctx.options = inputs
+    ctx.mod_floats, ctx.mod_tensors = mods
     ctx.save_for_backward(q, k, v, *output, cu_q, cu_k)
 
 
 def _varlen_op_backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
     grads = _varlen_backward_op(q, k, v, out, lse, dout, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal,
-                                ctx.scale, ctx.softcap, ctx.alibi_slopes)
-    return (*grads, None, None, None, None, None, None, None, None)
+                                ctx.scale, ctx.mod_floats, ctx.mod_tensors, ctx.options)
+    return (*grads, None, None, None, None, None, None, None, [None] * len(ctx.mod_tensors), None)
 
 
 _varlen_forward_op.register_autograd(_varlen_op_backward, setup_context=_save_for_varlen_backward)
@@ -323,12 +281,12 @@ class BlockSparseAttention(torch.autograd.Function):
     """Block-sparse forward and backward as one autograd node; saves q, k, v, out, lse."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, scale, mod):   # mask: a masks.KernelView; mod: a ScoreMod
+    def forward(ctx, q, k, v, mask, scale, mod, options):   # mask: a masks.KernelView; mod: a ScoreMod
         from .kernels.block_sparse import block_sparse_forward
-        out, lse = block_sparse_forward(q, k, v, mask, scale=scale, score_mod=mod)
+        out, lse = block_sparse_forward(q, k, v, mask, scale=scale, score_mod=mod, options=options)
         ctx.set_materialize_grads(False)   # lse's gradient: None, not a zeros tensor per call
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mask, ctx.scale, ctx.mod = mask, scale, mod
+        ctx.mask, ctx.scale, ctx.mod, ctx.options = mask, scale, mod, options
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -337,14 +295,14 @@ class BlockSparseAttention(torch.autograd.Function):
         from .kernels.block_sparse import block_sparse_backward
         q, k, v, out, lse = ctx.saved_tensors
         if dout is None:   # out took no part in the loss
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
         dq, dk, dv = block_sparse_backward(q, k, v, out, lse, dout, ctx.mask, scale=ctx.scale,
-                                           score_mod=ctx.mod)
-        return dq, dk, dv, None, None, None
+                                           score_mod=ctx.mod, options=ctx.options)
+        return dq, dk, dv, None, None, None, None
 
 
 def block_sparse_attention(q, k, v, block_mask, *, block_size=128, causal=False, scale=None,
-                           softcap=None, alibi_slopes=None, return_lse=False):
+                           softcap=None, alibi_slopes=None, return_lse=False, kernel_options=None):
     """Exact attention restricted to a block mask; blocks the mask leaves out are never loaded.
 
     q: (batch, heads_q, seqlen_q, headdim); k, v: (batch, heads_kv, seqlen_k, headdim), as
@@ -359,17 +317,18 @@ def block_sparse_attention(q, k, v, block_mask, *, block_size=128, causal=False,
     alibi_slopes: score modifiers, as in ``flash_attention`` (ALiBi's distance is i + seqlen_k -
     seqlen_q - j whatever the mask). Returns out (like q) or (out, lse); a query with no key to
     attend to gets out = 0, lse = -inf.
-    With an all-true mask this is ``flash_attention``.
+    With an all-true mask this is ``flash_attention``. kernel_options: as ``flash_attention``'s.
     """
+    options = runtime.options(kernel_options)
     scale = check_inputs(q, k, v, scale=scale, causal=causal)
-    softcap = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes)
+    mods = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes)
     mask = _resolve_mask(q, k, block_mask, block_size, causal)
     view = mask.kernel_view()
     if torch.compiler.is_compiling():
-        out, lse = _bs_forward_op(q, k, v, view.tables(), view.layout(), scale, softcap, alibi_slopes)
+        out, lse = _bs_forward_op(q, k, v, view.tables(), view.layout(), scale, *mods.op_args(),
+                                  options.number)
     else:
-        out, lse = BlockSparseAttention.apply(q, k, v, view, scale,
-                                              score_mod.make(q, softcap, alibi_slopes))
+        out, lse = BlockSparseAttention.apply(q, k, v, view, scale, score_mod.make(q, mods), options)
     return (out, lse) if return_lse else out
 
 
@@ -404,44 +363,48 @@ def _resolve_mask(q, k, block_mask, block_size, causal):
 
 @torch.library.custom_op("flashlib::block_sparse_forward", mutates_args=())
 def _bs_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: list[torch.Tensor],
-                   layout: list[int], scale: float, softcap: Optional[float],
-                   alibi_slopes: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                   layout: list[int], scale: float, mod_floats: list[float],
+                   mod_tensors: list[Optional[torch.Tensor]], options: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     from .kernels.block_sparse import block_sparse_forward
+    mod = score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors))
     return block_sparse_forward(q, k, v, KernelView.from_args(tables, layout), scale=scale,
-                                score_mod=score_mod.make(q, softcap, alibi_slopes))
+                                score_mod=mod, options=runtime.numbered(options))
 
 
 @_bs_forward_op.register_fake
-def _(q, k, v, tables, layout, scale, softcap, alibi_slopes):
+def _(q, k, v, tables, layout, scale, mod_floats, mod_tensors, options):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("flashlib::block_sparse_backward", mutates_args=())
 def _bs_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                     lse: torch.Tensor, dout: torch.Tensor, tables: list[torch.Tensor],
-                    layout: list[int], scale: float, softcap: Optional[float],
-                    alibi_slopes: Optional[torch.Tensor]
+                    layout: list[int], scale: float, mod_floats: list[float],
+                    mod_tensors: list[Optional[torch.Tensor]], options: int
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from .kernels.block_sparse import block_sparse_backward
+    mod = score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors))
     return block_sparse_backward(q, k, v, out, lse, dout, KernelView.from_args(tables, layout),
-                                 scale=scale, score_mod=score_mod.make(q, softcap, alibi_slopes))
+                                 scale=scale, score_mod=mod, options=runtime.numbered(options))
 
 
 @_bs_backward_op.register_fake
-def _(q, k, v, out, lse, dout, tables, layout, scale, softcap, alibi_slopes):
+def _(q, k, v, out, lse, dout, tables, layout, scale, mod_floats, mod_tensors, options):
     return _fake_grads(q, k, v)
 
 
 def _save_for_bs_backward(ctx, inputs, output):
-    q, k, v, tables, ctx.layout, ctx.scale, ctx.softcap, ctx.alibi_slopes = inputs
+    q, k, v, tables, ctx.layout, ctx.scale, ctx.mod_floats, ctx.mod_tensors, ctx.options = inputs
     ctx.save_for_backward(q, k, v, *output, *tables)
 
 
 def _bs_op_backward(ctx, dout, dlse):
     q, k, v, out, lse, *tables = ctx.saved_tensors
-    grads = _bs_backward_op(q, k, v, out, lse, dout, tables, ctx.layout, ctx.scale, ctx.softcap,
-                            ctx.alibi_slopes)
-    return (*grads, [None] * len(tables), None, None, None, None)   # the tables' entry is a list
+    grads = _bs_backward_op(q, k, v, out, lse, dout, tables, ctx.layout, ctx.scale, ctx.mod_floats,
+                            ctx.mod_tensors, ctx.options)
+    # the tables' and the modifier tensors' entries are lists
+    return (*grads, [None] * len(tables), None, None, None, [None] * len(ctx.mod_tensors), None)
 
 
 _bs_forward_op.register_autograd(_bs_op_backward, setup_context=_save_for_bs_backward)

@@ -8,7 +8,10 @@ exact enough to learn from and to test. Limits of the interpreter that the kerne
 bfloat16 arithmetic and ``tl.dot`` are wrong there, ``do_bench`` and autotuning need a GPU, and
 races cannot show because programs never overlap.
 """
+import contextlib
+import dataclasses
 import os
+from typing import Callable, Optional
 
 import torch
 
@@ -50,9 +53,122 @@ def _repair_interpreter_scalars() -> None:
 if INTERPRET:
     _repair_interpreter_scalars()
 DEVICE = torch.device("cuda" if HAS_CUDA and not INTERPRET else "cpu")
-# GPU kernels autotune over a few block configs; FLASHLIB_AUTOTUNE=0 uses the first config only
-# (quick compiles for tests). The interpreter always uses one small fixed config.
-AUTOTUNE = DEVICE.type == "cuda" and os.environ.get("FLASHLIB_AUTOTUNE", "1") != "0"
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelOptions:
+    """How the kernels are chosen and launched: the one set of switches, read from the environment
+    once (``from_env``), overridable per call (``kernel_options=`` on the public functions) or for
+    a block (``kernel_options(...)``), as FlexAttention's ``kernel_options``. Nothing else flips.
+
+    fa3: FlashAttention-3's Hopper kernels where they run (FLASHLIB_FA3=0: off). fa3_from_flops:
+    FA3 takes problems of at least this many FLOPs executed (4 B Hq Nq Nk D, halved if causal);
+    below it FA2's autotuned kernels and shorter launches cost less (benchmarks/probes/NOTES.md).
+    fa3_fwd_mod_head_dims: head dims at which FA3's forward takes a score modifier (its softmax
+    warpgroups are its bound; the hook's work lands there). autotune: autotune the block configs on
+    a GPU (FLASHLIB_AUTOTUNE=0: the first config that fits; the interpreter always uses one).
+    fast_launch: replay recorded launches (``kernels/launch.py``; FLASHLIB_FAST_LAUNCH=0: plain
+    ``kernel[grid](...)``). fa3_fold_scale: FA3's forward multiplies its scores' factor inside
+    exp2's FFMA. fa3_dq_before_dk: FA3's backward issues dQ's first slice before dK's wgmma.
+    fa3_smem_bytes: shared memory FA3's kernels size their pipelines for (an sm90 block's 227 KiB).
+    launch_hook: None, or ``hook(kernel, grid, args, kwargs)`` called in place of every launch
+    (``kernels.launch.run``), with the device checks off: it records launches for compiling
+    without a GPU (``kernels/targets.py``) or profiling (``teach/profile.py``).
+    """
+    fa3: bool = True
+    fa3_from_flops: int = 1 << 36
+    fa3_fwd_mod_head_dims: tuple = (128,)
+    autotune: bool = True
+    fast_launch: bool = True
+    fa3_fold_scale: bool = True
+    fa3_dq_before_dk: bool = True
+    fa3_smem_bytes: int = 232448
+    launch_hook: Optional[Callable] = None
+
+    def __post_init__(self):
+        # hashed once (launch plans key on the options at every call); numbered, so that torch's
+        # custom ops, which take no objects, can name them (``numbered``)
+        values = tuple(getattr(self, field.name) for field in dataclasses.fields(self))
+        object.__setattr__(self, "_hash", hash(values))
+        object.__setattr__(self, "number", _numbers.setdefault(values, len(_numbers)))
+        _by_number.setdefault(self.number, self)
+
+    def __hash__(self):
+        return self._hash
+
+    @classmethod
+    def from_env(cls, environ=None) -> "KernelOptions":
+        """The defaults with FLASHLIB_FA3, FLASHLIB_AUTOTUNE and FLASHLIB_FAST_LAUNCH ("0": off)."""
+        environ = os.environ if environ is None else environ
+        on = {name: environ.get(var, "1") != "0" for name, var in ENVIRONMENT.items()}
+        return cls(**on)
+
+    def replace(self, **changes) -> "KernelOptions":
+        """These options with ``changes``; an unknown name or a value of the wrong type is a
+        TypeError naming it."""
+        for name, value in changes.items():
+            if name not in _OPTION_TYPES:
+                raise TypeError(f"unknown kernel option {name!r}; known: {sorted(_OPTION_TYPES)}")
+            kind = _OPTION_TYPES[name]
+            if not (value is None and name == "launch_hook" or isinstance(value, kind)
+                    and not (kind is int and isinstance(value, bool))):
+                raise TypeError(f"kernel option {name} must be {kind.__name__}, got {value!r}")
+        return dataclasses.replace(self, **changes)
+
+
+_numbers, _by_number = {}, {}   # field values -> number -> the first KernelOptions with them
+
+
+def numbered(number: int) -> "KernelOptions":
+    """The options whose ``number`` this is (what a custom op receives in their place)."""
+    return _by_number[number]
+
+
+ENVIRONMENT = {"fa3": "FLASHLIB_FA3", "autotune": "FLASHLIB_AUTOTUNE", "fast_launch": "FLASHLIB_FAST_LAUNCH"}
+_OPTION_TYPES = {"fa3": bool, "fa3_from_flops": int, "fa3_fwd_mod_head_dims": tuple, "autotune": bool,
+                 "fast_launch": bool, "fa3_fold_scale": bool, "fa3_dq_before_dk": bool,
+                 "fa3_smem_bytes": int, "launch_hook": object}
+OPTIONS = KernelOptions.from_env()   # the options in force: set only by kernel_options() below
+_resolved = {}                       # (options, per-call dict's items) -> KernelOptions
+
+
+def options(kernel_options=None) -> KernelOptions:
+    """The options for one call: those in force (``OPTIONS``) with ``kernel_options`` (None, a
+    dict of option names to values, or a ``KernelOptions``) applied. A dict's result is cached,
+    so a call that passes the same dict each time builds nothing."""
+    if kernel_options is None:
+        return OPTIONS
+    if isinstance(kernel_options, KernelOptions):
+        return kernel_options
+    if not isinstance(kernel_options, dict):
+        raise TypeError(f"kernel_options must be a dict or a KernelOptions, got "
+                        f"{type(kernel_options).__name__}")
+    key = (OPTIONS, tuple(kernel_options.items()))
+    found = _resolved.get(key)
+    if found is None:
+        if len(_resolved) > 256:
+            _resolved.clear()
+        found = _resolved[key] = OPTIONS.replace(**kernel_options)
+    return found
+
+
+@contextlib.contextmanager
+def kernel_options(**changes):
+    """``with flashlib.kernel_options(fa3=False, autotune=False): ...``: these options in force
+    inside the block, for every call that passes no ``kernel_options`` of its own (process-wide,
+    like ``torch.backends`` switches; a backward uses the options its forward ran with)."""
+    global OPTIONS
+    saved = OPTIONS
+    OPTIONS = OPTIONS.replace(**changes)
+    try:
+        yield OPTIONS
+    finally:
+        OPTIONS = saved
+
+
+def autotuning(options_in_force: KernelOptions) -> bool:
+    """Whether kernels autotune under these options: on a GPU, with ``autotune`` on."""
+    return options_in_force.autotune and DEVICE.type == "cuda"
 
 
 _gpu_names = {}   # a dict, not functools.cache, which torch.compile warns about
@@ -100,7 +216,7 @@ def check_kernel(kernel, name: str | None = None) -> None:
     ``triton.language`` defines with ``@triton.jit`` when it is imported: ``import flashlib``
     has to come before ``import triton``. The fix for either is to restart and import in order.
     """
-    if DEVICE.type != "cpu":
+    if DEVICE.type != "cpu" or OPTIONS.launch_hook is not None:
         return
     import triton.language as tl
     if not is_interpreted(tl.max):
@@ -128,9 +244,10 @@ def capability(device: torch.device) -> tuple[int, int]:
 
 
 def check_device(name: str, t: torch.Tensor) -> None:
-    """Kernels run on CUDA tensors, or on CPU tensors through the interpreter."""
-    if t.device.type == "cuda":
-        if INTERPRET:
+    """Kernels run on CUDA tensors, or on CPU tensors through the interpreter (or anywhere while a
+    ``launch_hook`` records the launches instead of running them)."""
+    if t.device.type == "cuda" or OPTIONS.launch_hook is not None:
+        if INTERPRET and t.device.type == "cuda":
             raise ValueError(f"{name} is on {t.device} but TRITON_INTERPRET=1 is set: "
                              "use CPU tensors with the interpreter, or unset it")
         return

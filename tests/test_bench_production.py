@@ -7,7 +7,7 @@ import torch
 
 from flashlib.bench import production as prod
 from flashlib.decode import flash_decode
-from flashlib.kernels.versions import attention_flops
+from flashlib.kernels.dispatch import attention_flops
 from test_bench import RECORD_KEYS
 
 

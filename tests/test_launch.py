@@ -6,12 +6,14 @@ import types
 import pytest
 import torch
 
+from flashlib import runtime
 from flashlib.kernels import launch
 
 
 @pytest.fixture
 def enabled(monkeypatch):
-    monkeypatch.setattr(launch, "ENABLED", True)
+    # direct launches stand-in for a GPU with a tested Triton (a capability, not a switch)
+    monkeypatch.setattr(launch, "SUPPORTED", True)
 
 
 def test_plan_key_tells_apart_what_a_launch_depends_on(enabled):
@@ -30,9 +32,28 @@ def test_plan_key_tells_apart_what_a_launch_depends_on(enabled):
     assert key(a, b) != key(a, on_gpu)                        # every tensor's device, not only q's
 
 
-def test_plan_key_is_none_where_launches_must_be_plain(monkeypatch):
-    monkeypatch.setattr(launch, "ENABLED", False)
-    assert launch.plan_key((torch.zeros(4),), ()) is None
+def test_plan_key_keys_on_the_options_and_is_none_where_launches_must_be_plain(enabled, monkeypatch):
+    x = (torch.zeros(4),)
+    assert launch.plan_key(x, ()) is not None
+    assert launch.plan_key(x, (), runtime.OPTIONS.replace(fa3_fold_scale=False)) != launch.plan_key(x, ())
+    assert launch.plan_key(x, (), runtime.OPTIONS.replace(fast_launch=False)) is None
+    with runtime.kernel_options(fast_launch=False):
+        assert launch.plan_key(x, ()) is None
+    with runtime.kernel_options(launch_hook=print):
+        assert launch.plan_key(x, ()) is None
+    monkeypatch.setattr(launch, "SUPPORTED", False)       # the interpreter, another Triton
+    assert launch.plan_key(x, ()) is None
+
+
+def test_a_launch_hook_sees_every_launch_instead_of_triton():
+    kernel = FakeKernel(["X", "BLOCK"])
+    seen = []
+    with runtime.kernel_options(launch_hook=lambda *call: seen.append(call) or "hooked"):
+        assert launch.run(kernel, (3,), torch.zeros(4), BLOCK=16) == "hooked"
+        assert launch.fast_launch(kernel, (3,), torch.zeros(4), BLOCK=16) is None
+    assert [(grid, kw) for _, grid, _, kw in seen] == [((3,), {"BLOCK": 16})] * 2 and kernel.plain_calls == []
+    launch.run(kernel, (3,), torch.zeros(4), BLOCK=16)
+    assert len(kernel.plain_calls) == 1
 
 
 class FakeLauncher:

@@ -1,4 +1,6 @@
-"""The numbered kernel registry (flashlib.kernels.versions) and the FA1 kernel behind version 1.
+"""The numbered kernel registry (flashlib.kernels.dispatch), the choice it makes for a call, the
+kernel options (flashlib.runtime.KernelOptions), the lessons' checks (flashlib.teach.versions) and
+the FA1 kernel behind version 1.
 
 CPU: every registered version against attention_ref through Triton's interpreter at small,
 irregular shapes (N in {1, 17, 97, 130}, Nq != Nk, head dim 80, 9 heads, grouped heads, causal).
@@ -11,8 +13,8 @@ import pytest
 import torch
 
 from flashlib import runtime
-from flashlib.teach import viz
-from flashlib.kernels import versions
+from flashlib.kernels import dispatch, score_mod
+from flashlib.teach import versions, viz
 from flashlib.kernels.fa1 import fa1_forward, scratch_bytes
 from flashlib.reference import attention_naive, attention_ref
 from flashlib.testing import assert_close
@@ -22,14 +24,69 @@ gpu = pytest.mark.skipif(DEV.type != "cuda", reason="needs a CUDA GPU")
 
 
 def test_every_version_is_described_and_shares_the_signature():
+    assert versions.VERSIONS is dispatch.VERSIONS                 # one registry, the core's
     assert list(versions.VERSIONS) == sorted(versions.VERSIONS) == list(range(1, len(versions.VERSIONS) + 1))
-    assert versions.DESCRIPTIONS.keys() == versions.VERSIONS.keys()
-    for n, fn in versions.VERSIONS.items():
-        params = inspect.signature(fn).parameters
-        assert list(params)[:3] == ["q", "k", "v"], n
-        for name in ("causal", "scale"):
-            assert params[name].kind is inspect.Parameter.KEYWORD_ONLY, (n, name)
-        assert f"{n}  {fn.__name__}" in versions.__doc__, f"version {n} is missing from the header"
+    for n, version in versions.VERSIONS.items():
+        assert version.number == n and version.description and len(version.description) < 120
+        for fn in filter(None, (version.forward, version.backward)):
+            params = inspect.signature(fn).parameters
+            assert list(params)[:3] == ["q", "k", "v"], n
+            for name in ("causal", "scale"):
+                assert params[name].kind is inspect.Parameter.KEYWORD_ONLY, (n, name)
+        assert f"{n}  {version.forward.__name__}" in versions.__doc__, f"version {n} is missing from the header"
+        assert f"    {n}  FlashAttention-{n}" in dispatch.__doc__, f"version {n} is missing from dispatch's"
+    # what the dispatcher tries: known versions, each with a backward, the last taking every call
+    assert set(dispatch.DISPATCH_ORDER) <= set(dispatch.VERSIONS)
+    assert all(dispatch.VERSIONS[n].backward is not None for n in dispatch.DISPATCH_ORDER)
+    assert dispatch.VERSIONS[dispatch.DISPATCH_ORDER[-1]].supports is dispatch.always
+
+
+def test_the_dispatcher_picks_by_the_options_of_the_call(monkeypatch):
+    # version 3 stood in for (its predicates ask fa3_fwd/fa3_bwd.supported, replaced here): it takes
+    # large enough problems with FA3 on, a score modifier only at fa3_fwd_mod_head_dims
+    from flashlib.kernels import fa3_bwd, fa3_fwd
+    monkeypatch.setattr(fa3_fwd, "supported", lambda q, k, v, packed=False: True)
+    monkeypatch.setattr(fa3_bwd, "supported", lambda q, k, v, out, lse, dout, packed=False: True)
+    q = torch.zeros(2, 4, 64, 128)                                # 4 B H N N D = 2^24 FLOPs
+    plain, softcap = score_mod.IDENTITY, score_mod.make(q, score_mod.Modifiers(softcap=5.0))
+    base = runtime.KernelOptions(fa3_from_flops=1 << 24)
+
+    def picked(mod=plain, causal=False, q=q, **changes):
+        options = base.replace(**changes)
+        forward = dispatch.forward_version(q, q, q, causal, mod, options).number
+        backward = dispatch.backward_version(q, q, q, q, q, q, causal, mod, options).number
+        return forward, backward
+    assert picked() == (3, 3)
+    assert picked(causal=True) == (2, 2)                          # half the FLOPs: under the threshold
+    assert picked(fa3=False) == (2, 2)
+    assert picked(fa3_from_flops=(1 << 24) + 1) == (2, 2)
+    assert picked(softcap) == (3, 3)                              # d128: in fa3_fwd_mod_head_dims
+    assert picked(softcap, q=torch.zeros(2, 8, 64, 64)) == (2, 3)  # d64: FA2's forward, FA3's backward
+    assert picked(softcap, q=torch.zeros(2, 8, 64, 64), fa3_fwd_mod_head_dims=(64, 128)) == (3, 3)
+    packed = torch.zeros(128, 4, 128)                             # 2 sequences of 64: max_seqlen 64
+    assert dispatch.forward_version(packed, packed, packed, False, plain, base, (None, None), (64, 64)).number == 3
+
+
+def test_kernel_options_are_read_once_checked_and_overridable():
+    env = runtime.KernelOptions.from_env({"FLASHLIB_FA3": "0", "FLASHLIB_AUTOTUNE": "1", "FLASHLIB_FAST_LAUNCH": "0"})
+    assert (env.fa3, env.autotune, env.fast_launch) == (False, True, False)
+    assert runtime.KernelOptions.from_env({}) == runtime.KernelOptions()
+    before = runtime.OPTIONS
+    with runtime.kernel_options(fa3=False) as inside:
+        assert runtime.OPTIONS is inside and not inside.fa3 and runtime.options() is inside
+        assert runtime.options({"autotune": False}) == inside.replace(autotune=False)
+    assert runtime.OPTIONS is before
+    assert runtime.options({"fa3": False}) is runtime.options({"fa3": False})   # cached: no object per call
+    assert runtime.numbered(runtime.options({"fa3": False}).number) == before.replace(fa3=False)
+    with pytest.raises(TypeError, match="unknown kernel option 'fa4'"):
+        runtime.options({"fa4": True})
+    with pytest.raises(TypeError, match="fa3_from_flops must be int"):
+        runtime.KernelOptions().replace(fa3_from_flops=True)
+    with pytest.raises(TypeError, match="kernel_options must be a dict"):
+        runtime.options([("fa3", False)])
+    q = torch.randn(1, 2, 17, 16, device=DEV)
+    with pytest.raises(TypeError, match="unknown kernel option 'fast'"):
+        __import__("flashlib").flash_attention(q, q, q, kernel_options={"fast": True})
 
 
 RUNNABLE = [n for n in sorted(versions.VERSIONS) if n != 3]   # 3: Hopper, 16-bit (tested below)
@@ -51,7 +108,8 @@ def test_check_version_rejects_a_wrong_kernel(monkeypatch):
     def off_by_a_scale(q, k, v, *, causal=False, scale=None):
         return fa1_forward(q, k, v, causal=causal, scale=0.9 / q.shape[-1] ** 0.5)
 
-    monkeypatch.setitem(versions.VERSIONS, 99, off_by_a_scale)
+    wrong = dispatch.Version(99, off_by_a_scale, None, dispatch.never, dispatch.never, "FA1, a wrong scale")
+    monkeypatch.setitem(versions.VERSIONS, 99, wrong)
     with pytest.raises(AssertionError, match="version 99"):
         versions.check_version(99, shapes=[(1, 1, 1, 17, 33, 16, False)])
     with pytest.raises(ValueError, match="unknown kernel version"):

@@ -423,7 +423,7 @@ def environment():
         clock = run.stdout.strip().splitlines()[0] if run.returncode == 0 and run.stdout.strip() else None
     return dict(gpu=props.name, gpu_short=runtime.gpu_name(), capability=f"{props.major}.{props.minor}",
                 sm_count=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
-                cuda=torch.version.cuda, autotune=runtime.AUTOTUNE, max_sm_clock_mhz=clock,
+                cuda=torch.version.cuda, autotune=runtime.autotuning(runtime.OPTIONS), max_sm_clock_mhz=clock,
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
 

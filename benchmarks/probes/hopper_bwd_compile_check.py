@@ -194,10 +194,10 @@ def compile_variant(name, D, causal, dtype, sizes=(2, 6, 2, 1000, 1531), mod=Non
     stat = torch.empty(q.shape[0] * Hq, nq_pad, dtype=torch.float32)
     cu = torch.zeros(B + 1, dtype=torch.int32) if varlen else stat
     bq, bk, bdq = (1, 1, BM, D), (1, 1, BN, D), (1, 1, BM, config["DQ_N"])
-    args = dict(q_desc=fa3_bwd._descriptor(q, bq), do_desc=fa3_bwd._descriptor(q, bq),
-                k_desc=fa3_bwd._descriptor(k, bk), v_desc=fa3_bwd._descriptor(k, bk),
-                dk_desc=fa3_bwd._descriptor(k, bk), dv_desc=fa3_bwd._descriptor(k, bk),
-                dqa_desc=fa3_bwd._descriptor(acc, bdq), Lse2=stat, Delta=stat, DqAccum=acc,
+    args = dict(q_desc=fa3_bwd.descriptor(q, bq), do_desc=fa3_bwd.descriptor(q, bq),
+                k_desc=fa3_bwd.descriptor(k, bk), v_desc=fa3_bwd.descriptor(k, bk),
+                dk_desc=fa3_bwd.descriptor(k, bk), dv_desc=fa3_bwd.descriptor(k, bk),
+                dqa_desc=fa3_bwd.descriptor(acc, bdq), Lse2=stat, Delta=stat, DqAccum=acc,
                 ModArgs=stat, CuSeqQ=cu, CuSeqK=cu, dK=k, dV=k, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk,
                 Nq_pad=nq_pad, stride_dkm=k.stride(2), stride_dkh=k.stride(1), scale=0.1,
                 qk_scale=0.14, GROUP=Hq // Hkv)

@@ -268,7 +268,7 @@ def child_baselines(outdir):
     from flashlib.kernels.fa2_bwd import fa2_backward
 
     print(f"[baselines] FLASHLIB_AUTOTUNE={os.environ.get('FLASHLIB_AUTOTUNE', '(unset: 1)')} "
-          f"(autotune {'on' if runtime.AUTOTUNE else 'off'}), torch {torch.__version__}, "
+          f"(autotune {'on' if runtime.autotuning(runtime.OPTIONS) else 'off'}), torch {torch.__version__}, "
           f"{torch.cuda.get_device_name()}", flush=True)
     records = []
     fh = open(os.path.join(outdir, "baselines.jsonl"), "w")

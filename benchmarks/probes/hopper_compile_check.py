@@ -274,12 +274,12 @@ def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531), mod=Non
     lse = torch.empty(B, Hq, Nq, dtype=torch.float32)
     if fp8:   # V^T, rows padded to 16 bytes, as fa3_forward_fp8 makes it
         v_t = torch.empty(B, Hkv, D, -(-Nk // 16) * 16, dtype=dtype)
-        v_desc = fa3_fwd._descriptor(v_t, (1, 1, D, config["BLOCK_N"]), shape=(B, Hkv, D, Nk))
+        v_desc = fa3_fwd.descriptor(v_t, (1, 1, D, config["BLOCK_N"]), shape=(B, Hkv, D, Nk))
     else:
-        v_desc = fa3_fwd._descriptor(k, (1, 1, config["BLOCK_N"], D))
-    args = dict(q_desc=fa3_fwd._descriptor(q, (1, 1, fa3_fwd.BLOCK_M, D)),
-                k_desc=fa3_fwd._descriptor(k, (1, 1, config["BLOCK_N"], D)),
-                v_desc=v_desc, o_desc=fa3_fwd._descriptor(out, (1, 1, fa3_fwd.BLOCK_M, D)),
+        v_desc = fa3_fwd.descriptor(k, (1, 1, config["BLOCK_N"], D))
+    args = dict(q_desc=fa3_fwd.descriptor(q, (1, 1, fa3_fwd.BLOCK_M, D)),
+                k_desc=fa3_fwd.descriptor(k, (1, 1, config["BLOCK_N"], D)),
+                v_desc=v_desc, o_desc=fa3_fwd.descriptor(out, (1, 1, fa3_fwd.BLOCK_M, D)),
                 Lse=lse, Descale=lse, ModArgs=lse, Out=q, CuSeqQ=cu, CuSeqK=cu, Hq=Hq, Nq=Nq, Nk=Nk,
                 qk_scale=0.1, GROUP=Hq // Hkv, n_descale=B * Hkv, stride_om=Hq * D, stride_oh=D, total_q=B * Nq - 3,
                 n_seq=B)

@@ -136,10 +136,10 @@ def precompile_one(task):
         lse = torch.empty(1, 2, 256, dtype=torch.float32)
         t0 = time.time()
         fa3_fwd._fa3_fwd_kernel.warmup(
-            fa3_fwd._descriptor(q, (1, 1, fa3_fwd.BLOCK_M, D)),
-            fa3_fwd._descriptor(k, (1, 1, config["BLOCK_N"], D)),
-            fa3_fwd._descriptor(k, (1, 1, config["BLOCK_N"], D)),
-            fa3_fwd._descriptor(q, (1, 1, fa3_fwd.BLOCK_M, D)), lse, lse, lse, q, lse, lse,
+            fa3_fwd.descriptor(q, (1, 1, fa3_fwd.BLOCK_M, D)),
+            fa3_fwd.descriptor(k, (1, 1, config["BLOCK_N"], D)),
+            fa3_fwd.descriptor(k, (1, 1, config["BLOCK_N"], D)),
+            fa3_fwd.descriptor(q, (1, 1, fa3_fwd.BLOCK_M, D)), lse, lse, lse, q, lse, lse,
             2, 256, 256, 0.1, 2, 1, q.stride(2), q.stride(1), 0, 0,
             grid=(1,), CAUSAL=causal, SCORE_MOD=score_mod.identity, ALIBI_SPLIT=False, VARLEN=False,
             MAX_SEQS=128, FOLD=fa3_fwd._fold(score_mod.identity, 0.1), **config,
@@ -249,7 +249,7 @@ def child_baselines(outdir):
     impls = {"fa2 (flashlib)": lambda q, k, v, causal: fa2_forward(q, k, v, causal=causal),
              "sdpa flash": _sdpa("sdpa_flash"), "sdpa cudnn": _sdpa("sdpa_cudnn")}
     print(f"[baselines] FLASHLIB_AUTOTUNE={os.environ.get('FLASHLIB_AUTOTUNE', '(unset: 1)')} "
-          f"(autotune {'on' if runtime.AUTOTUNE else 'off'}), torch {torch.__version__}, "
+          f"(autotune {'on' if runtime.autotuning(runtime.OPTIONS) else 'off'}), torch {torch.__version__}, "
           f"{torch.cuda.get_device_name()}", flush=True)
     records = []
     fh = open(os.path.join(outdir, "baselines.jsonl"), "w")

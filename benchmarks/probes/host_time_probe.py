@@ -42,7 +42,7 @@ k, v = (torch.randn(32, 2, 256, 64, device="cuda", dtype=torch.bfloat16, require
 dout = torch.randn_like(q)
 qd, kd, vd = q.detach(), k.detach(), v.detach()
 out, lse = fa2_forward(qd, kd, vd, causal=True)
-print(f"flashlib {flashlib.__file__}, autotune {flashlib.runtime.AUTOTUNE}")
+print(f"flashlib {flashlib.__file__}, autotune {flashlib.runtime.OPTIONS.autotune}")
 for name, fn in [("check_inputs", lambda: check_inputs(q, k, v, causal=True)),
                  ("fa2_forward (launcher)", lambda: fa2_forward(qd, kd, vd, causal=True)),
                  ("fa2_backward (launcher)", lambda: fa2_backward(qd, kd, vd, out, lse, dout, causal=True)),

@@ -19,7 +19,7 @@ from flashlib import runtime
 from flashlib.bench import decode as bench_decode
 from flashlib.bench.harness import make_inputs
 from flashlib.bench.production import page_order, to_pages
-from flashlib.decode import _decode
+from flashlib.decode import decode_attention
 
 CASES = [("mha", bench_decode.MHA, 512), ("mha", bench_decode.MHA, 1024), ("mha", bench_decode.MHA, 2048),
          ("gqa", bench_decode.GQA, 512), ("gqa", bench_decode.GQA, 1024)]
@@ -52,9 +52,8 @@ def main(rounds):
             for page, caches, table in variants:
                 for splits in SPLITS:
                     def fn(q, k, v, _, table=table, splits=splits):
-                        return _decode(q, k, v, cache_seqlens=lens, block_table=table, num_splits=splits,
-                                       scale=None, softcap=None, alibi_slopes=None, return_lse=False,
-                                       check_table=False)
+                        return decode_attention(q, k, v, cache_seqlens=lens, block_table=table,
+                                                num_splits=splits, check_table=False)
                     with torch.no_grad():
                         out = fn(q, *caches, None)
                     err, ok = bench_decode.check_decode(lambda qs, *_: out[:, :qs.shape[1]], q, k, v, seqlens)

@@ -50,17 +50,12 @@ def host_report(dtype):
     two-kernel form, its parts, and SDPA's whole call."""
     import triton
 
-    from ..kernels import launch
     for shape in (MHA, GQA):
         B, Hq, Hkv, D = shape["B"], shape["Hq"], shape["Hkv"], shape["D"]
         q, k, v = bench.make_inputs(B, Hq, Hkv, 1, 1024, D, dtype, runtime.DEVICE)
         rows = {"flash_decode": lambda: flash_decode(q, k, v)}
-        fast = launch.ENABLED
-        launch.ENABLED = False
-        try:
+        with runtime.kernel_options(fast_launch=False):
             rows["flash_decode, plain kernel[grid] launch"] = host_time(rows["flash_decode"])
-        finally:
-            launch.ENABLED = fast
         rows["flash_decode"] = host_time(rows["flash_decode"])
         rows["decode_partial + combine"] = host_time(
             lambda: kernels.combine(*kernels.decode_partial(q, k, v), out_dtype=q.dtype))

@@ -19,7 +19,7 @@ import torch
 from .. import fp8, runtime
 from ..ops import flash_attention
 from ..reference import attention_ref
-from ..kernels.versions import attention_flops
+from ..kernels.dispatch import attention_flops
 from .harness import FORWARD_SHAPES, _sdpa, _time, make_inputs, shape_for
 
 

@@ -49,8 +49,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import runtime
-from ..decode import _decode, flash_decode
-from ..kernels.versions import attention_flops
+from ..decode import decode_attention, flash_decode
+from ..kernels.dispatch import attention_flops
 from ..ops import flash_attention, flash_attention_varlen
 from ..reference import attention_naive, attention_ref
 from ..testing import max_error, tolerance
@@ -299,9 +299,8 @@ def paged_record(case, impl, shape, seqlens, page_size, dtype):
             table = table.to(dev)
             caches = (to_pages(k, page_size, order), to_pages(v, page_size, order))
             # the table's entries are not read back (a device sync per call), as PagedKVCache.attend
-            fn = lambda q, k, v, _: _decode(q, k, v, cache_seqlens=lens, block_table=table,  # noqa: E731
-                                            num_splits=None, scale=None, softcap=None,
-                                            alibi_slopes=None, return_lse=False, check_table=False)
+            fn = lambda q, k, v, _: decode_attention(q, k, v, cache_seqlens=lens, block_table=table,  # noqa: E731
+                                                     check_table=False)
         with torch.no_grad():
             out = fn(q, *caches, None)
         # the timed call's output, its first heads against the oracle on the contiguous cache

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from .. import runtime
 from . import harness
 from ..distributed import Ring, RingAttention, ring_attention, shard
-from ..kernels.versions import attention_flops
+from ..kernels.dispatch import attention_flops
 from ..ops import flash_attention
 from ..testing import max_error, tolerance
 

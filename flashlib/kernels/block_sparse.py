@@ -282,13 +282,15 @@ def _band(mask):
     return (*mask.band, True) if mask.band is not None else (0, 0, False)
 
 
-def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False, score_mod=None):
+def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False, score_mod=None, options=None):
     """Launch the block-sparse forward. Returns ``(out, lse)`` like ``fa2_forward``.
 
     q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D); mask: a ``flashlib.masks.BlockMask`` for (Nq, Nk) on
     q's device whose (Bm, Hm) broadcast over (B, Hq); score_mod: a ``kernels.score_mod.ScoreMod``
-    or None. Inputs are validated by ``flashlib.ops``.
+    or None; options: a ``runtime.KernelOptions`` (None: those in force). Inputs are validated by
+    ``flashlib.ops``.
     """
+    options = runtime.OPTIONS if options is None else options
     runtime.check_kernel(_bs_fwd_kernel)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -297,7 +299,7 @@ def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False, score_m
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     block_d = padded_headdim(D)
     bs = mask.block_size
-    kernel, config = _choose_fwd(block_d, q.element_size(), B * Hq * Nq * Nk, bs)
+    kernel, config = _choose_fwd(block_d, q.element_size(), B * Hq * Nq * Nk, bs, autotune=runtime.autotuning(options))
     slice_b, slice_h = _slices(mask)
     mod_args, mod_fn, input_scale = score_mod_args(score_mod, lse)
     fast_launch(
@@ -310,14 +312,15 @@ def block_sparse_forward(q, k, v, mask, *, scale=None, allow_tf32=False, score_m
         mask.kv_visits, Hq // Hkv, *_band(mask), ADJACENT=mask.kv_full_adjacent, EVEN_N=Nk % bs == 0,
         SPARSE_BLOCK=bs, BLOCK_D=block_d,
         EVEN_M=Nq % bs == 0, EVEN_D=D == block_d,
-        DOT_PRECISION=precision, SCORE_MOD=mod_fn, **config)
+        DOT_PRECISION=precision, SCORE_MOD=mod_fn, **config, kernel_options=options)
     return out.to(out_dtype), lse
 
 
 def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf32=False,
-                          score_mod=None):
+                          score_mod=None, options=None):
     """Gradients of block-sparse attention from the saved (q, k, v, out, lse): ``(dq, dk, dv)``;
-    score_mod: the forward's."""
+    score_mod, options: the forward's."""
+    options = runtime.OPTIONS if options is None else options
     runtime.check_kernel(_bs_dkdv_kernel)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -334,8 +337,8 @@ def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf
               v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2))
     scores = B * Hq * Nq * Nk
     mod_args, mod_fn, input_scale = score_mod_args(score_mod, lse)
-    dq_kernel, dq_config = _choose_dq(block_d, q.element_size(), scores, bs)
-    dkdv_kernel, dkdv_config = _choose_dkdv(block_d, q.element_size(), scores, bs)
+    dq_kernel, dq_config = _choose_dq(block_d, q.element_size(), scores, bs, autotune=runtime.autotuning(options))
+    dkdv_kernel, dkdv_config = _choose_dkdv(block_d, q.element_size(), scores, bs, autotune=runtime.autotuning(options))
     fast_launch(
         dq_kernel, lambda meta: (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
         q, k, v, out, dout, lse, delta, dq, mod_args, mask.kv_count, mask.kv_full, mask.kv_index,
@@ -344,14 +347,16 @@ def block_sparse_backward(q, k, v, out, lse, dout, mask, *, scale=None, allow_tf
         mask.shape[3], scale, scale * LOG2E * input_scale,
         n_bucket, mask.kv_visits, Hq // Hkv, *_band(mask), ADJACENT=mask.kv_full_adjacent,
         EVEN_N=Nk % bs == 0, SPARSE_BLOCK=bs,
-        BLOCK_D=block_d, EVEN_D=D == block_d, DOT_PRECISION=precision, SCORE_MOD=mod_fn, **dq_config)
+        BLOCK_D=block_d, EVEN_D=D == block_d, DOT_PRECISION=precision, SCORE_MOD=mod_fn,
+        **dq_config, kernel_options=options)
     fast_launch(
         dkdv_kernel, lambda meta: (cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,),
         q, k, v, dout, lse, delta, dk, dv, mod_args, mask.q_count, mask.q_full, mask.q_index, mask.q_bitmap,
         mask.bitmaps, *common, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
-        dv.stride(2), slice_b, slice_h, Hq, Hkv, Nq, Nk, D, mask.shape[3], mask.shape[2], scale, scale * LOG2E * input_scale,
+        dv.stride(2), slice_b, slice_h, Hq, Hkv, Nq, Nk, D, mask.shape[3], mask.shape[2], scale,
+        scale * LOG2E * input_scale,
         n_bucket, mask.q_visits, Hq // Hkv, *_band(mask), ADJACENT=mask.q_full_adjacent,
         EVEN_N=Nk % bs == 0, EVEN_M=Nq % bs == 0, SPARSE_BLOCK=bs,
         BLOCK_D=block_d, EVEN_D=D == block_d, DOT_PRECISION=precision, SCORE_MOD=mod_fn,
-        **dkdv_config)
+        **dkdv_config, kernel_options=options)
     return dq.to(grad_dtype), dk.to(grad_dtype), dv.to(grad_dtype)

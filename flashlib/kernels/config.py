@@ -2,7 +2,7 @@
 
 Autotuning compiles and times every config once per key (problem size bucket, head dim, causal,
 precision, score modifier, packed or dense) and keeps its choice in Triton's disk cache, so the
-next process reuses it; it runs only on a GPU with ``runtime.AUTOTUNE``,
+next process reuses it; it runs only on a GPU with the ``autotune`` option on (``runtime.KernelOptions``),
 and only for problems of at least ``TUNE_FROM_SCORES`` scores; otherwise (and with
 FLASHLIB_AUTOTUNE=0) kernels take the first config that fits. Through the interpreter (no GPU)
 kernels use 64x64 blocks: the interpreter's cost is per program per loop step, whatever the
@@ -14,6 +14,7 @@ Shared memory: a kernel keeps ``resident`` rows of headdim (e.g. its Q block) an
 reports); configs over the GPU's per-block limit are dropped before compiling. The GPU is
 ``target()``: the one in use, or one of ``TARGETS`` that ``kernels/targets.py`` compiles for.
 """
+import contextlib
 import functools
 from typing import NamedTuple, Optional
 
@@ -78,6 +79,16 @@ TARGETS = {"t4": Target((7, 5), 64 << 10), "a100": Target((8, 0), 163 << 10),
 _compiling_for = []   # a Target while kernels/targets.py compiles for a GPU this machine lacks
 
 
+@contextlib.contextmanager
+def compiling_for(gpu: Target):
+    """Configs chosen for ``gpu`` inside the block (``target()``), for compiling without it."""
+    _compiling_for.append(gpu)
+    try:
+        yield gpu
+    finally:
+        _compiling_for.pop()
+
+
 @functools.cache
 def _device_target() -> Target:
     props = torch.cuda.get_device_properties(0)
@@ -131,10 +142,6 @@ def tuned(kernel, configs, footprint, elem_arg="Q", key=KEY, prefer=None):
         bm, bn, warps, stages = fitting[0] if fitting else (16, 16, 4, 1)
         return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
 
-    if not runtime.AUTOTUNE:
-        return lambda block_d, elem_bytes, scores, max_block=None: (
-            kernel, first_fitting(block_d, elem_bytes, max_block, None if runtime.INTERPRET else target()))
-
     def prune(triton_configs, named_args, **kwargs):
         block_d = named_args.get("BLOCK_D", kwargs.get("BLOCK_D"))
         max_block = named_args.get("SPARSE_BLOCK", kwargs.get("SPARSE_BLOCK"))
@@ -151,9 +158,11 @@ def tuned(kernel, configs, footprint, elem_arg="Q", key=KEY, prefer=None):
     autotuner = triton.autotune(triton_configs, key=key, prune_configs_by={"early_config_prune": prune},
                                 cache_results=True)(kernel)
 
-    def choose(block_d, elem_bytes, scores, max_block=None):
-        if scores < TUNE_FROM_SCORES:
-            return kernel, first_fitting(block_d, elem_bytes, max_block, target())
+    def choose(block_d, elem_bytes, scores, max_block=None, autotune=None):
+        """autotune: None for the options in force (``runtime.autotuning``)."""
+        autotune = runtime.autotuning(runtime.OPTIONS) if autotune is None else autotune
+        if not autotune or scores < TUNE_FROM_SCORES:
+            return kernel, first_fitting(block_d, elem_bytes, max_block, None if runtime.INTERPRET else target())
         return autotuner, {}
     return choose
 

@@ -41,7 +41,8 @@ import triton.language as tl
 
 from .. import runtime
 from .config import cdiv, next_power_of_2, padded_headdim, prologue, smem_bytes, target
-from .fa2_fwd import _attend_key_blocks
+from . import launch
+from .fa2_fwd import attend_key_blocks
 from .launch import fast_launch
 from .score_mod import kernel_args as score_mod_args
 from .tile import LN2, LOG2E, finalize, tile_update
@@ -122,7 +123,7 @@ def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals,
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc, m_i, l_i = _attend_key_blocks(
+    acc, m_i, l_i = attend_key_blocks(
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, lo, n_full, L,
         L - Nq, qk_scale, offs_i, offs_n, offs_d, D, bh[:, None], ModArgs,
         False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD,
@@ -130,7 +131,7 @@ def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals,
     # a branch, not only an empty loop: the loop's software-pipeline set-up alone cost 4-7% of
     # the GPU time under 4k keys on an H200 (benchmarks/probes/NOTES.md)
     if n_full < hi:
-        acc, m_i, l_i = _attend_key_blocks(
+        acc, m_i, l_i = attend_key_blocks(
             acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, n_full, hi, L,
             L - Nq, qk_scale, offs_i, offs_n, offs_d, D, bh[:, None], ModArgs,
             True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD,
@@ -319,12 +320,13 @@ def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, paged, num_splits
 
 
 def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, merge_into=None,
-            cached_scratch=True, score_mod=None, block_table=None):
+            cached_scratch=True, score_mod=None, block_table=None, options=None):
     """Run the split-KV kernel; return (o_part, lse_part). merge_into=(out, lse): also merge the
     splits into them (the last split of each row block does it) and keep the partials in the
     stream's workspace (None is returned for them); lse None: it goes to the workspace too.
     cached_scratch=False: the workspace is fresh buffers (see ``workspace``). block_table: the
-    caches are pages (see ``flashlib.decode.flash_decode``)."""
+    caches are pages (see ``flashlib.decode.flash_decode``). options: a ``runtime.KernelOptions``
+    (None: those in force)."""
     runtime.check_kernel(_decode_partial_kernel)
     (q, k_cache, v_cache), scale, _, _ = prologue(q, k_cache, v_cache, scale=scale)
     B, Hq, Nq, D = q.shape
@@ -368,7 +370,8 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
             BLOCK_S=merge_tile(num_splits, block_m, block_d) if arrivals is not None else 1,
             EVEN_D=(D == block_d),
             DOT_PRECISION="ieee", TILE_UPDATE=tile_update, SCORE_MOD=mod_fn,
-            PAGE=0 if block_table is None else k_cache.shape[2], num_warps=warps, num_stages=stages)
+            PAGE=0 if block_table is None else k_cache.shape[2], num_warps=warps, num_stages=stages,
+            kernel_options=options)
     return (None, None) if merge_into is not None else (o_part, lse_part)
 
 
@@ -430,7 +433,7 @@ def graph_counters(device, numel):
 
 
 def decode_partial(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=None, scale=None,
-                   config=None, score_mod=None, block_table=None):
+                   config=None, score_mod=None, block_table=None, options=None):
     """Launch the split-KV kernel. Returns ``(o_part, lse_part)``, one result per split.
 
     q: (B, Hq, Nq, D); k_cache, v_cache: (B, Hkv, Lmax, D); cache_seqlens: (B,) ints, valid keys
@@ -439,10 +442,11 @@ def decode_partial(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=None, 
     with no key to attend to (its o_part is 0). config: (BLOCK_N, num_warps, num_stages) to use
     instead of ``block_n_for``'s (for tuning); score_mod: a ``kernels.score_mod.ScoreMod`` or None;
     block_table: int32 (B, max_pages), the caches being pages (num_pages, Hkv, page_size, D).
-    Inputs are validated by ``flashlib.decode``.
+    options: a ``runtime.KernelOptions`` (None: those in force). Inputs are validated by
+    ``flashlib.decode``.
     """
     return _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config,
-                   score_mod=score_mod, block_table=block_table)
+                   score_mod=score_mod, block_table=block_table, options=options)
 
 
 def combine(o_part, lse_part, *, out_dtype=None, block_r=16):
@@ -462,19 +466,20 @@ def combine(o_part, lse_part, *, out_dtype=None, block_r=16):
     if rows == 0:
         return out, lse
     block_d = padded_headdim(D)
-    _combine_kernel[(cdiv(rows, block_r),)](
-        o_part.contiguous(), lse_part.contiguous(), out, lse, rows, S, D,
+    launch.run(  # _combine_kernel[grid](...), through flashlib's one launch point
+        _combine_kernel, (cdiv(rows, block_r),), o_part.contiguous(), lse_part.contiguous(), out, lse, rows, S, D,
         BLOCK_R=block_r, BLOCK_D=block_d, BLOCK_S=merge_tile(S, block_r, block_d), num_warps=4)
     return out, lse
 
 
 def flash_decode_forward(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=None, scale=None,
                          config=None, return_lse=True, cached_scratch=True, score_mod=None,
-                         block_table=None):
+                         block_table=None, options=None):
     """Flash-Decoding in one launch: the split-KV kernel, whose last split per row block merges
     (``decode_partial`` then ``combine``, fused). Returns ``(out, lse)``, out like q; lse is None
     unless ``return_lse`` (then it goes to the stream's scratch instead of a new tensor).
-    cached_scratch=False: no scratch outlives the call (``workspace``'s ``cached``).
+    cached_scratch=False: no scratch outlives the call (``workspace``'s ``cached``). options: a
+    ``runtime.KernelOptions`` (None: those in force).
 
     One launch instead of two matters at short caches, where the host's time per Triton launch
     (tens of microseconds) exceeds the GPU's work (benchmarks/probes/NOTES.md)."""
@@ -482,5 +487,5 @@ def flash_decode_forward(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=
     out = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device) if return_lse else None
     _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, merge_into=(out, lse),
-            cached_scratch=cached_scratch, score_mod=score_mod, block_table=block_table)
+            cached_scratch=cached_scratch, score_mod=score_mod, block_table=block_table, options=options)
     return out, lse

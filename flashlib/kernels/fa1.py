@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launch
 from .config import padded_headdim, prologue, size_bucket, tuned
 from .tile import LN2, LOG2E, tile_update
 
@@ -152,8 +153,8 @@ def fa1_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, rescale=
     m_scratch = torch.empty((B * Hq, Nq), dtype=torch.float32, device=q.device)
     block_d = padded_headdim(D)
     kernel, config = _choose(block_d, q.element_size(), B * Hq * Nq * Nk)
-    kernel[(B * Hq,)](
-        q, k, v, out, lse, o_scratch, l_scratch, m_scratch,
+    launch.run(  # kernel[(B * Hq,)](...), through flashlib's one launch point
+        kernel, (B * Hq,), q, k, v, out, lse, o_scratch, l_scratch, m_scratch,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         Hq, Nq, Nk, D, scale * LOG2E, size_bucket(Nq, Nk, slices=B * Hq), Hq // Hkv,

@@ -300,19 +300,21 @@ _choose_dq = tuned(_dq_kernel, DQ_CONFIGS, lambda bm, bn: (2 * bm, 2 * bn), pref
 
 
 def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf32=False,
-                 score_mod=None, cu_seqlens=None, max_seqlen=None):
+                 score_mod=None, cu_seqlens=None, max_seqlen=None, options=None):
     """Gradients of attention from the saved (q, k, v, out, lse). Returns ``(dq, dk, dv)``.
 
     Shapes as ``fa2_forward``: q, out, dout (B, Hq, Nq, D); k, v (B, Hkv, Nk, D);
     lse (B, Hq, Nq) float32 natural log. dk, dv are summed over each group of query heads.
     score_mod: the forward's ``kernels.score_mod.ScoreMod`` (None: none). cu_seqlens, max_seqlen:
-    packed sequences, as ``fa2_forward``.
+    packed sequences, as ``fa2_forward``. options: a ``runtime.KernelOptions`` (None: those in force).
     """
+    options = runtime.OPTIONS if options is None else options
     runtime.check_kernel(_dkdv_kernel)
     mod_args, mod_fn, input_scale = score_mod_args(score_mod, None)
     pointers = (q, k, v, out, dout, lse, *(cu_seqlens or ()), *([] if mod_args is None else [mod_args]))
-    key = plan_key(pointers, (causal, scale, allow_tf32, mod_fn, input_scale, max_seqlen)) \
-        if dout.dtype == q.dtype and lse.is_contiguous() else None
+    plannable = dout.dtype == q.dtype and lse.is_contiguous()
+    extra = (causal, scale, allow_tf32, mod_fn, input_scale, max_seqlen)
+    key = plan_key(pointers, extra, options) if plannable else None
     plan = _plans.get(key)
     if plan is not None:   # a call like an earlier one: allocate and replay its two launches
         dq_launch, dkdv_launch = plan
@@ -336,8 +338,8 @@ def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf3
     delta = torch.empty_like(lse)                                    # written by the dQ pass
     common = (*dims.strides(q), *dims.strides(k), *dims.strides(v), *dims.strides(dout))
     scores = B * Hq * Nq * Nk
-    dq_kernel, dq_config = _choose_dq(block_d, q.element_size(), scores)
-    dkdv_kernel, dkdv_config = _choose_dkdv(block_d, q.element_size(), scores)
+    dq_kernel, dq_config = _choose_dq(block_d, q.element_size(), scores, autotune=runtime.autotuning(options))
+    dkdv_kernel, dkdv_config = _choose_dkdv(block_d, q.element_size(), scores, autotune=runtime.autotuning(options))
     mod_args = lse if mod_args is None else mod_args
     dq_launch = fast_launch(
         dq_kernel, lambda meta: (cdiv(Nq, meta["BLOCK_M"]) * B * Hq,),
@@ -345,14 +347,14 @@ def fa2_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, allow_tf3
         *dims.strides(out), *dims.strides(dq), Hq, Nq, Nk, D, scale, scale * LOG2E * input_scale, n_bucket,
         dims.total_q, GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, EVEN_D=D == block_d,
         DOT_PRECISION=precision, SCORE_MOD=mod_fn, VARLEN=dims.cu_q is not None,
-        **dq_config)
+        **dq_config, kernel_options=options)
     dkdv_launch = fast_launch(
         dkdv_kernel, lambda meta: (cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,),
         q, k, v, dout, lse, delta, dk, dv, mod_args, *dims.offsets(lse), *common,
         *dims.strides(dk), *dims.strides(dv), Hq, Hkv, Nq, Nk, D, scale, scale * LOG2E * input_scale, n_bucket,
         dims.total_q, GROUP=Hq // Hkv, CAUSAL=bool(causal), BLOCK_D=block_d, EVEN_D=D == block_d,
         DOT_PRECISION=precision, SCORE_MOD=mod_fn, VARLEN=dims.cu_q is not None,
-        **dkdv_config)
+        **dkdv_config, kernel_options=options)
     remember(_plans, key, (dq_launch, dkdv_launch))
     return dq.to(grad_dtype), dk.to(grad_dtype), dv.to(grad_dtype)
 

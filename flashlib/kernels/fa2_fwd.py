@@ -49,11 +49,11 @@ def attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk
     PAGE > 0 (decode's paged KV cache): key j is row j % PAGE of page ``pages[j // PAGE]``, pages
     ``stride_kpage`` / ``stride_vpage`` apart; otherwise row j of the cache.
     ALIBI_SPLIT: ALiBi alone, every key of the tile at or before every query: the bias is
-    key_term (BN,) + row_term (BM,) (``_attend_key_blocks``), the hook is not called.
+    key_term (BN,) + row_term (BM,) (``attend_key_blocks``), the hook is not called.
     """
     if PAGE:
         # one table entry loaded per page of the tile and broadcast to its keys, not one per key
-        # (PAGE < BN here: a tile inside one page takes ``_attend_key_blocks``'s contiguous path);
+        # (PAGE < BN here: a tile inside one page takes ``attend_key_blocks``'s contiguous path);
         # the loop's sm90 SASS at B=1 H=32 d128 page 16: 592 -> 457 instructions (contiguous 284)
         NP: tl.constexpr = cols.shape[0] // PAGE
         first = tl.min(tl.reshape(cols, (NP, PAGE)), axis=1) // PAGE                    # (NP,)
@@ -88,7 +88,7 @@ def attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk
 
 
 @triton.jit
-def _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
+def attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                        lo, hi, Nk, causal_offset, qk_scale, offs_m, offs_n, offs_d, D, bh, mod_args,
                        MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
                        BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr,
@@ -206,7 +206,7 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse, ModArgs, CuSeqQ, CuSeqK,
     # query blocks of one (batch, head) adjacent so they share its K/V in L2. VARLEN: Nq and Nk
     # are the longest sequence's, the grid covers it, and each entry's come from cu_seqlens.
     # m_init: the running max's start, -inf; tile.tile_update_bounded's fixed offset.
-    # ALIBI_SPLIT: causal ALiBi alone, its bias split in the unmasked blocks (_attend_key_blocks).
+    # ALIBI_SPLIT: causal ALiBi alone, its bias split in the unmasked blocks (attend_key_blocks).
     n_m = tl.cdiv(Nq, BLOCK_M)
     pid_m = tl.program_id(0) % n_m
     off_bh = tl.program_id(0) // n_m
@@ -236,12 +236,12 @@ def _fa2_fwd_kernel(Q, K, V, Out, Lse, ModArgs, CuSeqQ, CuSeqK,
     # key range: [0, n_full) needs no mask; [n_full, hi) is the diagonal band and/or ragged tail
     causal_offset = Nk - Nq
     n_full, hi = key_range(start_m, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, m_i, l_i = _attend_key_blocks(
+    acc, m_i, l_i = attend_key_blocks(
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, 0, n_full, Nk,
         causal_offset, qk_scale, offs_m, offs_n, offs_d, D, off_bh, ModArgs,
         False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD, ALIBI_SPLIT=ALIBI_SPLIT)
     if n_full < hi:   # a branch: even an empty loop sets up its software pipeline
-        acc, m_i, l_i = _attend_key_blocks(
+        acc, m_i, l_i = attend_key_blocks(
             acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, n_full, hi, Nk,
             causal_offset, qk_scale, offs_m, offs_n, offs_d, D, off_bh, ModArgs,
             True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD)
@@ -260,7 +260,7 @@ _choose = tuned(_fa2_fwd_kernel, CONFIGS, lambda bm, bn: (bm, 2 * bn))
 
 
 def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_update=None,
-                score_mod=None, cu_seqlens=None, max_seqlen=None):
+                score_mod=None, cu_seqlens=None, max_seqlen=None, options=None):
     """Launch the FA2 forward kernel. Returns ``(out, lse)``.
 
     q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D). out: like q; lse: (B, Hq, Nq) float32, natural
@@ -274,14 +274,17 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
     running max (``tile.tile_update_bounded``), unless ``tile_update`` is given.
     cu_seqlens=(cu_q, cu_k), max_seqlen=(max_q, max_k): packed sequences (flash-attn's varlen
     layout): q (total_q, Hq, D), k, v (total_k, Hkv, D), sequence b in rows [cu[b], cu[b + 1]);
-    then out is like q and lse (Hq, total_q).
+    then out is like q and lse (Hq, total_q). options: a ``runtime.KernelOptions`` (None: those
+    in force).
     """
+    options = runtime.OPTIONS if options is None else options
     runtime.check_kernel(_fa2_fwd_kernel)
     mod_args, mod_fn, input_scale = score_mod_args(score_mod, None)
     m_init = (None if tile_update is not None or score_mod is None or score_mod.bound is None
               else bounded_offset(score_mod.bound, v.dtype))   # not None: no running max
     pointers = (q, k, v, *(cu_seqlens or ()), *([] if mod_args is None else [mod_args]))
-    key = plan_key(pointers, (causal, scale, allow_tf32, tile_update, mod_fn, input_scale, max_seqlen, m_init))
+    extra = (causal, scale, allow_tf32, tile_update, mod_fn, input_scale, max_seqlen, m_init)
+    key = plan_key(pointers, extra, options)
     plan = _plans.get(key)
     if plan is not None:   # a call like an earlier one: allocate and replay its launch
         launch, lse_shape = plan
@@ -295,7 +298,7 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
     out = torch.empty_like(q)
     lse = torch.empty(dims.lse_shape, dtype=torch.float32, device=q.device)
     block_d = padded_headdim(D)
-    kernel, config = _choose(block_d, q.element_size(), B * Hq * Nq * Nk)
+    kernel, config = _choose(block_d, q.element_size(), B * Hq * Nq * Nk, autotune=runtime.autotuning(options))
     even_m = dims.cu_q is None and all(
         Nq % bm == 0 for bm in ([config["BLOCK_M"]] if config else {c[0] for c in CONFIGS}))
 
@@ -312,7 +315,8 @@ def fa2_forward(q, k, v, *, causal=False, scale=None, allow_tf32=False, tile_upd
         TILE_UPDATE=(tile_update if tile_update is not None else tile_update_fn if m_init is None
                      else tile_update_bounded), SCORE_MOD=mod_fn,
         VARLEN=dims.cu_q is not None,
-        ALIBI_SPLIT=bool(causal) and mod_fn is alibi_bias and tile_update is None, **config)
+        ALIBI_SPLIT=bool(causal) and mod_fn is alibi_bias and tile_update is None, **config,
+        kernel_options=options)
     remember(_plans, key, (launch, dims.lse_shape))
     return out.to(out_dtype), lse
 

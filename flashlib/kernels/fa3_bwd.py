@@ -69,13 +69,14 @@ Written for Triton 3.6's ``triton.experimental.gluon`` (its TMA reduce is reache
 builder, Gluon 3.6 has no Python wrapper for it). Importing never fails: on another Triton, or
 without Gluon's Hopper module, the kernels are not defined and ``supported`` is False.
 """
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 
+from .. import runtime
 from ..inputs import resolve_scale
 from . import fa3_fwd
-from .fa3_fwd import _descriptor, _tma_ok
+from .fa3_fwd import descriptor, tma_ok
 from .launch import Descriptor, fast_launch, plan_key, remember
 from .score_mod import identity as _identity
 from .score_mod import kernel_args as score_mod_args
@@ -102,8 +103,6 @@ SMEM_BYTES = 232448     # H100/H200 shared memory per block (227 KiB)
 SMEM_SPARE = 8192       # kept for the barriers and the compiler's own scratch
 MAX_STAGES = 4
 DQ_N = 64               # dQ = dS K in column slices this wide (the accumulator's registers)
-DQ_BEFORE_DK = True     # rows along M: dQ's first slice issued before dK += dS^T Q, so that its
-                        # trip through shared memory overlaps dK's wgmma (``_consumer``)
 
 
 class Variant(NamedTuple):
@@ -138,22 +137,25 @@ VARIANTS = {
 DEFAULT_VARIANT = {64: "2wg", 128: "2wg"}
 
 
-def kernel_config(variant: str, D: int, elem_bytes: int = 2) -> dict:
+def kernel_config(variant: str, D: int, elem_bytes: int = 2, smem_bytes: Optional[int] = None,
+                  dq_before_dk: bool = True) -> dict:
     """The kernel's constexprs for ``variant`` at head dim D: the Q/dO ring as deep as fits beside
     K and V (num_wg x 64 x D each), dS (and P unless keys_m; num_wg x 64 x block_m each) and, with
-    dq_tma, a float32 dQ slice per consumer (block_m x min(D, DQ_N))."""
+    dq_tma, a float32 dQ slice per consumer (block_m x min(D, DQ_N)), in ``smem_bytes`` (None:
+    ``SMEM_BYTES``). dq_before_dk: dQ's first slice issued before dK's wgmma (rows along M)."""
     v = VARIANTS[variant]
     if D not in v.head_dims:
         raise ValueError(f"variant {variant!r} is for head dims {v.head_dims}, not {D}")
     fixed = (2 * D + (1 if v.keys_m else 2) * v.block_m) * v.num_wg * BLOCK_N * elem_bytes
     if v.dq_tma:
         fixed += v.num_wg * v.block_m * min(D, DQ_N) * 4
-    stages = min(MAX_STAGES, (SMEM_BYTES - SMEM_SPARE - fixed) // (2 * v.block_m * D * elem_bytes))
+    smem_bytes = SMEM_BYTES if smem_bytes is None else smem_bytes
+    stages = min(MAX_STAGES, (smem_bytes - SMEM_SPARE - fixed) // (2 * v.block_m * D * elem_bytes))
     if stages < 1:
         raise ValueError(f"variant {variant!r} does not fit shared memory at head dim {D}")
     return dict(BLOCK_M=v.block_m, BLOCK_N=BLOCK_N, HEAD_D=D, NUM_WG=v.num_wg, STAGES=stages,
                 DQ_TMA=v.dq_tma, KEYS_M=v.keys_m, DQ_N=min(D, DQ_N), CONSUMER_REGS=v.regs or 240,
-                DQ_FIRST=DQ_BEFORE_DK and not v.keys_m)
+                DQ_FIRST=dq_before_dk and not v.keys_m)
 
 
 def launch_options(variant: str) -> dict:
@@ -682,7 +684,7 @@ def supported(q, k, v, out=None, lse=None, dout=None, packed=False) -> bool:
 
 
 def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=None, score_mod=None,
-                 cu_seqlens=None, max_seqlen=None):
+                 cu_seqlens=None, max_seqlen=None, options=None):
     """Gradients of attention from the saved (q, k, v, out, lse), as ``fa2_backward``.
 
     q, out, dout: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D), float16/bfloat16, D in (64, 128), on an
@@ -692,15 +694,18 @@ def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=N
     ``kernels.score_mod.ScoreMod`` (softcap, ALiBi), None: the scores as they are.
     cu_seqlens=(cu_q, cu_k), max_seqlen=(max_q, max_k): packed sequences as ``fa3_forward`` takes
     them, q, out, dout (total_q, Hq, D), k, v (total_k, Hkv, D), lse (Hq, total_q); dq, dk, dv
-    packed like q, k, v (check ``supported(..., packed=True)``).
+    packed like q, k, v (check ``supported(..., packed=True)``). options: a ``runtime.KernelOptions``
+    (None: those in force; its ``fa3_dq_before_dk`` and ``fa3_smem_bytes``).
     """
+    options = runtime.OPTIONS if options is None else options
     tensors = (q, k, v, out, lse, dout)
     mod_args, mod_fn, input_scale = score_mod_args(score_mod, None)
     packed = () if cu_seqlens is None else tuple(cu_seqlens)
     max_seqlen = None if max_seqlen is None else tuple(max_seqlen)   # a plan key's part
     pointers = tensors + packed + (() if mod_args is None else (mod_args, ))
-    key = plan_key(pointers, (causal, scale, variant, mod_fn, input_scale, max_seqlen, DQ_BEFORE_DK)) \
-        if all(isinstance(t, torch.Tensor) for t in pointers) else None
+    all_tensors = all(isinstance(t, torch.Tensor) for t in pointers)
+    extra = (causal, scale, variant, mod_fn, input_scale, max_seqlen)
+    key = plan_key(pointers, extra, options) if all_tensors else None
     plan = _plans.get(key)
     if plan is not None:   # a call like an earlier one: allocate and replay its launches (launch.py)
         return _replay(plan, q, k, v, out, lse, dout, mod_args, packed)
@@ -711,18 +716,18 @@ def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=N
         return fa3_fwd.packed_view(t) if packed else t
     D = q.shape[-1]
     scale = resolve_scale(scale, D)
-    plannable = dout.dtype == q.dtype and _tma_ok(as4(dout)) and out.stride(-1) == 1   # no copies
+    plannable = dout.dtype == q.dtype and tma_ok(as4(dout)) and out.stride(-1) == 1   # no copies
     dout = dout.to(q.dtype)
-    if not _tma_ok(as4(dout)):        # e.g. the expanded (stride 0) gradient of a sum
+    if not tma_ok(as4(dout)):        # e.g. the expanded (stride 0) gradient of a sum
         dout = dout.contiguous()
-        if not _tma_ok(as4(dout)):
+        if not tma_ok(as4(dout)):
             dout = dout.clone()
     if out.stride(-1) != 1:
         out = out.contiguous()
     # laid out as ops._fake_grads says (torch.compile relies on it): like the inputs; packed dK
     # and dV share their strides (the kernel's masked stores take one pair)
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    dense_kv = not (_tma_ok(as4(dk)) and _tma_ok(as4(dv))) or (bool(packed)
+    dense_kv = not (tma_ok(as4(dk)) and tma_ok(as4(dv))) or (bool(packed)
                                                                 and dk.stride() != dv.stride())
     if dense_kv:
         dk, dv = torch.empty(k.shape, dtype=k.dtype, device=k.device), torch.empty_like(dk)
@@ -735,7 +740,7 @@ def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=N
     if B * Hq == 0 or 0 in (Nq, Nk, rows_q, rows_k):
         return dq.zero_(), dk.zero_(), dv.zero_()
     variant = variant or DEFAULT_VARIANT[D]
-    config = kernel_config(variant, D)
+    config = kernel_config(variant, D, smem_bytes=options.fa3_smem_bytes, dq_before_dk=options.fa3_dq_before_dk)
     BM = config["BLOCK_M"]
     # lse2, delta rows per (batch, head): dense padded to whole query blocks (lse +inf, delta 0);
     # packed the total, rows past a sequence's end masked by the kernel
@@ -746,14 +751,15 @@ def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=N
     rows = 64
     preprocess = fast_launch(_preprocess_kernel, (-(-nq_pad // rows), q4.shape[0] * Hq),
                              out4, dout4, lse, lse2, delta, *out4.stride()[:3], *dout4.stride()[:3], Hq,
-                             rows_q, nq_pad, HEAD_D=D, ROWS=rows, num_warps=4)
+                             rows_q, nq_pad, HEAD_D=D, ROWS=rows, num_warps=4,
+                             kernel_options=options)
     dq_accum = torch.zeros(q4.shape, dtype=torch.float32, device=q.device)   # packed (1, Hq, total_q, D)
     block_q = (1, 1, BM, D)
     block_k = (1, 1, config["BLOCK_N"], D)
     block_dq = (1, 1, BM, config["DQ_N"])
-    descs = (_descriptor(q4, block_q), _descriptor(dout4, block_q), _descriptor(k4, block_k),
-             _descriptor(v4, block_k), _descriptor(dk4, block_k), _descriptor(dv4, block_k),
-             _descriptor(dq_accum, block_dq))
+    descs = (descriptor(q4, block_q), descriptor(dout4, block_q), descriptor(k4, block_k),
+             descriptor(v4, block_k), descriptor(dk4, block_k), descriptor(dv4, block_k),
+             descriptor(dq_accum, block_dq))
     cta_n = config["BLOCK_N"] * config["NUM_WG"]
     grid = (-(-Nk // cta_n) * B * Hkv,)
     # the identity's args and the dense kernel's offsets are never read: lse2 stands in; the
@@ -762,9 +768,11 @@ def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=N
                        lse2 if mod_args is None else mod_args, *(packed or (lse2, lse2)), dk4, dv4,
                        Hq, Hkv, Nq, Nk, nq_pad, dk4.stride(2), dk4.stride(1), scale,
                        scale * LOG2E * input_scale, Hq // Hkv, CAUSAL=bool(causal), SCORE_MOD=mod_fn,
-                       VARLEN=bool(packed), **config, **launch_options(variant))
+                       VARLEN=bool(packed), **config, **launch_options(variant),
+                       kernel_options=options)
     convert = fast_launch(_convert_dq_kernel, (-(-rows_q // rows), q4.shape[0] * Hq), dq_accum, dq4,
-                          *dq4.stride()[:3], Hq, rows_q, scale, HEAD_D=D, ROWS=rows, num_warps=4)
+                          *dq4.stride()[:3], Hq, rows_q, scale, HEAD_D=D, ROWS=rows, num_warps=4,
+                          kernel_options=options)
     if plannable:
         remember(_plans, key, (preprocess, main, convert, dense_kv, (lse2.shape, dq_accum.shape),
                                tuple(Descriptor.view(d) for d in descs)))

@@ -65,7 +65,7 @@ Gluon's API changes between Triton releases; this file is written for Triton 3.6
 Hopper module, the kernels are not defined and ``supported`` is False (callers use FA2).
 """
 import functools
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -73,6 +73,7 @@ import triton.language as tl
 
 from .. import runtime
 from ..inputs import resolve_scale
+from . import launch
 from .config import cdiv, padded_headdim
 from .launch import Descriptor, fast_launch, plan_key, remember
 from .score_mod import (alibi_bias, alibi_slope, identity, softcap_cap, softcap_tanh, tanh_softcap,
@@ -98,7 +99,6 @@ BLOCK_M = 64    # query rows per consumer warpgroup: 4 warps x 16 rows, wgmma's 
 SMEM_BYTES = 232448     # H100/H200 shared memory per block (227 KiB)
 SMEM_SPARE = 8192       # kept for the barriers and the compiler's own scratch
 MAX_STAGES = 4
-FOLD_SCALE = True        # the scores' factor (scale, softcap) inside exp2's FFMA (``_fold``)
 FP8_KEY_ORDER = True     # FP8: V^T's keys in the order of P's registers (``_p_operand``)
 FP8_CAUSAL_ONE_CONSUMER = False   # run (not refuse) FP8 + causal + one consumer: for probes only
 
@@ -138,16 +138,18 @@ DEFAULT_VARIANT_FP8 = {(64, False): "simple", (64, True): "2wg_pingpong", (128, 
                        (128, True): "2wg_pingpong"}
 
 
-def kernel_config(variant: str, D: int, fp8: bool = False) -> dict:
+def kernel_config(variant: str, D: int, fp8: bool = False, smem_bytes: Optional[int] = None) -> dict:
     """The kernel's constexprs for ``variant`` at head dim D: the K/V ring as deep as fits beside
-    the Q blocks (Q: num_wg x 64 x D, each stage one K and one V block of block_n x D). In FP8
-    (1-byte Q, K, V) the bf16 output needs its own buffer: num_wg x 64 x D x 2 bytes."""
+    the Q blocks (Q: num_wg x 64 x D, each stage one K and one V block of block_n x D) in
+    ``smem_bytes`` (None: ``SMEM_BYTES``). In FP8 (1-byte Q, K, V) the bf16 output needs its own
+    buffer: num_wg x 64 x D x 2 bytes."""
     v = VARIANTS[variant]
     if D not in v.head_dims:
         raise ValueError(f"variant {variant!r} is for head dims {v.head_dims}, not {D}")
     elem_bytes = 1 if fp8 else 2
     q_bytes = v.num_wg * BLOCK_M * D * (elem_bytes + (2 if fp8 else 0))
-    stages = min(MAX_STAGES, (SMEM_BYTES - SMEM_SPARE - q_bytes) // (2 * v.block_n * D * elem_bytes))
+    smem_bytes = SMEM_BYTES if smem_bytes is None else smem_bytes
+    stages = min(MAX_STAGES, (smem_bytes - SMEM_SPARE - q_bytes) // (2 * v.block_n * D * elem_bytes))
     return dict(BLOCK_M=BLOCK_M, BLOCK_N=v.block_n, HEAD_D=D, NUM_WG=v.num_wg, STAGES=stages,
                 OVERLAP=v.overlap, PINGPONG=v.pingpong and v.num_wg > 1,
                 CONSUMER_REGS=v.regs or 240, FP8=fp8, KEY_ORDER=fp8 and FP8_KEY_ORDER)
@@ -643,7 +645,7 @@ def supported(q, k, v, packed=False) -> bool:
         if packed:   # (total, heads, D) only
             views = tuple(packed_view(t) for t in views) if all(t.ndim == 3 for t in views) else None
         answer = (views is not None and hopper_inputs(*views, (torch.float16, torch.bfloat16))
-                  and all(_tma_ok(t) for t in views),)
+                  and all(tma_ok(t) for t in views),)
         remember(_supported, key, answer)
     return answer[0]
 
@@ -667,7 +669,7 @@ def _strides(t):
     return strides
 
 
-def _tma_ok(t) -> bool:
+def tma_ok(t) -> bool:
     """TMA's needs: 16-byte aligned base and strides, unit last stride, no broadcast (0) strides."""
     e = t.element_size()
     return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
@@ -679,7 +681,7 @@ def _smem_layout(dtype, block):
     return gl.NVMMASharedLayout.get_default_for(list(block), dtype)
 
 
-def _descriptor(t, block, shape=None):
+def descriptor(t, block, shape=None):
     """A 4-D TMA descriptor of t (batch, head, row, dim) moving blocks of ``block``; ``shape``:
     the bounds TMA clips at and zero-fills past, when they are smaller than t's."""
     gdtype = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32,
@@ -689,7 +691,7 @@ def _descriptor(t, block, shape=None):
 
 
 def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None, score_mod=None, cu_seqlens=None,
-                max_seqlen=None):
+                max_seqlen=None, options=None):
     """Launch the FA3 forward kernel. Returns ``(out, lse)`` exactly as ``fa2_forward``.
 
     q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D), float16/bfloat16, D in (64, 128), on an sm90 GPU
@@ -698,13 +700,16 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None, score_mod=No
     ``DEFAULT_VARIANT[D]``). score_mod: a ``kernels.score_mod.ScoreMod`` (softcap, ALiBi), None:
     the scores as they are. cu_seqlens=(cu_q, cu_k), max_seqlen=(max_q, max_k): packed sequences
     as ``fa2_forward`` takes them, q (total_q, Hq, D), k, v (total_k, Hkv, D); out like q, lse
-    (Hq, total_q) (check ``supported(q, k, v, packed=True)``).
+    (Hq, total_q) (check ``supported(q, k, v, packed=True)``). options: a
+    ``runtime.KernelOptions`` (None: those in force; its ``fa3_fold_scale`` and ``fa3_smem_bytes``).
     """
+    options = runtime.OPTIONS if options is None else options
     mod_args, mod_fn, input_scale = score_mod_args(score_mod, None)
     packed = () if cu_seqlens is None else tuple(cu_seqlens)
     pointers = (q, k, v, *packed, *([] if mod_args is None else [mod_args]))
-    key = plan_key(pointers, (causal, scale, variant, mod_fn, input_scale, max_seqlen, FOLD_SCALE)) \
-        if all(isinstance(t, torch.Tensor) for t in pointers) else None
+    plannable = all(isinstance(t, torch.Tensor) for t in pointers)
+    extra = (causal, scale, variant, mod_fn, input_scale, max_seqlen)
+    key = plan_key(pointers, extra, options) if plannable else None
     plan = _plans.get(key)
     if plan is not None:   # a call like an earlier one: allocate and replay its launch (launch.py)
         launch, dense_out, lse_shape, (q_view, k_view, v_view, o_view) = plan
@@ -718,7 +723,7 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None, score_mod=No
     if not supported(q, k, v, packed=bool(packed)):
         raise ValueError("fa3_forward: unsupported inputs (see fa3_fwd.supported); use fa2_forward")
     out = torch.empty_like(q)
-    dense_out = not packed and not _tma_ok(out)   # empty_like keeps q's strides; a dense copy works
+    dense_out = not packed and not tma_ok(out)   # empty_like keeps q's strides; a dense copy works
     if dense_out:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if packed:
@@ -734,10 +739,10 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None, score_mod=No
     if max_k == 0 or k.shape[2] == 0:
         return out.zero_(), lse.fill_(float("-inf"))
     variant = variant or DEFAULT_VARIANT[D]
-    config = kernel_config(variant, D)
-    v_desc = _descriptor(v, (1, 1, config["BLOCK_N"], D))
+    config = kernel_config(variant, D, smem_bytes=options.fa3_smem_bytes)
+    v_desc = descriptor(v, (1, 1, config["BLOCK_N"], D))
     launch, views = _launch(q, k, v_desc, out4, lse, causal, resolve_scale(scale, D), None, variant,
-                            config, score_mod, packed and (*packed, max_q, max_k))
+                            config, options, score_mod, packed and (*packed, max_q, max_k))
     remember(_plans, key, (launch, dense_out, lse.shape, views))
     return out, lse
 
@@ -745,7 +750,8 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None, score_mod=No
 _plans = {}   # launch.plan_key -> (Launch, out made dense?, lse's shape, (shape, strides) of each descriptor)
 
 
-def _launch(q, k, v_desc, out, lse, causal, scale, descale, variant, config, score_mod=None, varlen=()):
+def _launch(q, k, v_desc, out, lse, causal, scale, descale, variant, config, options, score_mod=None,
+            varlen=()):
     """Launch the kernel; returns its ``Launch`` (None on Triton's plain path) and the
     (shape, strides) of its four descriptors, for a plan. varlen: (cu_q, cu_k, max_q, max_k) of
     packed sequences, q, k and out then their ``packed_view``s."""
@@ -759,32 +765,31 @@ def _launch(q, k, v_desc, out, lse, causal, scale, descale, variant, config, sco
         cu_q, cu_k, Nq, Nk = varlen
         n_seq, total_q = cu_q.numel() - 1, q.shape[2]
         grid = ((-(-total_q // cta_m) + n_seq) * Hq,)
-    descs = (_descriptor(q, (1, 1, BLOCK_M, D)), _descriptor(k, (1, 1, config["BLOCK_N"], D)),
-             v_desc, _descriptor(out, (1, 1, BLOCK_M, D)))
+    descs = (descriptor(q, (1, 1, BLOCK_M, D)), descriptor(k, (1, 1, config["BLOCK_N"], D)),
+             v_desc, descriptor(out, (1, 1, BLOCK_M, D)))
     launch = fast_launch(_fa3_fwd_kernel, grid, *descs, lse, lse if descale is None else descale,
                          mod_args, out, cu_q, cu_k, Hq, Nq, Nk, scale * LOG2E * input_scale, Hq // Hkv,
                          B * Hkv, out.stride(2), out.stride(1), total_q, n_seq, CAUSAL=bool(causal),
                          SCORE_MOD=mod_fn, ALIBI_SPLIT=mod_fn is alibi_bias, VARLEN=bool(varlen),
-                         FOLD=_fold(mod_fn, scale),
-                         MAX_SEQS=max(128, triton.next_power_of_2(n_seq)), **config, **launch_options(variant))
+                         FOLD=_fold(mod_fn, scale) if options.fa3_fold_scale else 0,
+                         MAX_SEQS=max(128, triton.next_power_of_2(n_seq)), **config,
+                         **launch_options(variant), kernel_options=options)
     return launch, tuple(Descriptor.view(d) for d in descs)
 
 
 def _fold(mod_fn, scale):
     """The kernel's FOLD (``_scores``): 1 for plain scores at a scale > 0, 2 / 3 for a softcap alone
-    (tanh by formula / tanh.approx), 0 otherwise or with ``FOLD_SCALE`` off."""
-    if not FOLD_SCALE:
-        return 0
+    (tanh by formula / tanh.approx), 0 otherwise (and with the ``fa3_fold_scale`` option off)."""
     return {identity: int(scale > 0), tanh_softcap: 2, tanh_softcap_approx: 3}.get(mod_fn, 0)
 
 
 def supported_fp8(q, k, v) -> bool:
     """Whether ``fa3_forward_fp8`` can run these inputs: as ``supported``, with float8_e4m3fn
     q, k, v (V is copied transposed by the launcher, so only q's and k's layout matter)."""
-    return hopper_inputs(q, k, v, (torch.float8_e4m3fn,)) and _tma_ok(q) and _tma_ok(k)
+    return hopper_inputs(q, k, v, (torch.float8_e4m3fn,)) and tma_ok(q) and tma_ok(k)
 
 
-def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None):
+def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None, options=None):
     """FA3's FP8 forward (section 3.3): float8_e4m3fn q, k, v, float32 ``descale`` (3, B, Hkv)
     holding Q's, K's and V's per-(batch, kv-head) factors (x = x8 * descale). Returns
     ``(out, lse)``: out bfloat16 like q's shape, lse as ``fa3_forward``'s.
@@ -793,7 +798,8 @@ def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None)
     O = P V8, whose B operand 8-bit wgmma reads only K-major: the launcher copies V transposed,
     (B, Hkv, D, Nk rounded up to 32) with the keys of every 32 in the order of P's registers
     (``fp8_key_at``; ``FP8_KEY_ORDER`` off: in order, rows padded to 16 bytes), about 1/(2 Nq) of
-    the kernel's bytes moved."""
+    the kernel's bytes moved. options: a ``runtime.KernelOptions`` (None: those in force)."""
+    options = runtime.OPTIONS if options is None else options
     if not supported_fp8(q, k, v):
         raise ValueError("fa3_forward_fp8: unsupported inputs (see fa3_fwd.supported_fp8)")
     B, Hq, Nq, D = q.shape
@@ -810,14 +816,14 @@ def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None)
         raise ValueError(f"fa3_forward_fp8: variant {variant!r} (one consumer) does not finish causal FP8 "
                          "at d64 where two of its CTAs of unequal work share an SM (benchmarks/results/h100/"
                          "fp8_hang_repro*.log; one CTA an SM runs); use a two-consumer variant")
-    config = kernel_config(variant, D, fp8=True)
+    config = kernel_config(variant, D, fp8=True, smem_bytes=options.fa3_smem_bytes)
     if config["KEY_ORDER"]:   # keys past Nk read as the zeros written there
         v_t = transpose_rows(v, -(-Nk // 32) * 32, key_order=True)
-        v_desc = _descriptor(v_t, (1, 1, D, config["BLOCK_N"]))
+        v_desc = descriptor(v_t, (1, 1, D, config["BLOCK_N"]))
     else:                     # columns past Nk: outside the descriptor's bounds
         v_t = transpose_rows(v, -(-Nk // 16) * 16)
-        v_desc = _descriptor(v_t, (1, 1, D, config["BLOCK_N"]), shape=(B, Hkv, D, Nk))
-    _launch(q, k, v_desc, out, lse, causal, scale, descale.contiguous(), variant, config)
+        v_desc = descriptor(v_t, (1, 1, D, config["BLOCK_N"]), shape=(B, Hkv, D, Nk))
+    _launch(q, k, v_desc, out, lse, causal, scale, descale.contiguous(), variant, config, options)
     return out, lse
 
 
@@ -866,6 +872,6 @@ def transpose_rows(v, width, key_order=False):
     if out.numel() == 0 or n_blocks == 0:
         return out
     x, y = (v if v.stride(-1) == 1 else v.contiguous()).view(torch.uint8), out.view(torch.uint8)
-    _transpose_kernel[(B * H * n_blocks,)](x, y, N, D, n_blocks, H, *x.stride()[:3], *y.stride()[:3], width,
-                                           BLOCK_N=block_n, BLOCK_D=block_d, KEY_ORDER=key_order, num_warps=4)
+    launch.run(_transpose_kernel, (B * H * n_blocks,), x, y, N, D, n_blocks, H, *x.stride()[:3],
+               *y.stride()[:3], width, BLOCK_N=block_n, BLOCK_D=block_d, KEY_ORDER=key_order, num_warps=4)
     return out

@@ -17,10 +17,11 @@ sizes, strides, configs and grids that did not change since the last step. Two m
 Direct launches call the compiled kernel's launcher (``CompiledKernel.run`` and, for kernels that
 need no scratch memory, its C entry point ``launch``), internals of Triton whose signatures are
 those of the versions in ``TESTED_TRITON``. Elsewhere, through the interpreter, with Triton's launch hooks
-set (profilers), while torch.compile traces (Dynamo cannot trace the memos), or with
-``FLASHLIB_FAST_LAUNCH=0``, every call is a plain ``kernel[grid](...)``.
+set (profilers), while torch.compile traces (Dynamo cannot trace the memos), or with the
+``fast_launch`` option off (``runtime.KernelOptions``, FLASHLIB_FAST_LAUNCH=0), every call is a
+plain ``kernel[grid](...)``; with a ``launch_hook`` option, every launch goes to the hook instead
+(``run``: the one launch point, for the launches that are never replayed too).
 """
-import os
 from typing import NamedTuple
 
 import torch
@@ -30,8 +31,8 @@ from .. import runtime
 
 TESTED_TRITON = ("3.6.",)
 MAX_SIGNATURES = 256     # per memo; a loop that keeps changing shapes starts the memo again
-ENABLED = (not runtime.INTERPRET and triton.__version__.startswith(TESTED_TRITON)
-           and os.environ.get("FLASHLIB_FAST_LAUNCH", "1") != "0")
+# direct launches need compiled kernels and the launcher internals of a tested Triton
+SUPPORTED = not runtime.INTERPRET and triton.__version__.startswith(TESTED_TRITON)
 
 _compiled = {}           # kernel -> {call signature: (CompiledKernel, constexpr names, config)}
 
@@ -73,14 +74,22 @@ class Launch(NamedTuple):
                   *self.scalars)
 
 
-def plan_key(tensors, options):
-    """A launcher's memo key for a call on ``tensors`` with ``options`` (a tuple of everything
-    else its launches depend on: flags, scale, jit functions, sizes), or None when the call must
-    take the plain path (see the module docstring; also tensors whose last dim is strided, which
-    the launchers copy first)."""
-    if not ENABLED or torch.compiler.is_compiling() or _hooks_set():
+def enabled(options) -> bool:
+    """Whether launches under ``options`` (a ``runtime.KernelOptions``) may be direct and replayed."""
+    return (SUPPORTED and options.fast_launch and options.launch_hook is None
+            and not torch.compiler.is_compiling() and not _hooks_set())
+
+
+def plan_key(tensors, extra, options=None):
+    """A launcher's memo key for a call on ``tensors`` with ``extra`` (a tuple of everything
+    else its launches depend on: flags, scale, jit functions, sizes) under ``options`` (a
+    ``runtime.KernelOptions``, None: those in force; part of the key), or None when the call
+    must take the plain path (see the module docstring; also tensors whose last dim is strided,
+    which the launchers copy first)."""
+    options = runtime.OPTIONS if options is None else options
+    if not enabled(options):
         return None
-    key = [options]
+    key = [extra, options]
     for t in tensors:
         stride = t.stride()
         if stride[-1] != 1:
@@ -115,16 +124,27 @@ def _descriptor_signature(d):
             tuple(d.block_shape), str(getattr(d, "layout", None)), getattr(d, "padding", None))
 
 
-def fast_launch(kernel, grid, *args, **kwargs):
+def run(kernel, grid, *args, kernel_options=None, **kwargs):
+    """``kernel[grid](*args, **kwargs)``, or the ``launch_hook`` of ``kernel_options`` (None: the
+    options in force) called with ``(kernel, grid, args, kwargs)`` instead. Returns what either
+    returns. Every flashlib launch goes through here or ``fast_launch``."""
+    hook = (runtime.OPTIONS if kernel_options is None else kernel_options).launch_hook
+    if hook is not None:
+        return hook(kernel, grid, args, kwargs)
+    return kernel[grid](*args, **kwargs)
+
+
+def fast_launch(kernel, grid, *args, kernel_options=None, **kwargs):
     """``kernel[grid](*args, **kwargs)``, with the arguments' binding and the kernel's look-up
     skipped after the first call of each signature. Returns the ``Launch`` (None on the plain
     path). kernel: a ``@triton.jit`` function, or a ``triton.autotune`` of one, whose choice is
     remembered with the compiled kernel (the signature holds every value its key reads); grid: a
     tuple of up to 3 ints, or a function of the meta-parameters as in Triton; args: the kernel's
     parameters up to its constexprs, tensors first; kwargs: the constexprs and launch options the
-    caller sets."""
-    if not ENABLED or torch.compiler.is_compiling() or _hooks_set():
-        kernel[grid](*args, **kwargs)
+    caller sets. kernel_options: a ``runtime.KernelOptions``, None for those in force."""
+    options = runtime.OPTIONS if kernel_options is None else kernel_options
+    if not enabled(options):
+        run(kernel, grid, *args, kernel_options=options, **kwargs)
         return None
     device = _driver().get_current_device()
     memo = _compiled.setdefault(kernel, {})

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
+from . import launch
 
 __all__ = ["softmax", "launch_row_softmax", "matmul", "softmax_kernel", "matmul_kernel", "MAX_COLS"]
 
@@ -80,8 +81,9 @@ def launch_row_softmax(kernel, x, out):
     runtime.check_kernel(kernel)
     block = triton.next_power_of_2(x.shape[1])
     try:
-        kernel[(x.shape[0],)](out, x, x.stride(0), out.stride(0), x.shape[1], BLOCK=block,
-                              num_warps=_softmax_warps(block))
+        # kernel[(rows,)](...), through flashlib's one launch point (kernels/launch.py)
+        launch.run(kernel, (x.shape[0],), out, x, x.stride(0), out.stride(0), x.shape[1], BLOCK=block,
+                   num_warps=_softmax_warps(block))
     except Exception as e:
         if "NotImplementedError" in f"{type(e).__name__}: {e}":
             raise NotImplementedError("the kernel's body is not written yet") from e
@@ -190,8 +192,8 @@ def matmul(a, b, *, allow_tf32=False):
     bm, bn, bk, warps, stages = _matmul_config(a.dtype)
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
     precision = "tf32" if allow_tf32 and a.dtype == torch.float32 else "ieee"
-    matmul_kernel[grid](a, b, c, M, N, K,
-                        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-                        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, DOT_PRECISION=precision,
-                        num_warps=warps, num_stages=stages)
+    launch.run(matmul_kernel, grid, a, b, c, M, N, K,   # matmul_kernel[grid](...)
+               a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+               BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, DOT_PRECISION=precision,
+               num_warps=warps, num_stages=stages)
     return c.to(out_dtype)

@@ -23,10 +23,15 @@ calls ``SCORE_MOD``, a constexpr, before it masks them and takes the softmax:
   1.0: multiplying by a constant 1 folds away, so the default costs nothing.
 
 Modifiers here: Gemma 2's logit softcap ``c * tanh(s / c)`` and ALiBi's bias
-``-slope * |q_pos - k_pos|`` (Press et al., 2022), added after the softcap. Adding one is three
-steps (README, "adding a score modifier"): a jit function below, a column of ``args`` in ``make``,
-and the oracle's formula in ``flashlib.reference.modify_scores``.
+``-slope * |q_pos - k_pos|`` (Press et al., 2022), added after the softcap. The public functions'
+keywords (``softcap=``, ``alibi_slopes=``) travel inside flashlib as one ``Modifiers`` value:
+checked once (``flashlib.inputs.check_score_mods``), made into a ``ScoreMod`` for the kernels
+(``make``), and passed to torch's custom ops as two lists (``Modifiers.op_args``). Adding one
+(README, "adding a score modifier"): a jit function below, a field of ``Modifiers`` and a column of
+``args`` in ``make``, its check, the oracle's formula in ``flashlib.reference.modify_scores``, and
+the keyword on the public functions.
 """
+import math
 from typing import NamedTuple, Optional
 
 import torch
@@ -128,6 +133,31 @@ def tanh_softcap_approx_alibi_bias(s, q_pos, k_pos, bh, args):
     return biased, dcap
 
 
+class Modifiers(NamedTuple):
+    """The score modifiers of one call, as the public functions take them (None: not applied):
+    the one value flashlib passes around in their place. Float fields and tensor fields are
+    listed in ``FLOAT_FIELDS`` and ``TENSOR_FIELDS`` (the custom ops' order)."""
+    softcap: Optional[float] = None
+    alibi_slopes: Optional[torch.Tensor] = None
+
+    def op_args(self):
+        """``(floats, tensors)`` for a torch custom op, whose schema takes no objects: each float
+        field (NaN when None) and each tensor field (None allowed), in field order."""
+        floats = [math.nan if getattr(self, name) is None else getattr(self, name) for name in FLOAT_FIELDS]
+        return floats, [getattr(self, name) for name in TENSOR_FIELDS]
+
+    @classmethod
+    def from_op_args(cls, floats, tensors) -> "Modifiers":
+        """The inverse of ``op_args``."""
+        values = {name: None if math.isnan(x) else x for name, x in zip(FLOAT_FIELDS, floats)}
+        return cls(**values, **dict(zip(TENSOR_FIELDS, tensors)))
+
+
+FLOAT_FIELDS = ("softcap",)
+TENSOR_FIELDS = ("alibi_slopes",)
+NO_MODIFIERS = Modifiers()
+
+
 class ScoreMod(NamedTuple):
     """What a launcher passes to its kernel: the jit function and its per-head parameters, and
     a bound on the modified scores (|s| <= bound, base 2) where the modifier guarantees one (a
@@ -143,10 +173,13 @@ class ScoreMod(NamedTuple):
 IDENTITY = ScoreMod(identity, None)
 
 
-def make(q, softcap=None, alibi_slopes=None, *, batch=None) -> ScoreMod:
-    """The ``ScoreMod`` of the public functions' ``softcap`` and ``alibi_slopes`` for q (B, Hq, ...)
-    (validated before, by ``flashlib.inputs.check_score_mods``): ``IDENTITY`` when both are None.
+def make(q, mods: Modifiers, *, batch=None) -> ScoreMod:
+    """The ``ScoreMod`` of the public functions' modifiers ``mods`` for q (B, Hq, ...) (validated
+    before, by ``flashlib.inputs.check_score_mods``): ``IDENTITY`` when there are none.
     batch: B when q is packed, (total, Hq, D)."""
+    if mods is NO_MODIFIERS:
+        return IDENTITY
+    softcap, alibi_slopes = mods
     if softcap is None and alibi_slopes is None:
         return IDENTITY
     B, Hq = q.shape[0] if batch is None else batch, q.shape[1]

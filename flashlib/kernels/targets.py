@@ -7,16 +7,16 @@ machine, GPU or not, so each kernel is compiled here with the config its launche
 that GPU (``config.TARGETS``; ``config.target()`` is that GPU while compiling) and the shared
 memory Triton allocated is compared with the GPU's limit.
 
-How: the launchers run as they would (on small CPU tensors), but Triton's launch is replaced by
-a recorder of the kernel, its arguments and its launch options; each recorded launch is then
-compiled for the target. Kernels must be real ``@triton.jit`` functions, not the interpreter's,
+How: the launchers run as they would (on small CPU tensors), with a ``launch_hook`` option
+(``runtime.KernelOptions``) that records each launch's kernel, arguments and launch options
+instead of making it (``record_launches``); each recorded launch is then compiled for the
+target (``compile_launch``). Kernels must be real ``@triton.jit`` functions, not the interpreter's,
 so this runs in a process started with TRITON_INTERPRET=0:
 
     TRITON_INTERPRET=0 python -m flashlib.kernels.targets t4 a100     # a table per GPU
 
 tests/test_targets.py runs it for each GPU the course names.
 """
-import contextlib
 import sys
 import time
 
@@ -24,7 +24,7 @@ import torch
 import triton
 
 from .. import runtime
-from . import config, launch
+from . import config
 
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64",
           torch.int32: "i32", torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
@@ -35,13 +35,20 @@ def launches(family, dtype=torch.float16, head_dims=(128, 256)):
     small CPU tensors: "forward", "backward" (dense FA2, at each of ``head_dims``), "block_sparse"
     (forward and backward), "decode" (split-KV partial and combine), "fa1", "primer"; the last
     four at d=128."""
+    return record_launches(lambda: _call(family, dtype, head_dims))
+
+
+def record_launches(run) -> list:
+    """Call ``run()`` with every flashlib launch recorded instead of made: a list of (kernel, args,
+    kwargs). Autotuning is off (the launchers take their first config that fits ``config.target()``)
+    and so are the device checks (the tensors are CPU stand-ins)."""
     recorded = []
 
-    def record(self, *args, grid, warmup, **kwargs):
-        recorded.append((self, args, kwargs))
+    def record(kernel, grid, args, kwargs):
+        recorded.append((kernel, args, kwargs))
 
-    with _recording(record):
-        _call(family, dtype, head_dims)
+    with runtime.kernel_options(launch_hook=record, autotune=False):
+        run()
     return recorded
 
 
@@ -76,20 +83,6 @@ def _call(family, dtype, head_dims):
         raise ValueError(f"unknown kernel family {family!r}")
 
 
-@contextlib.contextmanager
-def _recording(record):
-    """Launches recorded instead of run: Triton's JITFunction.run replaced, direct launches and
-    the CPU check off."""
-    from triton.runtime.jit import JITFunction
-    saved = JITFunction.run, launch.ENABLED, runtime.check_kernel, runtime.check_device
-    JITFunction.run, launch.ENABLED = record, False
-    runtime.check_kernel = runtime.check_device = lambda *a, **k: None
-    try:
-        yield
-    finally:
-        JITFunction.run, launch.ENABLED, runtime.check_kernel, runtime.check_device = saved
-
-
 def compile_for(gpu, family, dtype=torch.float16, head_dims=(128, 256)):
     """Compile ``family``'s launches with the configs chosen for ``gpu`` (a key of
     ``config.TARGETS``). Returns one dict per launch: kernel, config, shared (bytes Triton
@@ -97,28 +90,13 @@ def compile_for(gpu, family, dtype=torch.float16, head_dims=(128, 256)):
     if runtime.INTERPRET:
         raise RuntimeError("kernels defined under Triton's interpreter cannot be compiled: run "
                            "with TRITON_INTERPRET=0 (python -m flashlib.kernels.targets ...)")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
     gpu_target = config.TARGETS[gpu]
-    config._compiling_for.append(gpu_target)
-    try:
+    with config.compiling_for(gpu_target):
         recorded = launches(family, dtype, head_dims)
-    finally:
-        config._compiling_for.pop()
     results = []
     for kernel, args, kwargs in recorded:
-        options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
-        signature, constexprs = {}, {}
-        for i, param in enumerate(kernel.params):
-            value = args[i] if i < len(args) else kwargs.get(param.name, param.default)
-            if param.is_constexpr or value is None:
-                signature[param.name], constexprs[param.name] = "constexpr", value
-            else:
-                signature[param.name] = _type(value)
-        major, minor = gpu_target.capability
         start = time.perf_counter()
-        compiled = triton.compile(ASTSource(kernel, signature, constexprs),
-                                  target=GPUTarget("cuda", major * 10 + minor, 32), options=options)
+        compiled, constexprs, options = compile_launch(kernel, args, kwargs, gpu_target)
         shown = {k: v for k, v in constexprs.items() if k.startswith("BLOCK")}
         results.append(dict(kernel=kernel.__name__, config={**shown, **options},
                             shared=compiled.metadata.shared, limit=gpu_target.smem,
@@ -127,7 +105,27 @@ def compile_for(gpu, family, dtype=torch.float16, head_dims=(128, 256)):
     return results
 
 
-def _type(value):
+def compile_launch(kernel, args, kwargs, gpu_target):
+    """Compile one recorded launch of ``kernel`` (a ``@triton.jit`` function) for ``gpu_target``
+    (a ``config.Target``). Returns (Triton's CompiledKernel, its constexprs, its launch options)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
+    signature, constexprs = {}, {}
+    for i, param in enumerate(kernel.params):
+        value = args[i] if i < len(args) else kwargs.get(param.name, param.default)
+        if param.is_constexpr or value is None:
+            signature[param.name], constexprs[param.name] = "constexpr", value
+        else:
+            signature[param.name] = triton_type(value)
+    major, minor = gpu_target.capability
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs),
+                              target=GPUTarget("cuda", major * 10 + minor, 32), options=options)
+    return compiled, constexprs, options
+
+
+def triton_type(value) -> str:
+    """Triton's signature type of a launch argument: "*fp16" for a float16 tensor, "i32", ..."""
     if isinstance(value, torch.Tensor):
         return "*" + DTYPES[value.dtype]
     if isinstance(value, bool):

@@ -175,6 +175,29 @@ class Launch(NamedTuple):
 
 
 @contextlib.contextmanager
+def jit_run_replaced(run):
+    """Triton's ``JITFunction.run`` replaced by ``run(original, kernel, *args, grid, warmup,
+    **kwargs)`` inside the block: the one way to see the launches of any Triton kernel, a learner's
+    own ``kernel[grid](...)`` included, which flashlib's ``launch_hook`` option (its own launches
+    only) cannot reach. flashlib's direct launches are off inside the block (``fast_launch``), so
+    its kernels take that path too."""
+    from triton.runtime.jit import JITFunction
+
+    from .. import runtime
+    original = JITFunction.run
+
+    def replaced(self, *args, grid, warmup, **kwargs):
+        return run(original, self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    JITFunction.run = replaced
+    try:
+        with runtime.kernel_options(fast_launch=False):
+            yield
+    finally:
+        JITFunction.run = original
+
+
+@contextlib.contextmanager
 def captured_launches():
     """Record the compiled kernel of every Triton launch made inside the block (on a GPU)::
 
@@ -187,13 +210,9 @@ def captured_launches():
     kernel's first call) are turned off inside the block, so every launch is seen; autotuning
     runs as usual (launch once before the block so the tuning's own launches are not counted).
     Yields a list of ``Launch``, one per distinct compiled kernel, filled as the block runs."""
-    from triton.runtime.jit import JITFunction
-
-    from ..kernels import launch as flashlib_launch
     launches, index = [], {}
-    original, enabled = JITFunction.run, getattr(flashlib_launch, "ENABLED", False)
 
-    def run(self, *args, grid, warmup, **kwargs):
+    def run(original, self, *args, grid, warmup, **kwargs):
         compiled = original(self, *args, grid=grid, warmup=warmup, **kwargs)
         if warmup or compiled is None:
             return compiled
@@ -208,11 +227,8 @@ def captured_launches():
             launches.append(Launch(self.__name__, compiled, _grid(grid, named), config, 1))
         return compiled
 
-    JITFunction.run, flashlib_launch.ENABLED = run, False
-    try:
+    with jit_run_replaced(run):
         yield launches
-    finally:
-        JITFunction.run, flashlib_launch.ENABLED = original, enabled
 
 
 def _grid(grid, named):
@@ -229,48 +245,32 @@ def compile_launches(launch_code: str, gpu="h100") -> list:
     ``@triton.jit`` kernels: a process started with TRITON_INTERPRET=0 (``compile_in_child``
     starts one). Returns one dict per launch: kernel, config, resources, occupancy, seconds."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
 
     from .. import runtime
     from ..kernels import config as kernel_config
-    from ..kernels import launch as flashlib_launch
-    from ..kernels.targets import _type as triton_type
+    from ..kernels import targets
     if runtime.INTERPRET:
         raise RuntimeError("kernels defined under Triton's interpreter cannot be compiled: use "
                            "compile_in_child, which runs with TRITON_INTERPRET=0")
     target = kernel_config.TARGETS[gpu]
+
     recorded = []
 
-    def record(self, *args, grid, warmup, **kwargs):
-        recorded.append((self, args, kwargs))
+    def record(kernel, grid, args, kwargs):   # flashlib's launches (its launch_hook option)
+        recorded.append((kernel, args, kwargs))
 
-    saved = (JITFunction.run, flashlib_launch.ENABLED, runtime.check_kernel, runtime.check_device)
-    # the launchers size their configs for the target (config.target()) and check nothing
-    # about the device: their tensors here are small CPU stand-ins
-    kernel_config._compiling_for.append(target)
-    JITFunction.run, flashlib_launch.ENABLED = record, False
-    runtime.check_kernel = runtime.check_device = lambda *a, **k: None
-    try:
+    def record_direct(original, kernel, *args, grid, warmup, **kwargs):   # a kernel[grid](...) of its own
+        record(kernel, grid, args, kwargs)
+
+    # flashlib's launchers size their configs for the target (config.target()) and check nothing
+    # about the device while a launch hook is set (their tensors are small CPU stand-ins)
+    with (kernel_config.compiling_for(target), jit_run_replaced(record_direct),
+          runtime.kernel_options(launch_hook=record, autotune=False)):
         exec(compile(launch_code, "<launch code>", "exec"), {"__name__": "__launch__"})
-    finally:
-        kernel_config._compiling_for.pop()
-        JITFunction.run, flashlib_launch.ENABLED, runtime.check_kernel, runtime.check_device = saved
     rows = []
-    major, minor = target.capability
     for kernel, args, kwargs in recorded:
-        options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
-        signature, constexprs = {}, {}
-        for i, param in enumerate(kernel.params):
-            value = args[i] if i < len(args) else kwargs.get(param.name, param.default)
-            if param.is_constexpr or value is None:
-                signature[param.name], constexprs[param.name] = "constexpr", value
-            else:
-                signature[param.name] = triton_type(value)
         start = time.perf_counter()
-        compiled = triton.compile(ASTSource(kernel, signature, constexprs),
-                                  target=GPUTarget("cuda", major * 10 + minor, 32), options=options)
+        compiled, constexprs, _ = targets.compile_launch(kernel, args, kwargs, target)
         seconds = time.perf_counter() - start
         resources = kernel_resources(compiled)
         occ = occupancy(resources.num_warps, resources.registers, resources.shared, gpu)

@@ -1,10 +1,11 @@
-"""Numbered forward-kernel versions, llm.c style: each checked against attention_ref, then timed.
+"""Checking and timing the numbered kernel versions, llm.c style: each checked, then timed.
 
 As in llm.c's ``dev/cuda/attention_forward.cu``, every dense forward kernel the course builds has a
-number and one line saying what it changed; ``check_version(n)`` validates version n against the
-float64 oracle on irregular shapes, and ``time_version(n)`` (GPU only) runs that check at the
-timed shape first, then times it with ``triton.testing.do_bench``. All versions share one
-signature: ``fn(q, k, v, *, causal=False, scale=None) -> (out, lse)``.
+number and one line saying what it changed (the registry, ``VERSIONS``, is the core's:
+``flashlib.kernels.dispatch``, which also picks the version each call runs); ``check_version(n)``
+validates version n against the float64 oracle on irregular shapes, and ``time_version(n)`` (GPU
+only) runs that check at the timed shape first, then times it with ``triton.testing.do_bench``.
+Every version's forward takes ``(q, k, v, *, causal=False, scale=None) -> (out, lse)``.
 
     1  fa1_forward (lesson 06): FlashAttention-1, Algorithm 1. One program per (batch, head);
        key/value blocks outer, query blocks inner; O, l, m re-read and re-written in HBM every step.
@@ -21,24 +22,9 @@ on the GPU it runs on (``time_version``); ``python -m flashlib.bench`` times ver
 import torch
 
 from .. import runtime
+from ..kernels import fa3_fwd
+from ..kernels.dispatch import VERSIONS, attention_flops
 from ..testing import assert_attention_close
-from . import fa3_fwd
-from .fa1 import fa1_forward
-from .fa2_fwd import fa2_forward
-from .fa3_fwd import fa3_forward
-
-
-def attention_flops(B, H, Nq, Nk, D, *, causal=False):
-    """Forward FLOPs: two matmuls, 4 B H Nq Nk D, halved for causal."""
-    return 4 * B * H * Nq * Nk * D * (0.5 if causal else 1.0)
-
-
-VERSIONS = {1: fa1_forward, 2: fa2_forward, 3: fa3_forward}
-DESCRIPTIONS = {
-    1: "FA1 (Algorithm 1): grid (B*H,), KV blocks outer, O/l/m in HBM, re-read and re-written per tile",
-    2: "FA2: grid (query blocks, B*H), Q blocks outer, state in registers, deferred normalisation",
-    3: "FA3 (Hopper, Gluon): TMA producer warp, 2 ping-pong consumer warpgroups, softmax under wgmma",
-}
 
 # (B, Hq, Hkv, Nq, Nk, D, causal): N not a multiple of any block, Nq != Nk, head dim 80,
 # 9 heads, grouped heads, causal with Nq > Nk (rows with no key) and Nq < Nk
@@ -64,14 +50,15 @@ def available(n) -> bool:
     return fa3_fwd.supported(probe, probe, probe)
 
 
-def _get(n):
+def forward_of(n):
+    """Version n's forward launcher; a clear error for an unknown number or one that cannot run here."""
     if n not in VERSIONS:
         raise ValueError(f"unknown kernel version {n!r}; known: {sorted(VERSIONS)}")
     if not available(n):
         raise RuntimeError(f"version {n} needs an sm90 GPU (H100/H200) and Triton "
                            f"{fa3_fwd.TESTED_TRITON[0]}x (its Gluon API); this machine has "
                            f"{runtime.gpu_name()}: use version 2")
-    return VERSIONS[n]
+    return VERSIONS[n].forward
 
 
 def check_version(n, *, shapes=None, dtype=None, scale=None):
@@ -81,7 +68,7 @@ def check_version(n, *, shapes=None, dtype=None, scale=None):
     float16 on a GPU, float32 on the CPU. Fresh random inputs each call. Returns the max error
     of out for each shape (the tolerance is flashlib.testing's: 2x naive attention's error).
     """
-    fn = _get(n)
+    fn = forward_of(n)
     shapes = (HOPPER_CHECK_SHAPES if n == 3 else CHECK_SHAPES) if shapes is None else shapes
     dtype = (torch.float16 if runtime.DEVICE.type == "cuda" else torch.float32) if dtype is None else dtype
     errors = []
@@ -102,7 +89,7 @@ def time_version(n, *, B=4, H=16, N=4096, D=64, causal=False, dtype=torch.float1
     if runtime.DEVICE.type != "cuda":
         raise RuntimeError("time_version needs a CUDA GPU: timings through the interpreter are "
                            "meaningless (use check_version on the CPU)")
-    fn = _get(n)
+    fn = forward_of(n)
     check_version(n, dtype=dtype)
     check_version(n, shapes=[(1, 2, 2, N, N, D, causal)], dtype=dtype)
     q, k, v = (torch.randn(B, H, N, D, dtype=dtype, device=runtime.DEVICE) for _ in range(3))
