@@ -72,6 +72,14 @@ def test_a_wrong_attention_is_caught_and_not_timed(monkeypatch):
     assert mine["ms"] is None and mine["note"].startswith("wrong attention output")
     assert sdpa["ms"] > 0 and "note" not in sdpa
 
+    def refuses(q, k, v, cache=None):
+        raise RuntimeError("no kernel for this shape")
+    monkeypatch.setitem(bench_model.ATTENTION, "flashlib", refuses)
+    mine, sdpa = bench_model.train_rows("gpt2", bench_model.TINY_GPT, 2, 32, torch.float32, ["train"], p,
+                                        lambda msg: None)
+    assert mine["ms"] is None and "RuntimeError: no kernel for this shape" in mine["note"]
+    assert sdpa["ms"] > 0 and "note" not in sdpa                    # the other one still is timed
+
 
 def test_sdpa_decode_on_its_preallocated_cache_samples_what_flashlib_does():
     cfg = gpt.GPTConfig(vocab_size=13, block_size=24, n_layer=2, n_head=4, n_kv_head=2, n_embd=32)
