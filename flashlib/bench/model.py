@@ -5,7 +5,7 @@ times whole models, flashlib against ``F.scaled_dot_product_attention`` with PyT
 dispatch (impl ``sdpa_default``), in one process, in alternating rounds (flashlib, sdpa, flashlib,
 sdpa, ...). The attention is the only difference: ``teach.gpt.GPT``'s and ``bench.llama.Llama``'s
 ``attention=`` switch picks ``teach.gpt.attend`` (flash_attention, causal; KVCache and
-flash_decode when sampling) or ``sdpa_attend`` below (SDPA, is_causal; ``SDPACache``). Parts:
+flash_decode when sampling) or ``bench.sdpa_attend`` (SDPA, is_causal; a preallocated cache). Parts:
 
 - train (op ``train_step``) and compiled (``train_step_compiled``, ``torch.compile(model,
   dynamic=False)``: one static graph per shape, as a user with fixed shapes gets): forward,
@@ -21,14 +21,15 @@ flash_decode when sampling) or ``sdpa_attend`` below (SDPA, is_causal; ``SDPACac
   re-allocation).
 - first (op ``first_step``): the first training step of a fresh process (GPT-2 small B8 T1024,
   eager), default settings (``autotune`` says which), after one untimed process has warmed
-  Triton's disk cache; ``process_s`` is that process's whole wall time. A timeout is recorded.
+  Triton's disk cache (not with ``--tiny``: the interpreter compiles nothing); ``process_s`` is
+  the timed process's whole wall time. A timeout is recorded as such.
 
-Every implementation is checked before it is timed: its attention at the timed shape (one
-sequence, two heads: output and gradients) against ``attention_ref`` with ``attention_naive`` as
-the tolerance baseline; the model's logits and loss against a float64 copy of it, SDPA's error
-as the baseline; each part's first step's loss likewise; the decode logits after a cached prefill
-and three cached steps against the float64 model recomputing the sequence. A failing one gets a
-note and no time. Records (``benchmarks/results/<gpu>/model_<dtype>.json``, harness format): ms
+Every implementation is checked before it is timed (``bench.model_checks``): its attention at the
+timed shape (output and gradients) against ``attention_ref``; the model's logits and loss against
+a float64 copy of it, SDPA's error the baseline; each part's first step's loss likewise; the
+decode logits after a cached prefill and three cached steps against the float64 model
+recomputing the sequence; the fresh processes' first losses against each other. A failing (or
+raising) one gets a note and no time. Records (``benchmarks/results/<gpu>/model_<dtype>.json``, harness format): ms
 per step, ``ratio_vs_sdpa_default`` = SDPA's ms / this ms (> 1: flashlib faster), tokens_per_s,
 tflops (training: 6 x matmul parameters x tokens + 3.5 x the causal attention's forward FLOPs),
 model and layers. A run of some parts keeps the other parts' records of an earlier file.
@@ -36,7 +37,6 @@ model and layers. A run of some parts keeps the other parts' records of an earli
 Limits: one process holds both models (peak memory is not recorded); ``--tiny`` (2 layers, d 64,
 T 32) runs through the interpreter on a CPU, in float32 without autocast, for tests, not timing.
 """
-import contextlib
 import json
 import statistics
 import subprocess
@@ -47,11 +47,11 @@ import torch
 import torch.nn as nn
 
 from .. import runtime
-from ..reference import attention_naive, attention_ref
-from ..testing import FACTOR, attention_magnitudes, error_floor, max_error, tolerance
+from ..testing import FACTOR, error_floor, max_error, tolerance
 from ..teach import gpt
 from . import harness
 from .llama import Llama, LlamaConfig
+from .model_checks import autocast, check_attention, check_decode, check_model, failure, oracle_attend
 from .sdpa_attend import SDPACache, sdpa_attend
 
 IMPLS = ("flashlib", "sdpa_default")
@@ -71,7 +71,9 @@ def plan(*, tiny=False, quick=False):
                     decode=dict(cfg=TINY_GPT, batches=(1, 2), prompt=16, new_tokens=8),
                     first=("gpt2", TINY_GPT, 2, 32), warmup=1, rounds=2, steps=2, decode_rounds=5,
                     timeout_s=120, warm_processes=False)   # the interpreter caches nothing on disk
-    train = [("gpt2", GPT2, 8, 1024)] + ([] if quick else [("gpt2", GPT2, 32, 256), ("llama", LLAMA, 2, 4096)])
+    train = [("gpt2", GPT2, 8, 1024)]
+    if not quick:
+        train += [("gpt2", GPT2, 32, 256), ("llama", LLAMA, 2, 4096)]
     return dict(train=train, decode=dict(cfg=GPT2, batches=(1, 8), prompt=512, new_tokens=128),
                 first=("gpt2", GPT2, 8, 1024), warmup=3, rounds=2, steps=10, decode_rounds=10,
                 timeout_s=150, warm_processes=True)   # a first step: 33 s with autotuning (issue 54)
@@ -81,8 +83,11 @@ ATTENTION = {"flashlib": gpt.attend, "sdpa_default": sdpa_attend}
 CACHE = {"flashlib": None, "sdpa_default": SDPACache}     # None: GPT's default, flashlib's KVCache
 
 
-def oracle_attend(q, k, v, cache=None):
-    return attention_ref(q, k, v, causal=True)[0]           # float64, recomputing (no cache)
+def float64_copy(cfg, model):
+    """The model in float64 with ``attention_ref`` (recomputing, no cache): the checks' oracle."""
+    oracle = build(cfg, oracle_attend)
+    oracle.load_state_dict(model.state_dict())
+    return oracle.to(torch.float64)
 
 
 def build(cfg, attention, kv_cache=None, *, device=runtime.DEVICE):
@@ -95,16 +100,8 @@ def build(cfg, attention, kv_cache=None, *, device=runtime.DEVICE):
 
 
 def shape_of(cfg):
-    """(Hq, Hkv, D) of the model's attention."""
-    n_kv = cfg.n_head if getattr(cfg, "n_kv_head", None) is None else cfg.n_kv_head
-    return cfg.n_head, n_kv, cfg.n_embd // cfg.n_head
-
-
-def autocast(dtype):
-    """bfloat16/float16 autocast on a GPU; float32 (the interpreter's) runs as it is."""
-    if dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(runtime.DEVICE.type, dtype=dtype)
+    """(Hq, Hkv, D) of the model's attention (GPTConfig fills n_kv_head in when it is None)."""
+    return cfg.n_head, cfg.n_kv_head, cfg.n_embd // cfg.n_head
 
 
 def sync():
@@ -158,62 +155,6 @@ def record(op, impl, name, cfg, B, Nq, Nk, dtype, **extra):
     return rec
 
 
-def failure(e):
-    return f"failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
-
-
-def check_attention(impl, cfg, B, T, dtype):
-    """None if the impl's attention at the timed shape (first sequence, two query heads) is within
-    the tolerance rule of attention_ref, forward and gradients; else what is wrong."""
-    Hq, Hkv, D = shape_of(cfg)
-    fn = lambda q, k, v, causal: ATTENTION[impl](q, k, v)        # noqa: E731  (always causal)
-    q, k, v = harness.make_inputs(B, Hq, Hkv, T, T, D, dtype, runtime.DEVICE)
-    err, ok = harness.check(fn, q, k, v, True)
-    if not ok:
-        return f"wrong attention output: max error {err:.3g} over tolerance"
-    hkv = 1 if Hq > Hkv else 2                  # one K/V head with its query heads, or two heads
-    qs, ks, vs = q[:1, :hkv * Hq // Hkv], k[:1, :hkv], v[:1, :hkv]
-    dout = torch.randn_like(qs)
-    mine, ref, naive = ([t.detach().clone().requires_grad_() for t in (qs, ks, vs)] for _ in range(3))
-    ref = [t.detach().double().requires_grad_() for t in ref]
-    grads = [torch.autograd.grad(out, leaves, dout.to(out.dtype)) for out, leaves in (
-        (fn(*mine, True), mine), (attention_ref(*ref, causal=True)[0], ref),
-        (attention_naive(*naive, causal=True), naive))]
-    mags = attention_magnitudes(qs, ks, vs, dout, causal=True)
-    for name, g, r, b in zip(("dq", "dk", "dv"), *grads):
-        err, tol = max_error(g, r), tolerance(r, b, dtype, magnitude=mags[name])
-        if not err <= tol:
-            return f"wrong attention {name}: max error {err:.3g} over tolerance {tol:.3g}"
-    return None
-
-
-def check_model(models, cfg, idx, targets, dtype):
-    """{impl: None or what is wrong} for the models' logits (first sequence, last 128 positions)
-    and loss against a float64 copy's, SDPA's error the baseline; and the float64 and SDPA losses."""
-    oracle = build(cfg, oracle_attend)
-    oracle.load_state_dict(models["sdpa_default"].state_dict())
-    oracle.to(torch.float64)
-    with torch.no_grad():
-        logits, loss = oracle(idx, targets)
-        ref = logits[:1, -128:], loss
-        del oracle, logits
-        got, notes = {}, {}
-        for impl, m in models.items():
-            try:
-                with autocast(dtype):
-                    logits, loss = m(idx, targets)
-                got[impl] = logits[:1, -128:].float(), loss
-            except Exception as e:
-                notes[impl] = f"model check {failure(e)}"
-    for impl, (logits, loss) in got.items():
-        bad = [f"{what}: error {max_error(mine, r):.3g} over tolerance {tolerance(r, b, dtype):.3g}"
-               for what, mine, r, b in (("logits", logits, ref[0], got["sdpa_default"][0]),
-                                        ("loss", loss, ref[1], got["sdpa_default"][1]))
-               if not max_error(mine, r) <= tolerance(r, b, dtype)]
-        notes[impl] = "wrong " + "; ".join(bad) if bad else None
-    return notes, ref[1], got["sdpa_default"][1]
-
-
 def train_rows(name, cfg, B, T, dtype, parts, p, say):
     """Records of the train and compiled parts for one (model, B, T)."""
     models = {impl: build(cfg, ATTENTION[impl]) for impl in IMPLS}
@@ -223,11 +164,12 @@ def train_rows(name, cfg, B, T, dtype, parts, p, say):
     notes = {}
     for impl in IMPLS:             # a check that raises (out of memory, a refused shape) is a note
         try:
-            notes[impl] = check_attention(impl, cfg, B, T, dtype)
+            notes[impl] = check_attention(ATTENTION[impl], *shape_of(cfg), B, T, dtype)
         except Exception as e:
             notes[impl] = f"attention check {failure(e)}"
     try:
-        model_notes, ref_loss, sdpa_loss = check_model(models, cfg, idx, targets, dtype)
+        model_notes, ref_loss, sdpa_loss = check_model(models, float64_copy(cfg, models["sdpa_default"]),
+                                                       idx, targets, dtype)
         notes = {impl: notes[impl] or model_notes[impl] for impl in IMPLS}
     except Exception as e:
         notes = {impl: notes[impl] or f"model check {failure(e)}" for impl in IMPLS}
@@ -255,7 +197,8 @@ def train_rows(name, cfg, B, T, dtype, parts, p, say):
                     loss = steps[impl]()
                     tol = tolerance(ref_loss, sdpa_loss, dtype)
                     if not max_error(loss, ref_loss) <= tol:
-                        part_notes[impl] = f"wrong first-step loss {loss.item():.5g}, float64 {ref_loss.item():.5g}"
+                        part_notes[impl] = (f"wrong first-step loss {loss.item():.5g}, "
+                                            f"float64 {ref_loss.item():.5g}")
             live = [impl for impl in IMPLS if part_notes[impl] is None]
             for impl in live:
                 timed_calls(steps[impl], p["warmup"] - 1)
@@ -281,30 +224,6 @@ def train_rows(name, cfg, B, T, dtype, parts, p, say):
     return records
 
 
-def check_decode(models, cfg, prompt, dtype, steps=3):
-    """{impl: None or what is wrong}: logits of the last of ``steps`` cached decode steps after a
-    cached prefill of prompt (B, T0), against the float64 model recomputing the whole sequence."""
-    B, T0 = prompt.shape
-    extra = random_tokens(cfg.vocab_size, B, steps, 3)                 # (B, steps)
-    oracle = build(cfg, oracle_attend)
-    oracle.load_state_dict(models["sdpa_default"].state_dict())
-    oracle.to(torch.float64)
-    with torch.no_grad():
-        ref = oracle(torch.cat([prompt, extra], dim=1))[0][:, -1]     # (B, vocab)
-        del oracle
-        got = {}
-        for impl, m in models.items():
-            caches = m.new_caches(B, T0 + steps)
-            m(prompt, caches=caches)
-            for i in range(steps):
-                logits, _ = m(extra[:, i:i + 1], caches=caches)        # (B, 1, vocab)
-            got[impl] = logits[:, -1].float()
-    tol = tolerance(ref, got["sdpa_default"], dtype)
-    return {impl: None if max_error(out, ref) <= tol else
-            f"wrong decode logits: error {max_error(out, ref):.3g} over tolerance {tol:.3g}"
-            for impl, out in got.items()}
-
-
 def decode_rows(dtype, p, say):
     """Records of the decode part: ms per new token of GPT.generate, B in p["decode"]["batches"]."""
     d = p["decode"]
@@ -316,7 +235,8 @@ def decode_rows(dtype, p, say):
         prompt = random_tokens(cfg.vocab_size, B, T0, 4)
         say(f"decode gpt2 B{B}: check, then {p['decode_rounds']} rounds of generate({T0} + {n})")
         try:
-            notes = check_decode(models, cfg, prompt, dtype)
+            extra = random_tokens(cfg.vocab_size, B, 3, 3)                 # three cached steps
+            notes = check_decode(models, float64_copy(cfg, models["sdpa_default"]), prompt, extra, dtype)
             live = [impl for impl in IMPLS if notes[impl] is None]
             times = {(impl, k): [] for impl in live for k in (1, 1 + n)}
             for impl in live:                                              # warm-up, untimed
@@ -338,7 +258,8 @@ def decode_rows(dtype, p, say):
                 if ms > 0:
                     rec.update(ms=ms, tokens_per_s=round(B / ms * 1e3, 1))
                 else:                      # noise larger than n tokens' time: only --tiny's sizes
-                    rec["note"] = f"no decode time: generate(1 + {n}) {total:.3g} ms, generate(1) {prefill:.3g}"
+                    rec["note"] = (f"no decode time: generate(1 + {n}) {total:.3g} ms, "
+                                   f"generate(1) {prefill:.3g}")
             else:
                 rec["note"] = notes[impl]
             records.append(rec)
@@ -417,18 +338,22 @@ def run_suite(dtype, out_dir, *, parts=tuple(PARTS), quick=False, tiny=False, sa
     all_records = kept + records
     path.write_text(json.dumps(dict(env=dict(harness.environment(), parts=list(parts)),
                                     records=all_records), indent=1))
-    harness.plot(all_records, out_dir / f"{stem}.png", f"model {stem[6:]}", value="ms", ylabel="ms",
-                 label=lambda r: f"{r['model']} B{r['B']} T{r['Nq'] if r['op'] != 'generate' else r['prompt']}")
+    harness.plot(all_records, out_dir / f"{stem}.png", f"model {stem[6:]}", value="ms",
+                 ylabel="ms per step (generate: per new token)", label=row_label)
     stamp(f"wrote {path}")
     print_table(all_records)
     return records
+
+
+def row_label(r):
+    return f"{r['model']} L{r['layers']} B{r['B']} T{r['prompt'] if r['op'] == 'generate' else r['Nq']}"
 
 
 def print_table(records):
     print(f"{'op':21}{'impl':14}{'row':24}{'ms':>10}{'tokens/s':>12}{'vs sdpa':>9}  note")
     fmt = lambda x, f: "-" if x is None else format(x, f)   # noqa: E731
     for r in records:
-        row = f"{r['model']} L{r['layers']} B{r['B']} T{r['Nq'] if r['op'] != 'generate' else r['prompt']}"
+        row = row_label(r)
         print(f"{r['op']:21}{r['impl']:14}{row:24}{fmt(r['ms'], '10.2f')}{fmt(r['tokens_per_s'], '12,.0f')}"
               f"{fmt(r['ratio_vs_sdpa_default'], '9.2f')}  {r.get('note', '')}")
 
