@@ -1,8 +1,7 @@
 """Block configs: autotuned on a GPU, one fixed config otherwise, always sized to fit SRAM.
 
 Autotuning compiles and times every config once per key (problem size bucket, head dim, causal,
-precision, score modifier, packed or dense) and keeps its choice in Triton's disk cache, so the
-next process reuses it; it runs only on a GPU with the ``autotune`` option on (``runtime.KernelOptions``),
+precision, score modifier, packed or dense), so it runs only on a GPU with the ``autotune`` option on (``runtime.KernelOptions``),
 and only for problems of at least ``TUNE_FROM_SCORES`` scores; otherwise (and with
 FLASHLIB_AUTOTUNE=0) kernels take the first config that fits. Through the interpreter (no GPU)
 kernels use 64x64 blocks: the interpreter's cost is per program per loop step, whatever the
@@ -153,10 +152,7 @@ def tuned(kernel, configs, footprint, elem_arg="Q", key=KEY, prefer=None):
     triton_configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
                       for bm, bn, w, s in configs]
     key = [name for name in key if name in kernel.arg_names]   # newer Tritons refuse other names
-    # cache_results: the choice is kept in Triton's disk cache (keyed by the kernel's source, the key's
-    # values and the configs), so a new process with a warm cache compiles one config, not all
-    autotuner = triton.autotune(triton_configs, key=key, prune_configs_by={"early_config_prune": prune},
-                                cache_results=True)(kernel)
+    autotuner = triton.autotune(triton_configs, key=key, prune_configs_by={"early_config_prune": prune})(kernel)
 
     def choose(block_d, elem_bytes, scores, max_block=None, autotune=None):
         """autotune: None for the options in force (``runtime.autotuning``)."""
