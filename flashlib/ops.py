@@ -99,7 +99,13 @@ def _op_backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
     grads = _fa2_backward_op(q, k, v, out, lse, dout, ctx.causal, ctx.scale, ctx.mod_floats,
                              ctx.mod_tensors, ctx.options)
-    return (*grads, None, None, None, [None] * len(ctx.mod_tensors), None)   # a list's entry: a list
+    return (*grads, None, None, None, _no_grads(ctx.mod_tensors), None)
+
+
+def _no_grads(values):
+    """The gradient entry of a custom op's list input: a list of Nones for a list of tensors,
+    None for any other list (torch splits only lists of tensors into their items)."""
+    return [None] * len(values) if values and all(isinstance(t, torch.Tensor) for t in values) else None
 
 
 _fa2_forward_op.register_autograd(_op_backward, setup_context=_save_for_op_backward)
@@ -271,7 +277,7 @@ def _varlen_op_backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
     grads = _varlen_backward_op(q, k, v, out, lse, dout, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal,
                                 ctx.scale, ctx.mod_floats, ctx.mod_tensors, ctx.options)
-    return (*grads, None, None, None, None, None, None, None, [None] * len(ctx.mod_tensors), None)
+    return (*grads, None, None, None, None, None, None, None, _no_grads(ctx.mod_tensors), None)
 
 
 _varlen_forward_op.register_autograd(_varlen_op_backward, setup_context=_save_for_varlen_backward)
@@ -403,8 +409,7 @@ def _bs_op_backward(ctx, dout, dlse):
     q, k, v, out, lse, *tables = ctx.saved_tensors
     grads = _bs_backward_op(q, k, v, out, lse, dout, tables, ctx.layout, ctx.scale, ctx.mod_floats,
                             ctx.mod_tensors, ctx.options)
-    # the tables' and the modifier tensors' entries are lists
-    return (*grads, [None] * len(tables), None, None, None, [None] * len(ctx.mod_tensors), None)
+    return (*grads, _no_grads(tables), None, None, None, _no_grads(ctx.mod_tensors), None)
 
 
 _bs_forward_op.register_autograd(_bs_op_backward, setup_context=_save_for_bs_backward)

@@ -434,7 +434,7 @@ def test_gpu_direct_launches_repeat_the_first_call():
         assert_close(runs[0][0], ref, baseline=attention_naive(*plain, mask=dense), dtype=q.dtype)
         for later in runs[1:]:
             assert all(torch.equal(a, b) for a, b in zip(runs[0], later))
-    if launch.ENABLED:
+    if launch.enabled(runtime.OPTIONS):
         scores = 2 * 4 * 1000 * 1000
         for choose in (bs._choose_fwd, bs._choose_dq, bs._choose_dkdv):
             assert launch._compiled[choose(64, 2, scores, mask.block_size)[0]], choose

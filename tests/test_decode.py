@@ -324,7 +324,7 @@ def test_gpu_workspace_is_shared_safely():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, want[s][0]) and torch.equal(lse, want[s][1]), s
-    if launch.ENABLED:   # the direct launches above reused the kernel compiled on the first call
+    if launch.enabled(runtime.OPTIONS):   # the direct launches above reused the kernel compiled on the first call
         assert launch._compiled[kernels._decode_partial_kernel]
 
 
@@ -371,7 +371,7 @@ def test_fast_launch_signature_separates_what_triton_specializes_on():
     assert sig(a, 16, BLOCK=64) != sig(a, 16, BLOCK=32)
     assert launch._signature(0, (a,), {}) != launch._signature(1, (a,), {})   # another device
     if runtime.INTERPRET:
-        assert not launch.ENABLED                                     # the interpreter: plain calls
+        assert not launch.enabled(runtime.OPTIONS)                                     # the interpreter: plain calls
 
 
 def test_torch_compile_runs_the_same_kernels():

@@ -50,11 +50,11 @@ def test_launch_plans_are_keyed_on_the_score_modifier(monkeypatch):
     # a plan bakes the scores' scale (the softcap's 1 / c in it) and the modifier's function: a
     # call with another modifier or cap must not replay it, and the args tensor's layout is pinned
     keys = []
-    monkeypatch.setattr(fa3_bwd, "plan_key", lambda tensors, options: keys.append((tensors, options)))
+    monkeypatch.setattr(fa3_bwd, "plan_key", lambda tensors, extra, options: keys.append((tensors, extra)))
     q = torch.randn(1, 2, 8, 64)
     k = torch.randn(1, 1, 8, 64)
-    mods = [None, score_mod.make(q, softcap=30.0), score_mod.make(q, softcap=20.0),
-            score_mod.make(q, alibi_slopes=torch.ones(2)), score_mod.make(q, 30.0, torch.ones(2))]
+    mods = [None, score_mod.make(q, score_mod.Modifiers(softcap=30.0)), score_mod.make(q, score_mod.Modifiers(softcap=20.0)),
+            score_mod.make(q, score_mod.Modifiers(alibi_slopes=torch.ones(2))), score_mod.make(q, score_mod.Modifiers(30.0, torch.ones(2)))]
     for mod in mods:
         with pytest.raises(ValueError, match="fa2_backward"):   # CPU tensors: refused after the key
             fa3_bwd.fa3_backward(q, k, k, q, torch.zeros(1, 2, 8), q, score_mod=mod)
@@ -67,7 +67,7 @@ def test_packed_launch_plans_are_keyed_on_offsets_and_max_seqlen(monkeypatch):
     # a packed plan reads the offsets on the device and bakes the longest lengths into its grid:
     # the offsets' layout and max_seqlen are in its key (a list is keyed as the tuple it equals)
     keys = []
-    monkeypatch.setattr(fa3_bwd, "plan_key", lambda tensors, options: keys.append((tensors, options)))
+    monkeypatch.setattr(fa3_bwd, "plan_key", lambda tensors, extra, options: keys.append((tensors, extra)))
     q = torch.randn(12, 2, 64)
     k = torch.randn(9, 1, 64)
     cu_q, cu_k = (torch.tensor(c, dtype=torch.int32) for c in ([0, 5, 12], [0, 4, 9]))
@@ -102,7 +102,7 @@ def check_gradients(B, Hq, Hkv, Nq, Nk, D, causal, dtype, variant=None, *, q_sca
     q, k, v, dout = make(Hq, Nq), make(Hkv, Nk), make(Hkv, Nk), make(Hq, Nq)
     if q_scale != 1.0:
         q = (q.float() * q_scale).to(dtype)
-    mod = score_mod.make(q, **score_mods)
+    mod = score_mod.make(q, score_mod.Modifiers(**score_mods))
     out, lse = fa3_fwd.fa3_forward(q, k, v, causal=causal, score_mod=mod) if score_mods else \
         fa2_forward(q, k, v, causal=causal)
     assert fa3_bwd.supported(q, k, v, out, lse, dout)
@@ -238,7 +238,7 @@ def check_packed(lengths_q, lengths_k, Hq, Hkv, D, causal, dtype, variant=None, 
     from test_varlen import packed
     q, k, v, cu_q, cu_k = packed(lengths_q, lengths_k, Hq, Hkv, D, dtype, seed)
     dout = torch.randn_like(q)
-    mod = score_mod.make(q, batch=len(lengths_q), **score_mods)
+    mod = score_mod.make(q, score_mod.Modifiers(**score_mods), batch=len(lengths_q))
     cu_seqlens, max_seqlen = (cu_q, cu_k), (max(lengths_q), max(lengths_k))
     out, lse = fa2_forward(q, k, v, causal=causal, score_mod=mod, cu_seqlens=cu_seqlens,
                            max_seqlen=max_seqlen)
@@ -294,7 +294,7 @@ def test_gpu_packed_sequences(D, dtype, monkeypatch):
         for seed in (0, 1):
             replayed = len(replays)
             check_packed(lengths_q, lengths_k, 8, 2, D, dtype=dtype, seed=seed, **mods)
-        assert len(replays) == replayed + launch.ENABLED, "the second call did not replay the plan"
+        assert len(replays) == replayed + launch.enabled(runtime.OPTIONS), "the second call did not replay the plan"
     for lq, lk in (([0, 0], [3, 70]), ([5, 2], [0, 0])):                 # no queries, no keys
         check_packed(lq, lk, 8, 2, D, causal=True, dtype=dtype)
     if dtype == torch.float16:

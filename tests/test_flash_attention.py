@@ -48,17 +48,33 @@ def run_and_check(B, Hq, Hkv, Nq, Nk, D, causal, dtype, *, backward=True, scale=
             assert_close(g, r, baseline=b, dtype=dtype, name=name, magnitude=mags[name])
 
 
-def force_hopper_kernels(monkeypatch, dtype):
-    """Skip without an sm90 GPU and Triton 3.6; else send every problem to the FA3 kernels: no size
-    threshold, and a score modifier at both head dims."""
-    from flashlib import ops
+def skip_without_hopper(dtype):
+    """Skip without an sm90 GPU and Triton 3.6 (the FA3 kernels) for ``dtype``."""
     from flashlib.kernels import fa3_fwd
     probe = torch.empty(1, 1, 64, 64, dtype=dtype, device=DEV)
     if not fa3_fwd.supported(probe, probe, probe):
         pytest.skip("needs an sm90 GPU with Triton 3.6 (FA3 kernels)")
-    monkeypatch.setattr(ops, "FA3_FROM_FLOPS", 0)
-    monkeypatch.setattr(ops, "FA3_ENABLED", True)
-    monkeypatch.setattr(ops, "FA3_FWD_MOD_HEAD_DIMS", (64, 128))
+
+
+@pytest.fixture
+def hopper_kernels():
+    """Every problem to the FA3 kernels where they run: no size threshold, a score modifier at
+    both head dims (the options in force for the test)."""
+    with runtime.kernel_options(fa3=True, fa3_from_flops=0, fa3_fwd_mod_head_dims=(64, 128)):
+        yield
+
+
+def spy_on_version(monkeypatch, number, record, backward=False):
+    """Version ``number``'s forward (or backward) in the dispatcher's registry, wrapped to call
+    ``record(args, kwargs)`` first (or instead, when record returns something: then that)."""
+    from flashlib.kernels import dispatch
+    version = dispatch.VERSIONS[number]
+    real = version.backward if backward else version.forward
+
+    def spy(*args, **kwargs):
+        result = record(args, kwargs)
+        return real(*args, **kwargs) if result is None else result
+    monkeypatch.setitem(dispatch.VERSIONS, number, version._replace(**{"backward" if backward else "forward": spy}))
 
 
 def tiled_backward(q, k, v, out, lse, dout, causal, scale):
@@ -199,29 +215,29 @@ def test_gpu_real_sizes(case, dtype):
     run_and_check(*case, dtype)
 
 
-def test_hopper_forward_folds_only_positive_factors(monkeypatch):
+def test_hopper_forward_folds_only_positive_factors():
     """FA3's forward multiplies a factor of the scores into exp2's FFMA (its max taken on the raw
     scores, max(s c) = c max(s)) only where c > 0 is known: the scale of plain scores when it is
     positive (a negative one would need the min, a zero one make masked keys -inf * 0 = NaN) and
-    a softcap's cap (validated > 0); never ALiBi's bias, added per score; none with FOLD_SCALE off."""
+    a softcap's cap (validated > 0); never ALiBi's bias, added per score; none with the
+    fa3_fold_scale option off (the launcher passes FOLD=0 then)."""
     from flashlib.kernels import fa3_fwd, score_mod
     assert fa3_fwd._fold(score_mod.identity, 0.125) == 1
     assert fa3_fwd._fold(score_mod.identity, -0.125) == 0 and fa3_fwd._fold(score_mod.identity, 0.0) == 0
     assert (fa3_fwd._fold(score_mod.tanh_softcap, -1.0), fa3_fwd._fold(score_mod.tanh_softcap_approx, 1.0)) == (2, 3)
     for fn in (score_mod.alibi_bias, score_mod.tanh_softcap_alibi_bias, score_mod.tanh_softcap_approx_alibi_bias):
         assert fa3_fwd._fold(fn, 0.125) == 0
-    monkeypatch.setattr(fa3_fwd, "FOLD_SCALE", False)
-    assert fa3_fwd._fold(score_mod.identity, 0.125) == 0 and fa3_fwd._fold(score_mod.tanh_softcap, 1.0) == 0
+    assert runtime.KernelOptions().fa3_fold_scale and not runtime.KernelOptions(fa3_fold_scale=False).fa3_fold_scale
 
 
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("scale", [0.3, -0.2, 0.0])
-def test_gpu_hopper_forward_at_any_scale(monkeypatch, scale):
-    """FA3's forward folds a scale > 0 into exp2's FFMA (max(s c) = c max(s): fa3_fwd.FOLD_SCALE)
-    and scales first otherwise; both match the oracle with masked keys (causal, ragged) present,
-    where a folded 0 would give -inf * 0 = NaN."""
-    force_hopper_kernels(monkeypatch, torch.float16)
+def test_gpu_hopper_forward_at_any_scale(hopper_kernels, scale):
+    """FA3's forward folds a scale > 0 into exp2's FFMA (max(s c) = c max(s): the fa3_fold_scale
+    option) and scales first otherwise; both match the oracle with masked keys (causal, ragged)
+    present, where a folded 0 would give -inf * 0 = NaN."""
+    skip_without_hopper(torch.float16)
     for D in (64, 128):
         run_and_check(2, 4, 2, 333, 517, D, True, torch.float16, scale=scale)
         run_and_check(1, 2, 2, 300, 130, D, True, torch.float16, scale=scale)   # rows with no key
@@ -236,12 +252,12 @@ def test_gpu_float32_is_exact(causal):
 
 @gpu
 @pytest.mark.gpu
-def test_gpu_planned_launches_replay_the_plain_ones(monkeypatch):
+def test_gpu_planned_launches_replay_the_plain_ones():
     """kernels/launch.py: a second call with the same key replays the first call's launches; its
     results are bit-equal to plain ``kernel[grid](...)`` launches. A view at another alignment,
     another layout and another shape each get a plan of their own."""
     from flashlib.kernels import fa2_bwd, fa2_fwd, launch
-    if not launch.ENABLED:
+    if not launch.enabled(runtime.OPTIONS):
         pytest.skip(f"direct launches are off for Triton {__import__('triton').__version__}")
 
     def forward_backward(q, k, v, dout):
@@ -262,8 +278,7 @@ def test_gpu_planned_launches_replay_the_plain_ones(monkeypatch):
         plans = len(fa2_fwd._plans), len(fa2_bwd._plans)
         replayed = forward_backward(q, k, v, dout)
         assert (len(fa2_fwd._plans), len(fa2_bwd._plans)) == plans   # a hit, not a new plan
-        with monkeypatch.context() as m:
-            m.setattr(launch, "ENABLED", False)
+        with runtime.kernel_options(fast_launch=False):
             plain = forward_backward(q, k, v, dout)
         for a, b, c in zip(first, replayed, plain):
             assert torch.equal(a, b) and torch.equal(b, c)
@@ -274,16 +289,15 @@ def test_gpu_planned_launches_replay_the_plain_ones(monkeypatch):
 
 @gpu
 @pytest.mark.gpu
-def test_gpu_hopper_planned_launches_replay_the_plain_ones(monkeypatch):
+def test_gpu_hopper_planned_launches_replay_the_plain_ones(hopper_kernels):
     """The FA3 kernels' plans (kernels/launch.py with TMA descriptors rebuilt around new tensors):
     a second call replays the first's launches, bit-equal to Triton's plain launches, for a dense,
     a transposed and a grouped-head causal problem; fresh inputs of the same layout give the
     oracle's answer (the descriptors point at the new tensors, not the recorded ones)."""
-    from flashlib import ops
     from flashlib.kernels import fa3_bwd, fa3_fwd, launch
-    if not (launch.ENABLED and DEV.type == "cuda" and fa3_fwd.supported(*[rand(1, 1, 64, 64, dtype=torch.float16)] * 3)):
+    probe = rand(1, 1, 64, 64, dtype=torch.float16)
+    if not (launch.enabled(runtime.OPTIONS) and DEV.type == "cuda" and fa3_fwd.supported(probe, probe, probe)):
         pytest.skip("needs an sm90 GPU with Triton 3.6 (FA3 kernels, direct launches)")
-    monkeypatch.setattr(ops, "FA3_FROM_FLOPS", 0)
 
     def forward_backward(q, k, v, dout):
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
@@ -300,8 +314,7 @@ def test_gpu_hopper_planned_launches_replay_the_plain_ones(monkeypatch):
         assert min(plans) > 0, "FA3 did not run, or recorded no plan"
         replayed = forward_backward(q, k, v, dout)
         assert (len(fa3_fwd._plans), len(fa3_bwd._plans)) == plans   # a hit, not a new plan
-        with monkeypatch.context() as m:
-            m.setattr(launch, "ENABLED", False)
+        with runtime.kernel_options(fast_launch=False):
             plain = forward_backward(q, k, v, dout)
         for name, a, b, c in zip(("out", "lse", "dq", "dk", "dv"), first, replayed, plain):
             if name == "dq":   # summed by TMA reduce-adds from every key block, in any order
@@ -325,24 +338,23 @@ def test_gpu_hopper_forward_is_picked_where_it_runs(monkeypatch):
     """flash_attention's forward runs kernels/fa3_fwd.py on sm90 for large 16-bit problems at head
     dims 64/128 (with a score modifier at d128 only), and FA2 for the rest (small, host-bound calls
     included)."""
-    from flashlib import ops
     from flashlib.kernels import fa3_fwd
-    monkeypatch.setattr(ops, "FA3_ENABLED", True)
     calls = []
-    real = fa3_fwd.fa3_forward
-    monkeypatch.setattr(fa3_fwd, "fa3_forward", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    spy_on_version(monkeypatch, 3, lambda a, kw: calls.append(a[0].shape))
+    on = {"fa3": True}                                                 # whatever FLASHLIB_FA3 says
     big = rand(2, 8, 4096, 128, dtype=torch.bfloat16)
-    flash_attention(big, big, big, causal=True)
-    flash_attention(big, big, big, softcap=20.0)                       # a modifier, at d128: FA3
+    flash_attention(big, big, big, causal=True, kernel_options=on)
+    flash_attention(big, big, big, softcap=20.0, kernel_options=on)    # a modifier, at d128: FA3
     d64 = rand(2, 8, 8192, 64, dtype=torch.bfloat16)
-    flash_attention(d64, d64, d64, softcap=20.0)                       # at d64: FA2
-    flash_attention(d64, d64, d64, causal=True)                        # d64 causal: FA3
-    flash_attention(d64, d64, d64)                                     # d64: FA3
+    flash_attention(d64, d64, d64, softcap=20.0, kernel_options=on)    # at d64: FA2
+    flash_attention(d64, d64, d64, causal=True, kernel_options=on)     # d64 causal: FA3
+    flash_attention(d64, d64, d64, kernel_options=on)                  # d64: FA3
     small = rand(1, 2, 300, 128, dtype=torch.bfloat16)
-    flash_attention(small, small, small)                               # host-bound: FA2
+    flash_attention(small, small, small, kernel_options=on)            # host-bound: FA2
+    flash_attention(big, big, big, kernel_options={"fa3": False})      # turned off: FA2
     hopper = fa3_fwd.supported(big, big, big)
     assert calls == ([big.shape] * 2 + [d64.shape] * 2 if hopper else []), (runtime.gpu_name(), calls)
-    assert 4 * 2 * 8 * 4096 * 4096 * 128 // 2 >= ops.FA3_FROM_FLOPS > 4 * 2 * 300 * 300 * 128
+    assert 4 * 2 * 8 * 4096 * 4096 * 128 // 2 >= runtime.KernelOptions().fa3_from_flops > 4 * 2 * 300 * 300 * 128
 
 
 @gpu
@@ -351,21 +363,19 @@ def test_gpu_hopper_backward_is_picked_and_right(monkeypatch):
     """flash_attention's backward runs kernels/fa3_bwd.py for large problems on sm90 (score
     modifiers included, after FA2's forward too), FA2's kernels elsewhere, and its gradients pass
     the oracle's tolerance, ragged and grouped, causal with rows that see no key."""
-    from flashlib import ops
     from flashlib.kernels import fa3_bwd
-    monkeypatch.setattr(ops, "FA3_ENABLED", True)
     calls = []
-    real = fa3_bwd.fa3_backward
-    monkeypatch.setattr(fa3_bwd, "fa3_backward", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
-    run_and_check(1, 8, 2, 7000, 6001, 128, True, torch.bfloat16)    # ragged, grouped, rows past keys
-    run_and_check(3, 4, 4, 5000, 5100, 64, False, torch.float16)
-    hopper = fa3_bwd.supported(*(rand(1, 8, 64, 128, dtype=torch.bfloat16) for _ in range(3)))
-    assert calls == ([(1, 8, 7000, 128), (3, 4, 5000, 64)] if hopper else []), (runtime.gpu_name(), calls)
-    run_and_check(1, 2, 2, 300, 300, 128, True, torch.bfloat16)      # small: FA2's kernels
-    assert len(calls) == (2 if hopper else 0)
-    monkeypatch.setattr(ops, "FA3_FROM_FLOPS", 0)                      # any size from here
-    run_and_check(1, 4, 2, 1000, 1100, 128, True, torch.bfloat16, softcap=30.0)   # FA3's forward
-    run_and_check(1, 4, 2, 1000, 1100, 64, True, torch.bfloat16, softcap=30.0)    # FA2's forward
+    spy_on_version(monkeypatch, 3, lambda a, kw: calls.append(a[0].shape), backward=True)
+    with runtime.kernel_options(fa3=True):
+        run_and_check(1, 8, 2, 7000, 6001, 128, True, torch.bfloat16)    # ragged, grouped, rows past keys
+        run_and_check(3, 4, 4, 5000, 5100, 64, False, torch.float16)
+        hopper = fa3_bwd.supported(*(rand(1, 8, 64, 128, dtype=torch.bfloat16) for _ in range(3)))
+        assert calls == ([(1, 8, 7000, 128), (3, 4, 5000, 64)] if hopper else []), (runtime.gpu_name(), calls)
+        run_and_check(1, 2, 2, 300, 300, 128, True, torch.bfloat16)      # small: FA2's kernels
+        assert len(calls) == (2 if hopper else 0)
+    with runtime.kernel_options(fa3=True, fa3_from_flops=0):             # any size from here
+        run_and_check(1, 4, 2, 1000, 1100, 128, True, torch.bfloat16, softcap=30.0)   # FA3's forward
+        run_and_check(1, 4, 2, 1000, 1100, 64, True, torch.bfloat16, softcap=30.0)    # FA2's forward
     assert calls[2:] == ([(1, 4, 1000, 128), (1, 4, 1000, 64)] if hopper else [])
 
 
@@ -407,16 +417,16 @@ def test_small_problems_are_not_autotuned(monkeypatch):
     # more are tuned; smaller ones take the first config that fits, as with autotuning off
     import triton
     from flashlib.kernels import config, fa2_fwd
-    monkeypatch.setattr(config.runtime, "AUTOTUNE", True)
-    monkeypatch.setattr(config.runtime, "INTERPRET", False)
-    monkeypatch.setattr(config, "_compiling_for", [config.Target((8, 0), 64 * 1024)])   # 64 KB a block
+    monkeypatch.setattr(config.runtime, "INTERPRET", False)   # a GPU's configs, not the interpreter's
     choose = config.tuned(fa2_fwd._fa2_fwd_kernel, [(128, 128, 8, 3), (64, 64, 4, 2)],
                           lambda bm, bn: (bm, 2 * bn))
-    kernel, launch_kwargs = choose(64, 2, config.TUNE_FROM_SCORES - 1)
-    assert kernel is fa2_fwd._fa2_fwd_kernel
-    assert launch_kwargs == dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)  # 128s: too big
-    kernel, launch_kwargs = choose(64, 2, config.TUNE_FROM_SCORES)
-    assert isinstance(kernel, triton.runtime.Autotuner) and launch_kwargs == {}
+    with config.compiling_for(config.Target((8, 0), 64 * 1024)):   # 64 KB a block
+        kernel, launch_kwargs = choose(64, 2, config.TUNE_FROM_SCORES - 1, autotune=True)
+        assert kernel is fa2_fwd._fa2_fwd_kernel
+        assert launch_kwargs == dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)  # 128s: too big
+        kernel, launch_kwargs = choose(64, 2, config.TUNE_FROM_SCORES, autotune=True)
+        assert isinstance(kernel, triton.runtime.Autotuner) and launch_kwargs == {}
+        assert choose(64, 2, config.TUNE_FROM_SCORES, autotune=False)[0] is fa2_fwd._fa2_fwd_kernel
 
 
 def test_torch_compile_traces_the_whole_call_and_matches_eager():
@@ -439,22 +449,24 @@ def test_torch_compile_traces_the_whole_call_and_matches_eager():
 def test_custom_ops_pass_torch_opcheck():
     # schema, fake (meta) outputs with the real strides, autograd registration
     from flashlib import ops
+    from flashlib.kernels import score_mod
     q = rand(1, 7, 4, 16, dtype=torch.float32).transpose(1, 2)
     k, v = (rand(1, 2, 9, 16, dtype=torch.float32) for _ in range(2))
     slopes = torch.rand(4, device=DEV)
-    out, lse = ops._fa2_forward_op(q, k, v, True, 0.25, None, None)
-    torch.library.opcheck(ops._fa2_forward_op, (q.requires_grad_(), k, v, True, 0.25, 5.0, slopes))
+    none, mods = score_mod.NO_MODIFIERS.op_args(), score_mod.Modifiers(5.0, slopes).op_args()
+    options = runtime.OPTIONS.number
+    out, lse = ops._fa2_forward_op(q, k, v, True, 0.25, *none, options)
+    torch.library.opcheck(ops._fa2_forward_op, (q.requires_grad_(), k, v, True, 0.25, *mods, options))
     torch.library.opcheck(ops._fa2_backward_op, (q.detach(), k, v, out, lse, torch.randn_like(out), True, 0.25,
-                                                 None, None))
+                                                 *none, options))
     torch.library.opcheck(ops._fa2_backward_op, (q.detach(), k, v, out, lse, torch.randn_like(out), True, 0.25,
-                                                 5.0, slopes))
+                                                 *mods, options))
 
 
 def test_autotuning_keys_the_code_a_kernel_runs(monkeypatch):
     # a config tuned for plain scores must not be reused for a softcap (or packed sequences, or
     # another tile update) of the same size: every constexpr that chooses code is in the key
     from flashlib.kernels import block_sparse, config, fa1, fa2_bwd, fa2_fwd
-    monkeypatch.setattr(config.runtime, "AUTOTUNE", True)
     monkeypatch.setattr(config.runtime, "INTERPRET", False)
     kernels = [(k, config.KEY) for k in (fa2_fwd._fa2_fwd_kernel, fa2_bwd._dkdv_kernel,
                                          fa2_bwd._dq_kernel, fa1._fa1_fwd_kernel)]
@@ -462,7 +474,7 @@ def test_autotuning_keys_the_code_a_kernel_runs(monkeypatch):
                                                 block_sparse._bs_dkdv_kernel, block_sparse._bs_dq_kernel)]
     for kernel, key in kernels:
         autotuner, _ = config.tuned(kernel, [(64, 64, 4, 2)], lambda bm, bn: (bm, bn), key=key)(
-            64, 2, config.TUNE_FROM_SCORES)
+            64, 2, config.TUNE_FROM_SCORES, autotune=True)
         choosers = {"SCORE_MOD", "TILE_UPDATE", "VARLEN", "CAUSAL"} & set(kernel.arg_names)
         assert choosers <= set(autotuner.keys), (kernel.__name__, choosers - set(autotuner.keys))
     assert "SCORE_MOD" in fa2_fwd._fa2_fwd_kernel.arg_names   # the check above is not vacuous

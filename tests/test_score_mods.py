@@ -13,11 +13,12 @@ import torch
 
 from flashlib import masks, runtime
 from flashlib.decode import flash_decode
+from flashlib.inputs import check_score_mods
 from flashlib.kernels import score_mod
 from flashlib.ops import block_sparse_attention, flash_attention
 from flashlib.testing import assert_attention_close
 from test_block_sparse import check_block_sparse, qkv
-from test_flash_attention import force_hopper_kernels, run_and_check
+from test_flash_attention import hopper_kernels, run_and_check, skip_without_hopper, spy_on_version  # noqa: F401
 
 DEV = runtime.DEVICE
 gpu = pytest.mark.skipif(DEV.type != "cuda", reason="needs a CUDA GPU")
@@ -66,10 +67,21 @@ def test_exact_cases():
     torch.testing.assert_close(zero, plain, rtol=0, atol=1e-6)
 
 
-def test_identity_is_the_default():
+def test_identity_is_the_default_and_modifiers_travel_as_one_value():
     q, k, v = qkv(1, 2, 1, 8, 8, 16)
-    assert score_mod.make(q) is score_mod.IDENTITY
-    assert score_mod.make(q, None, None).fn is score_mod.identity
+    assert score_mod.make(q, score_mod.NO_MODIFIERS) is score_mod.IDENTITY
+    assert score_mod.make(q, score_mod.Modifiers(None, None)).fn is score_mod.identity
+    assert check_score_mods(q) is score_mod.NO_MODIFIERS
+    slopes = torch.ones(2, device=DEV)
+    mods = check_score_mods(q, softcap=3, alibi_slopes=slopes)
+    assert mods == score_mod.Modifiers(3.0, slopes) and isinstance(mods.softcap, float)
+    # what torch's custom ops take in its place, and back: NaN and None for an absent modifier
+    for mods in (score_mod.NO_MODIFIERS, score_mod.Modifiers(softcap=3.0), score_mod.Modifiers(alibi_slopes=slopes),
+                 mods):
+        floats, tensors = mods.op_args()
+        assert len(floats) == len(score_mod.FLOAT_FIELDS) and len(tensors) == len(score_mod.TENSOR_FIELDS)
+        assert score_mod.Modifiers.from_op_args(floats, tensors) == mods
+    assert set(score_mod.FLOAT_FIELDS + score_mod.TENSOR_FIELDS) == set(score_mod.Modifiers._fields)
 
 
 def test_the_one_instruction_tanh_only_for_bfloat16_on_a_gpu():
@@ -77,22 +89,23 @@ def test_the_one_instruction_tanh_only_for_bfloat16_on_a_gpu():
     for dtype in (torch.float16, torch.float32, torch.bfloat16):
         q = torch.zeros(1, 2, 4, 16, dtype=dtype, device=DEV)
         approx = dtype == torch.bfloat16 and DEV.type == "cuda"
-        assert score_mod.make(q, 30.0).fn is (score_mod.tanh_softcap_approx if approx else score_mod.tanh_softcap)
-        assert score_mod.make(q, 30.0, torch.ones(2, device=DEV)).fn is \
-            (score_mod.tanh_softcap_approx_alibi_bias if approx else score_mod.tanh_softcap_alibi_bias)
+        capped = score_mod.make(q, score_mod.Modifiers(30.0))
+        assert capped.fn is (score_mod.tanh_softcap_approx if approx else score_mod.tanh_softcap)
+        both = score_mod.make(q, score_mod.Modifiers(30.0, torch.ones(2, device=DEV)))
+        assert both.fn is (score_mod.tanh_softcap_approx_alibi_bias if approx else score_mod.tanh_softcap_alibi_bias)
 
 
-def launched_tile_update(monkeypatch, q, k, v, **options):
+def launched_tile_update(q, k, v, **options):
     """The TILE_UPDATE and m_init the dense forward launches with (recorded, not run)."""
     from flashlib.kernels import fa2_fwd
     recorded = []
-    monkeypatch.setattr(fa2_fwd, "fast_launch", lambda kernel, grid, *args, **kw: recorded.append((args, kw)))
-    fa2_fwd.fa2_forward(q, k, v, score_mod=score_mod.make(q, **options))
+    with runtime.kernel_options(launch_hook=lambda kernel, grid, args, kw: recorded.append((args, kw))):
+        fa2_fwd.fa2_forward(q, k, v, score_mod=score_mod.make(q, score_mod.Modifiers(**options)))
     (args, kw), = recorded
     return kw["TILE_UPDATE"], args[list(fa2_fwd._fa2_fwd_kernel.arg_names).index("m_init")]
 
 
-def test_a_softcap_alone_drops_the_running_max_where_p_has_the_range(monkeypatch):
+def test_a_softcap_alone_drops_the_running_max_where_p_has_the_range():
     # bounded scores need no running max (tile.tile_update_bounded) when P is bfloat16 or float32;
     # float16's range is too short, ALiBi's bias unbounded, and caps over 55.4 too wide
     from flashlib.kernels import tile
@@ -103,14 +116,14 @@ def test_a_softcap_alone_drops_the_running_max_where_p_has_the_range(monkeypatch
                                     (torch.float32, dict(softcap=60.0), False),
                                     (torch.float32, {}, False)]:
         q = torch.randn(1, 2, 8, 16).to(dtype)
-        fn, m_init = launched_tile_update(monkeypatch, q, q, q, **options)
+        fn, m_init = launched_tile_update(q, q, q, **options)
         assert (fn is tile.tile_update_bounded) == bounded, (dtype, options)
         assert m_init == (max(0.0, options["softcap"] * math.log2(math.e) - 56) if bounded else float("-inf"))
 
 
-def test_causal_alibi_splits_its_bias_in_the_unmasked_blocks(monkeypatch):
+def test_causal_alibi_splits_its_bias_in_the_unmasked_blocks():
     # causal ALiBi alone: blocks wholly before the diagonal take key and row terms instead of the
-    # hook (fa2_fwd._attend_key_blocks), the library's own tile update only; other modifiers never
+    # hook (fa2_fwd.attend_key_blocks), the library's own tile update only; other modifiers never
     from flashlib.kernels import fa2_fwd
     q = torch.randn(1, 2, 8, 16)
     for causal, options, tile_update, split in [(True, dict(alibi_slopes=torch.ones(2)), None, True),
@@ -119,10 +132,10 @@ def test_causal_alibi_splits_its_bias_in_the_unmasked_blocks(monkeypatch):
                                                 (True, dict(softcap=5.0), None, False), (True, {}, None, False),
                                                 (True, dict(alibi_slopes=torch.ones(2)), fa2_fwd.tile_update_fn, False)]:
         recorded = []
-        monkeypatch.setattr(fa2_fwd, "fast_launch", lambda kernel, grid, *args, **kw: recorded.append(kw))
-        fa2_fwd.fa2_forward(q, q, q, causal=causal, score_mod=score_mod.make(q, **options), tile_update=tile_update)
+        with runtime.kernel_options(launch_hook=lambda kernel, grid, args, kw: recorded.append(kw)):
+            mod = score_mod.make(q, score_mod.Modifiers(**options))
+            fa2_fwd.fa2_forward(q, q, q, causal=causal, score_mod=mod, tile_update=tile_update)
         assert recorded[0]["ALIBI_SPLIT"] == split, (causal, options, tile_update)
-    monkeypatch.undo()
     # several unmasked blocks per query block (64 x 64 tiles here), steep slopes (far blocks' row
     # terms over 1000 in base 2), more keys than queries and the other way round, grouped heads
     run_and_check(1, 4, 2, 200, 333, 16, True, torch.float32, alibi_slopes=slopes(4) * 8)
@@ -234,14 +247,13 @@ def test_gpu_real_sizes(dtype, D):
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gpu_hopper_forward_with_modifiers(monkeypatch, dtype):
+def test_gpu_hopper_forward_with_modifiers(monkeypatch, hopper_kernels, dtype):
     """The FA3 kernels (kernels/fa3_fwd.py, fa3_bwd.py) run the same hook: out, lse and gradients
     through flash_attention against the oracle, ragged, grouped, bottom-right causal with Nq > Nk
     (rows that see no key), every modifier, both head dims."""
-    from flashlib.kernels import fa3_fwd
-    force_hopper_kernels(monkeypatch, dtype)
-    calls, real = [], fa3_fwd.fa3_forward
-    monkeypatch.setattr(fa3_fwd, "fa3_forward", lambda *a, **kw: calls.append(kw["score_mod"].fn) or real(*a, **kw))
+    skip_without_hopper(dtype)
+    calls = []
+    spy_on_version(monkeypatch, 3, lambda a, kw: calls.append(kw["score_mod"].fn))
     for D in (64, 128):
         run_and_check(2, 8, 2, 1500, 2100, D, True, dtype, softcap=30.0, alibi_slopes=slopes(2, 8))
         run_and_check(1, 4, 4, 777, 500, D, True, dtype, softcap=20.0)           # Nq > Nk

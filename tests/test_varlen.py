@@ -13,7 +13,7 @@ import torch
 from flashlib import flash_attention, flash_attention_varlen, runtime
 from flashlib.reference import attention_naive, attention_ref
 from flashlib.testing import assert_close, attention_magnitudes, lse_method_error
-from test_flash_attention import force_hopper_kernels
+from test_flash_attention import hopper_kernels, skip_without_hopper, spy_on_version  # noqa: F401 (a fixture)
 
 DEV = runtime.DEVICE
 gpu = pytest.mark.skipif(DEV.type != "cuda", reason="needs a CUDA GPU")
@@ -151,44 +151,43 @@ def test_packed_calls_go_to_the_hopper_kernels_where_they_run(monkeypatch):
     # on an sm90 GPU (stood in for here: the FA3 kernels' supported and launchers replaced by
     # recorders that run FA2's) a large packed call runs FA3's forward and backward with the
     # offsets; small ones and FA3 turned off FA2's
-    from flashlib import ops
     from flashlib.kernels import fa2_bwd, fa2_fwd, fa3_bwd, fa3_fwd
     calls = []
-    monkeypatch.setattr(ops, "FA3_ENABLED", True)
     monkeypatch.setattr(fa3_fwd, "supported", lambda q, k, v, packed=False: packed and q.ndim == 3)
     monkeypatch.setattr(fa3_bwd, "supported", lambda q, k, v, out, lse, dout, packed=False: packed and q.ndim == 3)
-    monkeypatch.setattr(fa3_fwd, "fa3_forward", lambda *a, cu_seqlens, max_seqlen, **kw: calls.append(
-        ("fa3", max_seqlen)) or fa2_fwd.fa2_forward(*a, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, **kw))
-    real_bwd = fa2_bwd.fa2_backward
-    monkeypatch.setattr(fa2_bwd, "fa2_backward", lambda *a, **kw: calls.append("fa2 bwd") or real_bwd(*a, **kw))
-    monkeypatch.setattr(fa3_bwd, "fa3_backward", lambda *a, cu_seqlens, max_seqlen, **kw: calls.append(
-        ("fa3 bwd", max_seqlen)) or real_bwd(*a, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, **kw))
+    spy_on_version(monkeypatch, 3, lambda a, kw: calls.append(("fa3", kw["max_seqlen"]))
+                   or fa2_fwd.fa2_forward(*a, **kw))
+    spy_on_version(monkeypatch, 3, lambda a, kw: calls.append(("fa3 bwd", kw["max_seqlen"]))
+                   or fa2_bwd.fa2_backward(*a, **kw), backward=True)
+    spy_on_version(monkeypatch, 2, lambda a, kw: calls.append("fa2 bwd"), backward=True)
     lengths, fa3 = [5, 0, 17, 1], [("fa3", (17, 17)), ("fa3 bwd", (17, 17))]
     for D, causal, from_flops, expected in [(16, False, 0, fa3),
                                             (16, True, 4 * 23 * 4 * 17 * 16 // 2, fa3),
                                             (16, True, 4 * 23 * 4 * 17 * 16 // 2 + 1, ["fa2 bwd"]),
                                             (64, True, 0, [("fa3", (17, 17)), ("fa3 bwd", (17, 17))])]:
         calls.clear()
-        monkeypatch.setattr(ops, "FA3_FROM_FLOPS", from_flops)
-        check(lengths, lengths, 4, 2, D, causal=causal)
+        with runtime.kernel_options(fa3=True, fa3_from_flops=from_flops):
+            check(lengths, lengths, 4, 2, D, causal=causal)
         assert calls == expected, (D, causal, from_flops, calls)
+    with runtime.kernel_options(fa3=False, fa3_from_flops=0):                # FA3 turned off
+        calls.clear()
+        check(lengths, lengths, 4, 2, 16, causal=False)
+        assert calls == ["fa2 bwd"]
 
 
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gpu_hopper_kernels_packed(monkeypatch, dtype):
+def test_gpu_hopper_kernels_packed(monkeypatch, hopper_kernels, dtype):
     """The FA3 kernels (kernels/fa3_fwd.py, fa3_bwd.py) on packed sequences through
     flash_attention_varlen: descriptors over (1, H, total, D) views, each sequence's rows from its
     offset, a sequence's last block stored row by row (TMA would write the next sequence's rows),
     the forward's programs numbered over the pack's blocks. Ragged lengths with empty and 1-token
     sequences, a last sequence ending mid-block, causal with Nq != Nk per sequence, grouped heads,
     both head dims, the modifiers; a second call of each layout replays the first's plan."""
-    from flashlib.kernels import fa3_fwd
-    force_hopper_kernels(monkeypatch, dtype)
-    calls, real = [], fa3_fwd.fa3_forward
-    monkeypatch.setattr(fa3_fwd, "fa3_forward", lambda *a, **kw: calls.append(kw["cu_seqlens"] is not None)
-                        or real(*a, **kw))
+    skip_without_hopper(dtype)
+    calls = []
+    spy_on_version(monkeypatch, 3, lambda a, kw: calls.append(kw["cu_seqlens"] is not None))
     lengths_q = [1, 700, 0, 129, 64, 1000, 3, 65]
     lengths_k = [5, 700, 3, 0, 300, 1000, 1, 200]
     slopes = torch.linspace(0.05, 1.0, 8, device=DEV)
