@@ -205,8 +205,8 @@ class KVCache:
         device = runtime.DEVICE if device is None else torch.device(device)
         self.k = torch.zeros(batch, heads_kv, max_len, headdim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
-        host = torch.zeros(batch, dtype=torch.int64) if lengths is None else \
-            torch.as_tensor(lengths, dtype=torch.int64).cpu().clone()
+        host = (torch.zeros(batch, dtype=torch.int64) if lengths is None
+                else torch.as_tensor(lengths, dtype=torch.int64).cpu().clone())
         if tuple(host.shape) != (batch,) or host.min() < 0 or host.max() > max_len:
             raise ValueError(f"lengths must be {batch} ints in [0, {max_len}], got {lengths!r}")
         self._lengths = host                                    # host copy: checks, no sync

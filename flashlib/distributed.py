@@ -134,8 +134,8 @@ class Ring:
     def check_device(self, t):
         """ValueError when the group's backend cannot send tensors on ``t``'s device."""
         kind = t.device.type
-        backends = dict(part.split(":") for part in self.backend.split(",")) if ":" in self.backend \
-            else {"cpu": self.backend, "cuda": self.backend}
+        backends = (dict(part.split(":") for part in self.backend.split(",")) if ":" in self.backend
+                    else {"cpu": self.backend, "cuda": self.backend})
         name = backends.get(kind)
         if name is None or (name == "nccl" and kind != "cuda") or (name == "gloo" and kind != "cpu"):
             raise ValueError(f"q is on {t.device} but the group's backend is {self.backend!r}: use "
@@ -200,8 +200,8 @@ def ring_backward(q, k, v, out, lse, dout, ring, *, causal, scale, layout):
                                             causal=part_causal, scale=scale)
             dq[:, :, rows] += dq_b
         # the accumulators of the block now held: the previous rank's, or zeros at the start
-        dkv = dkv_pending() if dkv_pending is not None else \
-            torch.zeros(kv.shape, dtype=torch.float32, device=q.device)  # (2, B, Hkv, n, D)
+        dkv = (dkv_pending() if dkv_pending is not None
+               else torch.zeros(kv.shape, dtype=torch.float32, device=q.device))  # (2, B, Hkv, n, D)
         if part is not None:
             dkv[0][:, :, cols] += dk_b
             dkv[1][:, :, cols] += dv_b

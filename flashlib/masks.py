@@ -195,8 +195,8 @@ class BlockMask:
         if (self.seqlen_q, self.seqlen_k, self.block_size) != (other.seqlen_q, other.seqlen_k, other.block_size):
             raise ValueError(f"cannot combine {self!r} with {other!r}: seqlens and block_size must match")
         batch_heads = tuple(max(a, b) for a, b in zip(self.batch_heads, other.batch_heads))
-        band = None if self.band is None or other.band is None else \
-            (max(self.band[0], other.band[0]), min(self.band[1], other.band[1]))
+        band = (None if self.band is None or other.band is None
+                else (max(self.band[0], other.band[0]), min(self.band[1], other.band[1])))
         return BlockMask(lambda q0, q1: self._rows(q0, q1) & other._rows(q0, q1).to(self.device),
                          self.seqlen_q, self.seqlen_k, block_size=self.block_size,
                          batch_heads=batch_heads, device=self.device, name=f"{self.name} & {other.name}",

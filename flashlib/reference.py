@@ -26,7 +26,7 @@ import torch
 
 from .inputs import check_qkv, resolve_scale
 
-_CHUNK_ELEMENTS = 1 << 26  # score-matrix elements per chunk of query rows (512 MiB in float64)
+CHUNK_ELEMENTS = 1 << 26  # score-matrix elements per chunk of query rows (512 MiB in float64)
 
 
 def causal_mask(seqlen_q: int, seqlen_k: int, device=None) -> torch.Tensor:
@@ -83,7 +83,7 @@ def attention_ref(q, k, v, *, causal=False, scale=None, mask=None, softcap=None,
 
     out = torch.empty(B, Hq, Nq, D, dtype=torch.float64, device=q.device)
     lse = torch.empty(B, Hq, Nq, dtype=torch.float64, device=q.device)
-    rows = max(1, _CHUNK_ELEMENTS // max(1, B * Hq * Nk))
+    rows = max(1, CHUNK_ELEMENTS // max(1, B * Hq * Nk))
     for start in range(0, Nq, rows):
         stop = min(Nq, start + rows)
         s = torch.matmul(q[:, :, start:stop], k.transpose(-1, -2)) * scale  # (B, Hq, n, Nk)

@@ -193,8 +193,8 @@ def gpu_name(device=None) -> str:
     if device not in _gpu_names:
         name = torch.cuda.get_device_name(device).lower()
         known = ("h200", "h100", "a100", "a10g", "l40s", "l4", "t4", "v100", "4090", "3090")
-        _gpu_names[device] = next((k for k in known if k in name), None) or \
-            name.replace("nvidia", "").strip().replace(" ", "_")
+        _gpu_names[device] = (next((k for k in known if k in name), None)
+                              or name.replace("nvidia", "").strip().replace(" ", "_"))
     return _gpu_names[device]
 
 

@@ -139,7 +139,7 @@ def attention_magnitudes(q, k, v, dout=None, *, causal=False, scale=None, mask=N
     Costs a few (B, H, rows, Nk) float64 matrices per chunk of query rows, like ``attention_ref``.
     """
     from .inputs import check_qkv, resolve_scale
-    from .reference import _CHUNK_ELEMENTS, causal_mask, modify_scores
+    from .reference import CHUNK_ELEMENTS, causal_mask, modify_scores
 
     as64 = lambda t: None if t is None else torch.as_tensor(t).detach().to(torch.float64)  # noqa: E731
     q, k, v, dout = as64(q), as64(k), as64(v), as64(dout)
@@ -153,7 +153,7 @@ def attention_magnitudes(q, k, v, dout=None, *, causal=False, scale=None, mask=N
     if dout is not None:
         mags.update(dq=0.0)
         dk_mag, dv_mag = torch.zeros_like(k), torch.zeros_like(v)                 # (B, Hq, Nk, D)
-    rows = max(1, _CHUNK_ELEMENTS // max(1, B * Hq * Nk))
+    rows = max(1, CHUNK_ELEMENTS // max(1, B * Hq * Nk))
     for start in range(0, Nq, rows):
         stop = min(Nq, start + rows)
         qc = q[:, :, start:stop]                                                   # (B, Hq, n, D)
@@ -215,8 +215,8 @@ def assert_attention_close(out, lse, q, k, v, *, causal=False, scale=None, refer
         raise AssertionError(f"{name}: out {tuple(out.shape)} {out.dtype} and lse {tuple(lse.shape)}; "
                              f"expected {tuple(q.shape)} {q.dtype} and {(B, Hq, Nq)}")
     with torch.no_grad():
-        ref, ref_lse = attention_ref(q, k, v, causal=causal, scale=scale, **score_mods) \
-            if reference is None else reference
+        ref, ref_lse = (attention_ref(q, k, v, causal=causal, scale=scale, **score_mods)
+                        if reference is None else reference)
         base = attention_naive(q, k, v, causal=causal, scale=scale, **score_mods)
         mags = attention_magnitudes(q, k, v, causal=causal, scale=scale, **score_mods)
     err = assert_close(out, ref, baseline=base, dtype=q.dtype, name=name, magnitude=mags["out"])
@@ -233,5 +233,5 @@ def lse_method_error(q, softcap):
     one instruction (relative error <= TANH_APPROX_ERROR), which moves each capped score by at most
     cap x that, and the lse, a log-sum-exp, by no more than its largest score moves; else 0."""
     from . import runtime
-    return softcap * runtime.TANH_APPROX_ERROR if softcap is not None and \
-        runtime.approximate_tanh(q.dtype, q.device) else 0.0
+    approx = softcap is not None and runtime.approximate_tanh(q.dtype, q.device)
+    return softcap * runtime.TANH_APPROX_ERROR if approx else 0.0

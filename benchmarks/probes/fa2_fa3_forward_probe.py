@@ -69,7 +69,7 @@ def main():
             continue
         B, H = shape_for(D, N)["B"], prod.WIDTH // D
         q, k, v = make_inputs(B, H, H, N, N, D, dtype, "cuda")
-        mod = score_mod.make(q, softcap=softcap) if softcap else None
+        mod = score_mod.make(q, score_mod.Modifiers(softcap=softcap)) if softcap else None
         calls = {"fa2": lambda: fa2_fwd.fa2_forward(q, k, v, causal=causal, score_mod=mod)[0],
                  "fa3": lambda: fa3_fwd.fa3_forward(q, k, v, causal=causal, score_mod=mod)[0],
                  "fa3_unfolded": lambda: unfolded(lambda: fa3_fwd.fa3_forward(q, k, v, causal=causal,

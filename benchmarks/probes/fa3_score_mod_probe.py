@@ -48,7 +48,7 @@ def probe(dtype):
                 "alibi": dict(alibi_slopes=prod.alibi_slopes(H).to("cuda"))}
         plain = {}
         for name, options in mods.items():
-            mod = score_mod.make(q, **options)
+            mod = score_mod.make(q, score_mod.Modifiers(**options))
             if name == "softcap_max":   # with the running max (FA2 in bfloat16 drops it otherwise)
                 mod = mod._replace(bound=None)
             row = {}

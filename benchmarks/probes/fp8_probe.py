@@ -23,7 +23,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from test_fp8 import p_rounding_model, rms  # noqa: E402
 
 from flashlib import fp8  # noqa: E402
-from flashlib.bench.harness import FORWARD_SHAPES, _sdpa, _time, make_inputs, shape_for  # noqa: E402
+from flashlib.bench.harness import FORWARD_SHAPES, make_inputs, sdpa, shape_for, time_ms  # noqa: E402
 from flashlib.kernels import fa3_fwd  # noqa: E402
 from flashlib.kernels.versions import attention_flops  # noqa: E402
 from flashlib.reference import attention_ref  # noqa: E402
@@ -46,7 +46,7 @@ for D, N, causal in [shape for shape in FORWARD_SHAPES if shape[0] in args.d]:
     model = rms(p_rounding_model(*deq, causal=causal) - ref)
     flops = attention_flops(B, H, N, N, D, causal=causal)
     tag = f"B{B} H{H} N{N} d{D}{' c' if causal else ''}"
-    cudnn = _sdpa("sdpa_cudnn")
+    cudnn = sdpa("sdpa_cudnn")
     times = {"cudnn fp16": (lambda: cudnn(q, k, v, causal), 0.0, [])}   # an arm of every round
     for name, variant in fa3_fwd.VARIANTS.items():
         if D not in variant.head_dims or name not in args.variants:
@@ -69,7 +69,7 @@ for D, N, causal in [shape for shape in FORWARD_SHAPES if shape[0] in args.d]:
             times[label] = (run, err, [])
     for _ in range(args.rounds):
         for label, (run, err, ms) in times.items():
-            ms.append(_time(run) if err <= 3 else float("nan"))
+            ms.append(time_ms(run) if err <= 3 else float("nan"))
     base = sorted(times["cudnn fp16"][2])[args.rounds // 2]
     for label, (run, err, ms) in times.items():
         median = sorted(ms)[len(ms) // 2]

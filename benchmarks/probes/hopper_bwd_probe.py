@@ -167,7 +167,7 @@ def child_variant(name, outdir, quick, mods=False):
                     try:
                         q, k, v, dout = _inputs(B, Hq, Hkv, Nq, Nk, D, dtype, strided=strided, q_scale=q_scale)
                         options = score_mods(spec, B, Hq)
-                        mod = score_mod.make(q, **options)
+                        mod = score_mod.make(q, score_mod.Modifiers(**options))
                         out, lse = _forward(q, k, v, causal, mod)
                         assert fa3_bwd.supported(q, k, v, out, lse, dout), "fa3_bwd.supported() is False"
                         t0 = time.perf_counter()
@@ -209,7 +209,7 @@ def child_variant(name, outdir, quick, mods=False):
             rec = dict(kind="time", impl=f"fa3:{name} {label}".strip(), B=B, H=H, N=N, D=D, causal=causal)
             try:
                 q, k, v, dout = (torch.randn(B, H, N, D, dtype=torch.float16, device="cuda") for _ in range(4))
-                _time_variant(rec, name, q, k, v, dout, causal, score_mod.make(q, **options))
+                _time_variant(rec, name, q, k, v, dout, causal, score_mod.make(q, score_mod.Modifiers(**options)))
                 plain_ms = rec["bwd_ms"] if not label else plain_ms
                 vs_plain = f", {plain_ms / rec['bwd_ms']:.3f}x plain's bwd" if label and plain_ms else ""
                 print(f"{tag}: bwd {rec['bwd_ms']:.3f} ms {rec['bwd_tflops']:.1f} TFLOP/s{vs_plain}, fwd+bwd "
@@ -264,7 +264,7 @@ def child_baselines(outdir):
 
     import flashlib  # noqa: F401
     from flashlib import runtime
-    from flashlib.bench.harness import _sdpa
+    from flashlib.bench.harness import sdpa as sdpa_backend
     from flashlib.kernels.fa2_bwd import fa2_backward
 
     print(f"[baselines] FLASHLIB_AUTOTUNE={os.environ.get('FLASHLIB_AUTOTUNE', '(unset: 1)')} "
@@ -275,7 +275,7 @@ def child_baselines(outdir):
     for B, H, N, D, causal in timing_shapes():
         q, k, v, dout = (torch.randn(B, H, N, D, dtype=torch.float16, device="cuda") for _ in range(4))
         out, lse = _forward(q, k, v, causal)
-        impls = {"fa2_backward": None, "sdpa flash": _sdpa("sdpa_flash"), "sdpa cudnn": _sdpa("sdpa_cudnn")}
+        impls = {"fa2_backward": None, "sdpa flash": sdpa_backend("sdpa_flash"), "sdpa cudnn": sdpa_backend("sdpa_cudnn")}
         for impl, sdpa in impls.items():
             tag = f"[baselines] {impl:13} B={B} H={H} N={N} d{D} causal={causal!s:5}"
             print(f"{tag} ...", flush=True)

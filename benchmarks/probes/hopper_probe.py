@@ -243,11 +243,11 @@ def child_baselines(outdir):
 
     import flashlib  # noqa: F401
     from flashlib import runtime
-    from flashlib.bench.harness import _sdpa
+    from flashlib.bench.harness import sdpa as sdpa_backend
     from flashlib.kernels.fa2_fwd import fa2_forward
 
     impls = {"fa2 (flashlib)": lambda q, k, v, causal: fa2_forward(q, k, v, causal=causal),
-             "sdpa flash": _sdpa("sdpa_flash"), "sdpa cudnn": _sdpa("sdpa_cudnn")}
+             "sdpa flash": sdpa_backend("sdpa_flash"), "sdpa cudnn": sdpa_backend("sdpa_cudnn")}
     print(f"[baselines] FLASHLIB_AUTOTUNE={os.environ.get('FLASHLIB_AUTOTUNE', '(unset: 1)')} "
           f"(autotune {'on' if runtime.autotuning(runtime.OPTIONS) else 'off'}), torch {torch.__version__}, "
           f"{torch.cuda.get_device_name()}", flush=True)

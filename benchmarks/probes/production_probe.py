@@ -130,7 +130,7 @@ def softcap_fma_part():
         B, H = shape_for(D, N)["B"], prod.WIDTH // D
         flops = prod.attention_flops(B, H, N, N, D, causal=causal)
         q, k, v = make_inputs(B, H, H, N, N, D, DTYPE, "cuda")
-        mod = score_mod.make(q, prod.SOFTCAP)
+        mod = score_mod.make(q, score_mod.Modifiers(prod.SOFTCAP))
         approx = mod._replace(fn=score_mod.tanh_softcap_approx)
         newton = score_mod.ScoreMod(tanh_softcap_newton, mod.args)   # divides by the cap itself
         variants = {"plain": (score_mod.IDENTITY, update), "softcap_exp2_div": (mod, update),
@@ -167,7 +167,7 @@ def softcap_bounded_part():
         B, H = shape_for(D, N)["B"], prod.WIDTH // D
         flops = prod.attention_flops(B, H, N, N, D, causal=causal)
         q, k, v = make_inputs(B, H, H, N, N, D, dtype, "cuda", requires_grad=True)
-        mod = score_mod.make(q, prod.SOFTCAP)
+        mod = score_mod.make(q, score_mod.Modifiers(prod.SOFTCAP))
         # forward only: an explicit tile_update keeps the running max
         running_max = lambda q, k, v: fa2_fwd.fa2_forward(  # noqa: E731
             q, k, v, causal=causal, score_mod=mod, tile_update=fa2_fwd.tile_update_fn)[0]
@@ -221,7 +221,7 @@ def softcap_part():
         B, H = shape_for(D, N)["B"], prod.WIDTH // D
         flops = prod.attention_flops(B, H, N, N, D, causal=causal)
         q, k, v = make_inputs(B, H, H, N, N, D, DTYPE, "cuda", requires_grad=True)
-        mod, cap = score_mod.make(q, prod.SOFTCAP), {"softcap": prod.SOFTCAP}
+        mod, cap = score_mod.make(q, score_mod.Modifiers(prod.SOFTCAP)), {"softcap": prod.SOFTCAP}
         variants = {"plain": (score_mod.IDENTITY, {}), "softcap": (mod, cap),
                     "softcap_two_divisions": (score_mod.ScoreMod(tanh_softcap_two_divisions, mod.args), cap),
                     "softcap_tanh_approx": (mod._replace(fn=score_mod.tanh_softcap_approx), cap)}
@@ -321,7 +321,7 @@ def fold_part():
         flops = prod.attention_flops(B, H, N, N, D, causal=causal)
         q, k, v = make_inputs(B, H, H, N, N, D, dtype, "cuda", requires_grad=True)
         cap, alibi = {"softcap": prod.SOFTCAP}, {"alibi_slopes": prod.alibi_slopes(H).cuda()}
-        mod, bias = score_mod.make(q, **cap), score_mod.make(q, **alibi)
+        mod, bias = score_mod.make(q, score_mod.Modifiers(**cap)), score_mod.make(q, score_mod.Modifiers(**alibi))
         divide = score_mod.ScoreMod(tanh_softcap_approx_divide, mod.args, mod.bound, 1.0)
         variants = [("plain", score_mod.IDENTITY, None, {}), ("softcap_divide", divide, None, cap),
                     ("softcap_fold", mod, None, cap)]

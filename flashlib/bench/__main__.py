@@ -12,8 +12,8 @@ import torch
 
 from .. import runtime
 from . import harness
-from .harness import add_ratios, environment, implementations, plot, plot_memory, print_table, \
-    run_case, suite_cases
+from .harness import (add_ratios, environment, implementations, plot, plot_memory, print_table,
+                      run_case, suite_cases)
 
 
 def main(argv=None):

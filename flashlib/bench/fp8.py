@@ -20,7 +20,7 @@ from .. import fp8, runtime
 from ..ops import flash_attention
 from ..reference import attention_ref
 from ..kernels.dispatch import attention_flops
-from .harness import FORWARD_SHAPES, _sdpa, _time, make_inputs, shape_for
+from .harness import FORWARD_SHAPES, sdpa, time_ms, make_inputs, shape_for
 
 
 def errors(out, ref):
@@ -42,7 +42,7 @@ def run_suite(quick=False, progress=None):
         ref, _ = attention_ref(q[:1, :2], k[:1, :2], v[:1, :2], causal=causal)
         err8 = errors(run_fp8()[:1, :2], ref)
         err16 = errors(flash_attention(q[:1, :2], k[:1, :2], v[:1, :2], causal=causal), ref)
-        cudnn = _sdpa("sdpa_cudnn")
+        cudnn = sdpa("sdpa_cudnn")
         flops = attention_flops(B, H, N, N, D, causal=causal)
         base = dict(op="fwd", B=B, Hq=H, Hkv=H, Nq=N, Nk=N, D=D, causal=causal, density=1.0,
                     gbps=None, peak_mem_gb=None, ratio_vs_sdpa_flash=None)
@@ -52,7 +52,7 @@ def run_suite(quick=False, progress=None):
                 ("flashlib", "float16", lambda: flash_attention(q, k, v, causal=causal), err16),
                 ("sdpa_cudnn", "float16", lambda: cudnn(q, k, v, causal), None)):
             with torch.no_grad():
-                ms = _time(fn)
+                ms = time_ms(fn)
             rec = dict(base, impl=impl, dtype=dtype, ms=ms, tflops=flops / ms / 1e9)
             if err:
                 rec.update(max_err=err[0], rms_err=err[1])

@@ -37,7 +37,9 @@ def shape_for(D, N, *, tokens=32768, width=2048):
     return dict(B=max(1, tokens // N), Hq=width // D, Hkv=width // D, Nq=N, Nk=N, D=D)
 
 
-def _sdpa(backend):
+def sdpa(backend):
+    """SDPA restricted to ``backend`` ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"), as an
+    implementation ``fn(q, k, v, causal)``."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     chosen = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
               "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
@@ -76,7 +78,7 @@ def implementations(names=None):
              "naive": lambda q, k, v, causal: attention_naive(q, k, v, causal=causal)}
     if runtime.DEVICE.type == "cuda":
         for b in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"):
-            impls[b] = _sdpa(b)
+            impls[b] = sdpa(b)
         try:
             impls["flex"] = _flex()
         except Exception:  # FlexAttention needs torch >= 2.5
@@ -105,7 +107,8 @@ def check(fn, q, k, v, causal, *, heads=2):
     return err, err <= tol
 
 
-def _time(fn):
+def time_ms(fn):
+    """``fn``'s median time in ms (``triton.testing.do_bench``, the suites' one timer)."""
     import triton.testing
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
@@ -133,14 +136,14 @@ def run_case(name, fn, shape, causal, dtype, ops):
                 torch.cuda.reset_peak_memory_stats()
                 if op == "fwd":
                     with torch.no_grad():
-                        ms = _time(lambda: fn(q, k, v, causal))
+                        ms = time_ms(lambda: fn(q, k, v, causal))
                 else:
                     out = fn(q, k, v, causal)
                     dout = torch.randn_like(out)
                     if op == "bwd":
-                        ms = _time(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+                        ms = time_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
                     else:
-                        ms = _time(lambda: torch.autograd.grad(fn(q, k, v, causal), (q, k, v), dout))
+                        ms = time_ms(lambda: torch.autograd.grad(fn(q, k, v, causal), (q, k, v), dout))
                     del out
                 peak = torch.cuda.max_memory_allocated() / 1e9
             except torch.cuda.OutOfMemoryError:

@@ -55,7 +55,7 @@ from ..ops import flash_attention, flash_attention_varlen
 from ..reference import attention_naive, attention_ref
 from ..testing import max_error, tolerance
 from . import decode as bench_decode
-from .harness import _time, environment, make_inputs, shape_for
+from .harness import time_ms, environment, make_inputs, shape_for
 
 PACK_TOKENS = 32768
 PACK_DOCS = 16                  # mean length 2048: the dense baseline's N
@@ -136,8 +136,8 @@ def to_pages(cache, page_size, order):
     B, Hkv, L, D = cache.shape
     max_pages = -(-L // page_size)
     padded = F.pad(cache, (0, 0, 0, max_pages * page_size - L))            # (B, Hkv, P*pages, D)
-    logical = padded.reshape(B, Hkv, max_pages, page_size, D).transpose(1, 2) \
-        .reshape(B * max_pages, Hkv, page_size, D)                          # (B*pages, Hkv, P, D)
+    logical = (padded.reshape(B, Hkv, max_pages, page_size, D).transpose(1, 2)
+               .reshape(B * max_pages, Hkv, page_size, D))                  # (B*pages, Hkv, P, D)
     return torch.empty_like(logical).index_copy_(0, order.to(cache.device), logical)
 
 
@@ -209,10 +209,10 @@ def measure(setup):
         try:
             torch.cuda.reset_peak_memory_stats()
             with torch.no_grad():
-                ms = _time(lambda: call(*inputs)) if op == "fwd" else None
+                ms = time_ms(lambda: call(*inputs)) if op == "fwd" else None
                 dout = None if ms else torch.randn_like(call(*inputs))
             if ms is None:
-                ms = _time(lambda: torch.autograd.grad(call(*inputs), inputs, dout))  # noqa: B023
+                ms = time_ms(lambda: torch.autograd.grad(call(*inputs), inputs, dout))  # noqa: B023
             results[op] = (ms, round(torch.cuda.max_memory_allocated() / 1e9, 3), None)
         except torch.cuda.OutOfMemoryError:
             results[op] = (None, None, "out of memory")
@@ -245,8 +245,8 @@ def varlen_setup(impl, lengths, H, D, dtype):
     if impl == "flashlib_dense":     # the same total tokens as equal sequences
         B, N = len(lengths), T // len(lengths)
         q, k, v = make_inputs(B, H, H, N, N, D, dtype, dev, requires_grad=True)
-        return (lambda q, k, v: flash_attention(q, k, v, causal=True)), (q, k, v), \
-            lambda out: oracle_check([tuple(t[:1, :2] for t in (out, q, k, v))], dtype, causal=True)
+        return ((lambda q, k, v: flash_attention(q, k, v, causal=True)), (q, k, v),
+                lambda out: oracle_check([tuple(t[:1, :2] for t in (out, q, k, v))], dtype, causal=True))
     if impl == "flashlib_varlen":
         q, k, v = (t[0].transpose(0, 1).contiguous().requires_grad_()          # (T, H, D)
                    for t in make_inputs(1, H, H, T, T, D, dtype, dev))
@@ -311,7 +311,7 @@ def paged_record(case, impl, shape, seqlens, page_size, dtype):
         else:
             torch.cuda.reset_peak_memory_stats()
             with torch.no_grad():
-                ms = _time(lambda: fn(q, *caches, None))
+                ms = time_ms(lambda: fn(q, *caches, None))
             nbytes = bench_decode.kv_bytes(shape, seqlens, dtype.itemsize)
             rec.update(ms=ms, gbps=nbytes / ms / 1e6, tflops=4 * B * Hq * Lmax * D * rec["density"] / ms / 1e9,
                        peak_mem_gb=round(torch.cuda.max_memory_allocated() / 1e9, 3),

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .decode import host_time
-from .harness import _sdpa, check, flash_attention, make_inputs, run_case, shape_for
+from .harness import sdpa, check, flash_attention, make_inputs, run_case, shape_for
 from .harness import add_ratios as harness_ratios   # one baseline at a time
 
 LENGTHS = (128, 256, 512, 1024, 2048, 4096)
@@ -37,7 +37,7 @@ def _sdpa_default(q, k, v, causal):
 
 def implementations():
     return {"flashlib": lambda q, k, v, causal: flash_attention(q, k, v, causal=causal),
-            "sdpa_default": _sdpa_default, "sdpa_flash": _sdpa("sdpa_flash")}
+            "sdpa_default": _sdpa_default, "sdpa_flash": sdpa("sdpa_flash")}
 
 
 def cases(quick=False):

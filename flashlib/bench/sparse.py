@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import masks, runtime
-from .harness import _time, attention_flops, make_inputs
+from .harness import time_ms, attention_flops, make_inputs
 from ..ops import block_sparse_attention, flash_attention
 from ..reference import attention_naive, attention_ref
 from ..testing import max_error, tolerance
@@ -81,9 +81,9 @@ def _measure(fn, q, k, v, dense, op):
             return None, f"wrong: max error {err:.3g} over tolerance"
         if op == "block_sparse_fwd":
             with torch.no_grad():
-                return _time(lambda: fn(q, k, v)), None
+                return time_ms(lambda: fn(q, k, v)), None
         dout = torch.randn_like(q)
-        return _time(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout)), None
+        return time_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout)), None
     except torch.cuda.OutOfMemoryError:
         return None, "out of memory"
     except Exception as e:  # a backend that refuses this case

@@ -40,10 +40,9 @@ def summary(rows, seconds, jobs, timeout, mode, why, n_students):
     graded = [r for r in rows if r["status"] != "missing"]
     slow = max(graded, key=lambda r: r["seconds"], default=None)
     slowest = (f"; slowest: {_shown(slow['student'])} {short(slow['exercise'])} "
-               f"({slow['seconds']:.1f} s)") \
-        if slow else ""
-    confined = "read-only private namespaces, no network, no capabilities" \
-        if mode == "namespaces" else f"none ({why}): files ran with your rights"
+               f"({slow['seconds']:.1f} s)" if slow else "")
+    confined = ("bubblewrap: a fresh read-only view, every namespace unshared, no network, no "
+                "capabilities, a seccomp filter" if mode == "bubblewrap" else f"none ({why}): files ran with your rights")
     return (f"graded {n_students} students, {len(graded)} files, in {seconds:.0f} s with {jobs} "
             f"workers ({seconds / max(n_students, 1):.1f} s per student){slowest}; limit "
             f"{timeout:g} s per file\nconfinement: {confined}")

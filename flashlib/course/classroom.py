@@ -40,6 +40,7 @@ from pathlib import Path
 
 from . import processes, sandbox
 from .checks import under_grade
+from .copies import answer_names, flashlib_copy
 from .class_report import UNCONFINED, format_table, summary, write_csv
 from .files import find_root, implementation_path, list_exercises, no_root_message, resolve
 from .grading import default_seed, run_one
@@ -209,10 +210,10 @@ def _grade(student, name, files, filename, deadline):
     try:
         box = _W["box"] = sandbox.Sandbox(
             files, filename, run_dir=_W["run_dir"], deadline=deadline,
-            confine=_W["mode"] == "namespaces", hide=_W["hide"], protect=[root], root=root,
-            memory=_W["memory"], env=_W["env"], user=_W["user"], nproc=sandbox.NPROC)
+            confine=_W["mode"] == "bubblewrap", hide=_W["hide"], protect=[root],
+            course=_W["copies"][name], memory=_W["memory"], env=_W["env"], nproc=sandbox.NPROC)
         student_ = sandbox.Student(box, str(Path(submissions, student, filename)), text)
-        reply = student_.load(_preload(tree), getattr(grader, "FLASHLIB_ANSWERS", ()))
+        reply = student_.load(_preload(tree))
         passed = 0
         if reply["status"] == "not done":
             status = "not done"
@@ -225,8 +226,8 @@ def _grade(student, name, files, filename, deadline):
             gradable = under_grade(grader.CHECKS)
             results = [run_one(check, student_.impl, _W["seed"]) for check in gradable]
             student_.finish()
-            passed, status = min(sum(r.status == "ok" for r in results), len(gradable)), \
-                _status(results)
+            passed, status = (min(sum(r.status == "ok" for r in results), len(gradable)),
+                              _status(results))
     except sandbox.SandboxTimeout:
         passed, status = 0, f"timeout (over {_W['timeout']:g} s)"
     except sandbox.SandboxGone as e:
@@ -276,8 +277,8 @@ def _student_files(folder):
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
         for name in sorted(filenames):
             p = Path(dirpath, name)
-            if p.suffix == ".py" and not p.is_symlink() and p.is_file() and \
-                    p.stat().st_size <= MAX_FILE:
+            if (p.suffix == ".py" and not p.is_symlink() and p.is_file()
+                    and p.stat().st_size <= MAX_FILE):
                 files[str(p.relative_to(folder))] = p.read_bytes()
     return dict(sorted(files.items()))
 
@@ -289,20 +290,17 @@ def _hidden(root, submissions, run_dir):
         f == run_dir or not any(k.is_relative_to(f.resolve()) for k in keep + [run_dir]))]
 
 
-def limits(mode, why, user, timeout, memory) -> str:
+def limits(mode, why, timeout, memory) -> str:
     """What grading enforced on each file and what it did not prevent, as printed after the
-    table (the README and exercises/README.md say the same)."""
-    confined = mode == "namespaces"
-    as_root = confined and user is None and os.geteuid() == 0
+    table (exercises/README.md says the same)."""
+    confined = mode == "bubblewrap"
     if not confined:
-        who = "as you, unconfined"
-    elif user is not None:
-        who = f"as nobody (uid {user[0]}) in private namespaces"
-    elif as_root:
-        who = f"as root (uid 0) without capabilities in private namespaces, because {why}"
+        who = f"as you, unconfined ({why})"
+    elif os.geteuid() == 0:
+        who = "as nobody (uid 65534) under bubblewrap"
     else:
-        who = "as you (mapped to root without capabilities) in private namespaces"
-    count = f", at most {sandbox.NPROC} processes and threads" if confined and not as_root else ""
+        who = "as uid 65534 in a user namespace under bubblewrap (your uid outside it)"
+    count = f", at most {sandbox.NPROC} processes and threads" if confined else ""
     text = (f"each file: {timeout:g} s of wall clock (the grader's checks of its replies "
             f"included), {memory:g} GB of memory for its processes together (shared mappings "
             f"and forked children counted){count}, files of 16 MB; it ran {who}\nnot prevented: ")
@@ -310,11 +308,9 @@ def limits(mode, why, user, timeout, memory) -> str:
         return text + ("reading and writing wherever you can (the check that refuses solutions/, "
                        "tests/ and the class folder can be bypassed), processes that leave its "
                        "session, fork bombs, signals to your processes")
-    return text + ("reading what that user may read outside the hidden folders (the course's "
-                   "flashlib, /etc" + (", files only root may read" if as_root else "") +
-                   "), using the CPU until the time limit" +
-                   (" (and any number of processes)" if as_root else "") +
-                   ", memory the kernel keeps for it (pipe and socket buffers), GPU memory")
+    return text + ("reading /usr and the Python runtime (nothing else of the machine is in its "
+                   "view), using the CPU until the time limit, memory the kernel keeps for it "
+                   "(pipe buffers, a 16 MB /dev/shm)")
 
 
 class Unconfined(RuntimeError):
@@ -331,7 +327,7 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
     included, and CPU) and ``memory`` GB (each process's private memory, and all its processes'
     memory together); ``jobs`` at a time (default: one per CPU core). exercises: names to
     grade (default: all). The same ``seed`` (inputs) for every student.
-    unconfined: grade even where Linux namespaces are unavailable (no read-only files, hidden
+    unconfined: grade even where bubblewrap is unavailable (no read-only files, hidden
     folders or network cut: a student's file could then write to the course and class folders);
     otherwise that raises ``Unconfined`` before any file runs.
     Rows: {"student", "exercise", "passed", "total", "status", "seconds"}.
@@ -378,25 +374,29 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
             if str(file.relative_to(folder)) in files:
                 tasks.append((student.name, name, files, str(file.relative_to(folder))))
     run_dir = Path(tempfile.mkdtemp(prefix="flashlib-grade-")).resolve()
+    run_dir.chmod(0o755)                      # the copies below: read by the sandbox's user
     hide = _hidden(root, submissions, run_dir)
-    mode, why, user = sandbox.probe(root, hide)
+    mode, why = sandbox.probe()
     if mode == "none" and not unconfined:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise Unconfined(f"no confinement here ({why}): a student's file would run with your "
-                         "rights, able to write to the course and class folders. Grade where "
-                         "unshare works (Linux with user namespaces), or pass --unconfined "
-                         "(unconfined=True) to grade anyway")
-    confinement = UNCONFINED if mode == "none" else \
-        "namespaces: as nobody" if user is not None else \
-        "namespaces: as root without capabilities" if os.geteuid() == 0 else \
-        "namespaces: as the grader's user without capabilities"
+                         "rights, able to read your files and write to the course and class "
+                         "folders. Grade where bubblewrap works (Linux, pip install "
+                         "'flashlib[grading]'), or pass --unconfined (unconfined=True) to grade "
+                         "anyway")
+    copies = {n: str(run_dir / f"flashlib-{n}") for n in names}
+    for n in names:
+        flashlib_copy(copies[n], answer_names(graders[n][1]))
+    confinement = (UNCONFINED if mode == "none" else
+                   "bubblewrap: as nobody" if os.geteuid() == 0 else
+                   "bubblewrap: as uid 65534 in a user namespace")
     for row in rows.values():
         row["confinement"] = confinement
     env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL") if k in os.environ}
     env.update(_WORKER_ENV, FLASHLIB_ROOT=str(root))
     settings = dict(root=root, submissions=submissions, graders=graders, stubs=stubs, seed=seed,
                     timeout=float(timeout), memory=int(memory * (1 << 30)), mode=mode, hide=hide,
-                    run_dir=str(run_dir), env=env, user=user)
+                    run_dir=str(run_dir), env=env, copies=copies)
     left = {s.name: sum(t[0] == s.name for t in tasks) for s in students}
     bar = tqdm(total=len(students), desc="grading", unit="student", disable=not progress)
     bar.update(sum(n == 0 for n in left.values()))
@@ -417,7 +417,7 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
         write_csv(table, out)
     print(format_table(table, [s.name for s in students], names, seed=seed, out=out))
     print(summary(table, time.monotonic() - began, jobs, timeout, mode, why, len(students)))
-    print(limits(mode, why, user, timeout, memory))
+    print(limits(mode, why, timeout, memory))
     print(integrity)
     return table
 

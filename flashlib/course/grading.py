@@ -73,8 +73,8 @@ class Report:
 def _gpu_label() -> str:
     import torch
 
-    return f"compiled for the GPU ({torch.cuda.get_device_name()})" if torch.cuda.is_available() \
-        else "compiled for the GPU"
+    return (f"compiled for the GPU ({torch.cuda.get_device_name()})" if torch.cuda.is_available()
+            else "compiled for the GPU")
 
 
 def default_seed() -> int:
@@ -174,8 +174,8 @@ def run_one(check_fn, impl, seed: int) -> CheckResult:
     path = getattr(impl, "__file__", None)
     calls = []
     try:
-        with warnings.catch_warnings(), np.errstate(all="ignore"), \
-                tripwire(answers(check_fn), path) as calls:
+        with (warnings.catch_warnings(), np.errstate(all="ignore"),
+              tripwire(answers(check_fn), path) as calls):
             # overflow warnings from a wrong answer are expected; the report says what matters
             warnings.simplefilter("ignore", RuntimeWarning)
             check_fn(impl, np.random.default_rng(seed))
@@ -216,8 +216,8 @@ def run_checks(exercise, *, impl="exercises", path=None, seed=None, root=None, g
     file = implementation_path(name, impl=impl, path=path, root=root)
     report = Report(name, file, seed, len(checks), where=_gpu_label() if gpu else "")
     if not file.is_file():
-        where = "run `python tools/make_exercises.py` to regenerate it, or restore it from git" \
-            if impl == "exercises" and path is None else "check the path"
+        where = ("run `python tools/make_exercises.py` to regenerate it, or restore it from git"
+                 if impl == "exercises" and path is None else "check the path")
         report.problem, report.status = f"{display_path(file)} is missing: {where}", "missing"
         return report
     allowed = allowed_flashlib(grader, name, root)

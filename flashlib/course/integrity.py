@@ -50,8 +50,8 @@ def flashlib_uses(tree) -> set:
                 uses.add(".".join([bound[base.id], *reversed(parts)]))
                 chained.add(id(base))
     for node in ast.walk(tree):   # the package itself passed around (getattr(flashlib, ...))
-        if isinstance(node, ast.Name) and bound.get(node.id) == "flashlib" and \
-                id(node) not in chained and isinstance(node.ctx, ast.Load):
+        if (isinstance(node, ast.Name) and bound.get(node.id) == "flashlib"
+                and id(node) not in chained and isinstance(node.ctx, ast.Load)):
             uses.add("flashlib (as a value)")
     return uses
 
@@ -87,12 +87,12 @@ def borrowed(tree, allowed) -> str | None:
             return f"imports {found.pop()}"
         if isinstance(node, ast.Name) and node.id in _REFUSED_NAMES:
             return f"uses {node.id}"
-        if isinstance(node, ast.Attribute) and node.attr == "modules" and \
-                isinstance(node.value, ast.Name) and node.value.id == "sys":
+        if (isinstance(node, ast.Attribute) and node.attr == "modules"
+                and isinstance(node.value, ast.Name) and node.value.id == "sys"):
             return "uses sys.modules"
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
-                id(node) not in docs and ("solutions/" in node.value or "solutions\\" in node.value
-                                          or node.value == "solutions"):
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and id(node) not in docs and ("solutions/" in node.value or "solutions\\" in node.value
+                                              or node.value == "solutions")):
             return "names solutions/"
     return None
 

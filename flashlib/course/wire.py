@@ -88,8 +88,8 @@ def storage_bytes(storage):
 
 def _storage_from(data, device):
     torch = _torch()
-    flat = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else \
-        torch.empty(0, dtype=torch.uint8)
+    flat = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if data
+            else torch.empty(0, dtype=torch.uint8))
     return flat.to(device).untyped_storage()
 
 
@@ -161,8 +161,8 @@ def decode(data, *, restricted, storages=(), extra=None):
     """(message, decoder) from a frame's payload."""
     outer = _Decoder(io.BytesIO(data), [], restricted=restricted)
     body, buffers = outer.load()
-    if not isinstance(body, bytes) or not isinstance(buffers, list) or \
-            not all(isinstance(b, bytes) for b in buffers):
+    if (not isinstance(body, bytes) or not isinstance(buffers, list)
+            or not all(isinstance(b, bytes) for b in buffers)):
         raise pickle.UnpicklingError("malformed frame")
     decoder = _Decoder(io.BytesIO(body), buffers, restricted=restricted, storages=storages,
                        extra=extra)
@@ -184,8 +184,8 @@ def _check_view(size, stride, storage_elements):
     numel = 1
     for n in size:
         numel *= n
-    if any(n < 0 for n in size) or any(st < 0 for st in stride) or \
-            numel > max(storage_elements, MAX_VIEW):
+    if (any(n < 0 for n in size) or any(st < 0 for st in stride)
+            or numel > max(storage_elements, MAX_VIEW)):
         raise pickle.UnpicklingError(f"a tensor view of shape {size} and strides {stride} over "
                                      f"{storage_elements} elements: too large once rebuilt")
 

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from .. import runtime
 from .config import cdiv, padded_headdim, prologue, size_bucket, tuned
-from .fa2_bwd import (DKDV_CONFIGS, DQ_CONFIGS, _load_lse2, dkdv_tile, dq_tile, row_delta,
+from .fa2_bwd import (DKDV_CONFIGS, DQ_CONFIGS, dkdv_tile, dq_tile, load_lse2, row_delta,
                       store_rows)
 from .fa2_fwd import CONFIGS, attend_tile, load_rows, write_output
 from .launch import fast_launch
@@ -174,7 +174,7 @@ def _bs_dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, ModArgs, KvCount, KvFull, 
                   offs_m, offs_d, stride_qm, Nq, D, False)                                  # (BM, BD)
     do = load_rows(dOut + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh,
                    offs_m, offs_d, stride_dom, Nq, D, False)                                # (BM, BD)
-    lse2 = _load_lse2(Lse + off_bh.to(tl.int64) * Nq, offs_m, Nq)
+    lse2 = load_lse2(Lse + off_bh.to(tl.int64) * Nq, offs_m, Nq)
     delta = row_delta(Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh,
                       Delta + off_bh.to(tl.int64) * Nq, do, stride_om, offs_m, offs_d, Nq, D)  # (BM,)
     k_base = K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh

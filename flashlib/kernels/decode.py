@@ -313,8 +313,8 @@ def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, paged, num_splits
                                           sms=sm_count(device), ragged=ragged,
                                           short_cache=for_gpu(SHORT_CACHE, device), paged=paged)
     long_split = cdiv(Lmax, num_splits) >= for_gpu(LONG_SPLIT, device)
-    if chosen and long_split and not runtime.INTERPRET and \
-            fits(LONG_SPLIT_KEY_BLOCK, block_d, elem_bytes, target()):
+    if (chosen and long_split and not runtime.INTERPRET
+            and fits(LONG_SPLIT_KEY_BLOCK, block_d, elem_bytes, target())):
         config = LONG_SPLIT_KEY_BLOCK
     return block_m, row_blocks, tuple(config), num_splits
 

@@ -44,7 +44,7 @@ def row_delta(out_base, delta_base, do, stride_om, offs_m, offs_d, Nq, D):
 
 
 @triton.jit
-def _load_lse2(Lse, offs, N, BOUNDED: tl.constexpr = True):
+def load_lse2(Lse, offs, N, BOUNDED: tl.constexpr = True):
     """lse in base 2; padded (offs >= N) and empty (-inf) rows become +inf so that P = 0.
     BOUNDED: offs may reach past N."""
     if BOUNDED:
@@ -90,7 +90,7 @@ def dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, st
     """
     qt = _load_transposed(q_base, offs_m, stride_qm, Nq, offs_d, D, BOUNDED, EVEN_D)      # (BD, BM)
     dot_ = _load_transposed(do_base, offs_m, stride_dom, Nq, offs_d, D, BOUNDED, EVEN_D)  # (BD, BM)
-    lse2 = _load_lse2(lse_base, offs_m, Nq, BOUNDED)                              # (BM,)
+    lse2 = load_lse2(lse_base, offs_m, Nq, BOUNDED)                              # (BM,)
     if BOUNDED:
         delta = tl.load(delta_base + offs_m, mask=offs_m < Nq, other=0.0)         # (BM,)
     else:
@@ -262,7 +262,7 @@ def _dq_kernel(Q, K, V, Out, dOut, Lse, Delta, dQ, ModArgs, CuSeqQ, CuSeqK,
                 + offs_m[:, None] * stride_qm + offs_d[None, :], mask=row_ok, other=0.0)      # (BM, BD)
     do = tl.load(dOut + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh + q0 * stride_dom
                  + offs_m[:, None] * stride_dom + offs_d[None, :], mask=row_ok, other=0.0)   # (BM, BD)
-    lse2 = _load_lse2(lse_rows(Lse, off_b, off_h, Hq, Nq, q0, total_q, VARLEN), offs_m, Nq)
+    lse2 = load_lse2(lse_rows(Lse, off_b, off_h, Hq, Nq, q0, total_q, VARLEN), offs_m, Nq)
     delta = row_delta(Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh + q0 * stride_om,
                       lse_rows(Delta, off_b, off_h, Hq, Nq, q0, total_q, VARLEN), do, stride_om,
                       offs_m, offs_d, Nq, D)                                                  # (BM,)

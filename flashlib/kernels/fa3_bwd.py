@@ -788,8 +788,10 @@ def _replay(plan, q, k, v, out, lse, dout, mod_args, packed):
     mod_args: the score modifier's, None for the identity; packed: (cu_q, cu_k) or ()."""
     preprocess, main, convert, dense_kv, (lse2_shape, dq_accum_shape), views = plan
     dq = torch.empty_like(q)
-    dk, dv = (torch.empty(k.shape, dtype=k.dtype, device=k.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)) \
-        if dense_kv else (torch.empty_like(k), torch.empty_like(v))
+    if dense_kv:
+        dk, dv = (torch.empty(k.shape, dtype=k.dtype, device=k.device) for _ in range(2))
+    else:
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
     lse2 = torch.empty(lse2_shape, dtype=torch.float32, device=q.device)
     delta = torch.empty_like(lse2)
     lse = lse.contiguous()

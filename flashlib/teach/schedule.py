@@ -191,9 +191,9 @@ def run(policy="sequential", n_blocks=8, dur=None, **kwargs) -> Schedule:
 def plot_schedule(schedule, *, title=None, ax=None, until=None):
     """The timeline: one lane per resource, a bar per task labelled K, V, QK, exp or PV and its
     key block, coloured by who issued it (producer grey, wg1 blue, wg2 orange)."""
-    from .viz import _axes, _close
+    from .viz import detached, figure_axes
     colour = {"producer": "0.6", "wg1": "tab:blue", "wg2": "tab:orange"}
-    fig, ax = _axes(ax, (10, 1.9))
+    fig, ax = figure_axes(ax, (10, 1.9))
     until = schedule.total if until is None else until
     for t, start, end in schedule.slots:
         if start >= until:
@@ -209,4 +209,4 @@ def plot_schedule(schedule, *, title=None, ax=None, until=None):
     ax.set_xlim(0, until)
     ax.set_xlabel("microseconds")
     ax.set_title(title or schedule.summary(), fontsize=9)
-    return _close(fig)
+    return detached(fig)

@@ -20,7 +20,7 @@ __all__ = [
 ]
 
 
-def _axes(ax, figsize):
+def figure_axes(ax, figsize):
     """Use the caller's axes, or make a new figure with one axes."""
     import matplotlib.pyplot as plt
     if ax is not None:
@@ -29,7 +29,7 @@ def _axes(ax, figsize):
     return fig, ax
 
 
-def _close(fig):
+def detached(fig):
     """Detach a figure from pyplot so it is shown once (by the returned object), not twice."""
     import matplotlib.pyplot as plt
     plt.close(fig)
@@ -56,7 +56,7 @@ def plot_roofline(peak_flops, bandwidth, points=None, *, title=None, ax=None):
     x = np.logspace(math.log10(lo), math.log10(hi), 200)
     roof = np.minimum(peak_flops, x * bandwidth)
 
-    fig, ax = _axes(ax, (7, 4))
+    fig, ax = figure_axes(ax, (7, 4))
     ax.loglog(x, roof, color="black", lw=2)
     ax.axvspan(lo, ridge, color="tab:blue", alpha=0.08)
     ax.axvspan(ridge, hi, color="tab:red", alpha=0.08)
@@ -74,7 +74,7 @@ def plot_roofline(peak_flops, bandwidth, points=None, *, title=None, ax=None):
     ax.set_title("roofline" if title is None else title)
     if points:
         ax.legend(fontsize=8, loc="lower right")
-    return _close(fig)
+    return detached(fig)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,7 +95,7 @@ def plot_softmax_overflow(*, dtype=np.float32, ax=None):
         naive = naive_softmax(x)[:, 0]
     safe = safe_softmax(x)[:, 0]
 
-    fig, ax = _axes(ax, (7, 3.5))
+    fig, ax = figure_axes(ax, (7, 3.5))
     ax.plot(c, safe, lw=4, alpha=0.5, label="safe softmax (subtract the max)")
     ax.plot(c, naive, "--", color="black", label="naive softmax exp(x) / sum exp(x)")
     bad = ~np.isfinite(naive)
@@ -109,7 +109,7 @@ def plot_softmax_overflow(*, dtype=np.float32, ax=None):
     ax.set_ylabel("softmax(x)[0]")
     ax.set_title(f"softmax in {np.dtype(dtype).name}: same answer for every c, until exp overflows")
     ax.legend(fontsize=8, loc="center left")
-    return _close(fig)
+    return detached(fig)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,7 +178,7 @@ def plot_online_state(x, block_size, *, upto=None, axes=None):
     bottom.set_xlabel("blocks arrived")
     bottom.set_ylabel("d'")
     bottom.legend(fontsize=8, loc="upper left")
-    return _close(fig)
+    return detached(fig)
 
 
 def step_through_online_state(x, block_size):
@@ -209,7 +209,7 @@ def plot_lse_merge(scores, split, *, ax=None):
     halves = [np.arange(split), np.arange(split, len(s))]
     lse_halves = [np.logaddexp.reduce(s[idx]) for idx in halves]
     lse = np.logaddexp(*lse_halves)
-    fig, ax = _axes(ax, (8, 3.5))
+    fig, ax = figure_axes(ax, (8, 3.5))
     for idx, lse_i, color in zip(halves, lse_halves, ("tab:blue", "tab:orange")):
         local = np.exp(s[idx] - lse_i)
         ax.bar(idx, local, color=color, alpha=0.35, width=0.9,
@@ -223,7 +223,7 @@ def plot_lse_merge(scores, split, *, ax=None):
     ax.set_title(f"two halves merged by lse: lse = log(exp({lse_halves[0]:.2f}) + "
                  f"exp({lse_halves[1]:.2f})) = {lse:.2f}")
     ax.legend(fontsize=7, loc="upper right")
-    return _close(fig)
+    return detached(fig)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,7 +277,7 @@ def plot_tiles(Nq, Nk, block_q, block_k, *, causal=False, order="fa2", step=None
     states = tile_states(Nq, Nk, block_q, block_k, causal=causal)
     visits = _visit_order(states, order)
     rank = {tile: i for i, tile in enumerate(visits)}
-    fig, ax = _axes(ax, (5.5, 5.5 * Nq / Nk + 0.8))
+    fig, ax = figure_axes(ax, (5.5, 5.5 * Nq / Nk + 0.8))
     for (bi, bj), state in np.ndenumerate(states):
         x0, y0 = bj * block_k, bi * block_q
         w, h = min(block_k, Nk - x0), min(block_q, Nq - y0)
@@ -302,7 +302,7 @@ def plot_tiles(Nq, Nk, block_q, block_k, *, causal=False, order="fa2", step=None
     outer = "key blocks outer (FA1)" if order == "fa1" else "query blocks outer (FA2)"
     skipped = int((states == 0).sum())
     ax.set_title(f"{outer}: {len(visits)} tiles computed, {skipped} skipped", fontsize=10)
-    return _close(fig)
+    return detached(fig)
 
 
 def step_through_tiles(Nq, Nk, block_q, block_k, *, causal=False, order="fa2"):
@@ -326,7 +326,7 @@ def step_through_tiles(Nq, Nk, block_q, block_k, *, causal=False, order="fa2"):
 def plot_io_sweep(x, series, *, xlabel, ylabel="bytes moved to/from HBM", title=None,
                   logx=True, ax=None):
     """Log-log lines of bytes (or any count) against x, one per entry of series {label: ys}."""
-    fig, ax = _axes(ax, (7, 4))
+    fig, ax = figure_axes(ax, (7, 4))
     for (label, ys), marker in zip(series.items(), "osD^v<>"):
         ax.plot(x, ys, marker + "-", label=label)
     if logx:
@@ -338,4 +338,4 @@ def plot_io_sweep(x, series, *, xlabel, ylabel="bytes moved to/from HBM", title=
         ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    return _close(fig)
+    return detached(fig)
