@@ -95,3 +95,12 @@ def test_every_path_the_readme_names_exists():
 
 def test_every_path_the_benchmark_notes_name_exists():
     assert _missing_paths("benchmarks/README.md") == []
+
+
+def test_readme_lists_every_lesson_and_exercise():
+    """The README's lessons table names every lesson's number and every exercise in solutions/."""
+    text = (ROOT / "README.md").read_text()
+    lessons = sorted(p.name[:2] for p in (ROOT / "lessons").glob("[0-9][0-9]_*.ipynb"))
+    exercises = sorted(p.stem for p in (ROOT / "solutions").glob("ex*.py"))
+    assert [n for n in lessons if f"| {n} |" not in text] == []
+    assert [e for e in exercises if f"`{e}`" not in text] == []
