@@ -146,13 +146,10 @@ def _kept_reads(t):
 
 def read_once(t, read):
     """``read(t)``, a host read of t's values, done once per version of the tensor: the read is a
-    synchronisation (the GPU drains its queue and idles while the host launches again: on H100s
-    a packed d64 forward+backward of 16 x 2048 tokens took 4.62 ms with its offsets read at every
-    call, and in a later run 3.66 ms read once, the dense kernel 3.58 in that run;
-    benchmarks/results/h100/production_probe_layout.log, _offsets_once.log),
-    and a model passes the same offsets or block table to every layer. The result is kept on the
-    tensor, per ``read``, with its version counter, which every in-place change through torch
-    bumps; tensors without one (inference mode) and calls under torch.compile read every time."""
+    synchronisation (the GPU drains its queue and idles while the host launches again; measured in
+    benchmarks/probes/NOTES.md), and a model passes the same offsets or block table to every
+    layer. The result is kept on the tensor, per ``read``, with its version counter, which every
+    in-place change through torch bumps; tensors without one (inference mode) and calls under torch.compile read every time."""
     kept = _kept_reads(t)
     if kept is None:
         return read(t)

@@ -66,8 +66,8 @@ def _next_start(index, t, n_tiles, start, TILES: tl.constexpr, SPARSE_BLOCK: tl.
     """Start of tile t + 1, from tile t's ``start``: the next tile of the same mask block, or the
     first tile of the next listed block. Carrying the start from one iteration to the next (rather
     than loading it where it is used) lets Triton's pipeliner prefetch K/V as in the dense loop.
-    ADJACENT: the listed blocks are adjacent, so the next start needs no list load; on an H200
-    that took 2.5-4.5% off a forward or dQ pass."""
+    ADJACENT: the listed blocks are adjacent, so the next start needs no list load (one load
+    fewer per tile on the loop's critical path; measured in benchmarks/probes/NOTES.md)."""
     if ADJACENT:
         return tl.multiple_of(start + BLOCK, BLOCK)
     listed = tl.load(index + (t + 1) // TILES, mask=t + 1 < n_tiles, other=0)

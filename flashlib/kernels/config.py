@@ -31,7 +31,7 @@ INTERPRETER_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64}
 KEY = ["n_bucket", "BLOCK_D", "CAUSAL", "DOT_PRECISION", "SCORE_MOD", "TILE_UPDATE", "VARLEN"]
 # Problems with fewer scores (batch x heads x seqlen_q x seqlen_k) are not autotuned: their kernels
 # take microseconds, less than the host's time per call, and tuning them compiled every config
-# for each new shape (lesson 11's sampling and gradient check: minutes on an H200).
+# for each new shape (lesson 11's sampling and gradient check took minutes: benchmarks/probes/NOTES.md).
 TUNE_FROM_SCORES = 1 << 24
 
 
@@ -54,10 +54,9 @@ def padded_headdim(D: int) -> int:
 
 def size_bucket(*lengths, slices=1) -> int:
     """Autotuning key for a problem's size: the next powers of two (capped) of the longest sequence
-    and of the (batch, head) slices, packed in one int. Both move the best tile: on an H200 the
-    config tuned on 2 heads of a 16k block-sparse problem (small query blocks, to fill the GPU)
-    took 0.73-0.75 ms on 64 heads, the one tuned there 0.64 ms; a first call on a slice must not
-    decide for the whole."""
+    and of the (batch, head) slices, packed in one int. Both move the best tile (a config tuned on
+    a few heads picks small query blocks, to fill the GPU, which lose on many heads:
+    benchmarks/probes/NOTES.md); a first call on a slice must not decide for the whole."""
     length = min(next_power_of_2(max(lengths)), 1 << 16)
     return length * 2048 + min(next_power_of_2(slices), 1024)
 

@@ -26,8 +26,8 @@ of FlashAttention-2's inner loop (Dao 2023, Algorithm 1):
 Layout (batch, heads, seqlen, headdim) with any strides (a last dim that is not contiguous is
 copied). Head dims up to 256, padded inside to a power of two (>= 16) and masked; float16,
 bfloat16 and float32 (exact ``ieee`` dots). Key-block configs (``KEY_BLOCK_CONFIGS``,
-``LONG_SPLIT_KEY_BLOCK``) and a split heuristic (``num_splits_heuristic``) from timings on an H100
-and an H200 (benchmarks/results/<gpu>/decode_sweep.log).
+``LONG_SPLIT_KEY_BLOCK``) and a split heuristic (``num_splits_heuristic``) chosen per GPU from
+sweeps (``python -m flashlib.bench.decode_tuning --sweep``; the numbers: benchmarks/probes/NOTES.md).
 Limits: lengths are clamped to [0, Lmax] inside the kernel (``flashlib.decode.flash_decode``
 checks them on the host only for CPU tensors, to keep a device sync out of every decoding step);
 within one sequence and head, key offsets (position x row stride) must fit in int32.
@@ -47,15 +47,13 @@ from .launch import fast_launch
 from .score_mod import kernel_args as score_mod_args
 from .tile import LN2, LOG2E, finalize, tile_update
 
-# (BLOCK_N, num_warps, num_stages) for the partial kernel, best first (timed on an H100 at d=128,
-# float16: python -m flashlib.bench.decode_tuning --sweep): the first whose K/V pipeline fits in
+# (BLOCK_N, num_warps, num_stages) for the partial kernel, best first (the sweep at d=128, float16:
+# python -m flashlib.bench.decode_tuning --sweep): the first whose K/V pipeline fits in
 # shared memory is used. Through the interpreter, 32-key blocks: small caches still have blocks to split.
 KEY_BLOCK_CONFIGS = [(64, 4, 3), (32, 4, 3), (64, 8, 3), (64, 4, 2), (32, 4, 2), (16, 4, 1)]
 # ... except where each split streams at least LONG_SPLIT keys of that GPU (the H100's
-# elsewhere): then 128-key blocks keep more bytes in flight, if they fit (H200: mha 16k 3.86 TB/s
-# against 3.75, B=8 Hkv=8 4k 3.37 against 3.23 with 64-key blocks, and mha 2k, 512 keys a split,
-# 2.54 against 2.41; H100: within 0.6% either way from 4k keys, and B=8 Hkv=8 unsplit 1k keys
-# 2.02 TB/s against 1.77 with 64-key blocks; benchmarks/results/<gpu>/decode_sweep.log)
+# elsewhere): then 128-key blocks keep more bytes in flight, if they fit (the sweep's numbers:
+# benchmarks/probes/NOTES.md)
 LONG_SPLIT_KEY_BLOCK = (128, 4, 3)
 LONG_SPLIT = {"h100": 1024, "h200": 512}
 INTERPRETER_BLOCK_N = 32
@@ -128,8 +126,8 @@ def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals,
         L - Nq, qk_scale, offs_i, offs_n, offs_d, D, bh[:, None], ModArgs,
         False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD,
         pages, stride_kpage, stride_vpage, PAGE)
-    # a branch, not only an empty loop: the loop's software-pipeline set-up alone cost 4-7% of
-    # the GPU time under 4k keys on an H200 (benchmarks/probes/NOTES.md)
+    # a branch, not only an empty loop: the loop's software-pipeline set-up alone costs GPU time
+    # at short caches (benchmarks/probes/NOTES.md)
     if n_full < hi:
         acc, m_i, l_i = attend_key_blocks(
             acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, n_full, hi, L,
@@ -259,24 +257,18 @@ def for_gpu(table, device) -> int:
 def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, ragged=False,
                          short_cache=SHORT_CACHE["h100"], paged=False):
     """Splits per sequence. Equal lengths: as many as fit one program per SM (one wave, each
-    program streaming one long chunk through its software pipeline; measured best on an H100).
+    program streaming one long chunk through its software pipeline; the sweep's best).
     Lengths given (``ragged``): 8x that, so that the long sequences' chunks spread over the SMs
     the short ones leave idle. At least 1, at most ``MAX_SPLITS``, no split shorter than
     ``MIN_BLOCKS_PER_SPLIT`` key blocks. Exception: a cache under ``short_cache`` keys whose
     unsplit grid already busies half the SMs is not split in two: there the merge costs more than
-    the SMs it adds. How short depends on the GPU (``SHORT_CACHE``; decode_sweep.log): on an H100,
-    B=8 Hkv=8 read 2.02 / 2.37 / 2.65 TB/s unsplit at 1k / 2k / 4k keys, 1.74 / 2.16 / 2.52 in
-    two, and tied at 16k; on an H200 two splits win from 1k keys (2.42 against 2.33 unsplit;
-    before the merge got cheaper, unsplit won at 1k).
+    the SMs it adds. How short depends on the GPU (``SHORT_CACHE``, from each GPU's sweep:
+    benchmarks/probes/NOTES.md).
 
     ``paged`` (a block table): at least two programs an SM where splits of ``PAGED_MIN_BLOCKS``
     key blocks allow it. Each program's first K/V loads wait for its page ids, and a second
-    program on the SM hides that wait. On an H100 (h100/paged_split_probe*.log, CUDA graphs, d128)
-    B=1 H=32 at 1k keys read 1.36-1.38 TB/s in 8 splits of 2 blocks against 1.22-1.29 in 4 of 4,
-    at pages of 16 and 256 alike (the contiguous cache: 1.50-1.52 in 4, 1.42-1.43 in 8); at 512
-    keys, 0.90-0.95 in 4 against 0.51-0.60 unsplit (B=1 H=32) and 1.20-1.25 against 1.01-1.07 (B=8
-    Hkv=8). Where the grid already holds 256 programs (B=1 H=32 at 2k keys, B=8 Hkv=8 at 1k) it
-    changes nothing."""
+    program on the SM hides that wait (benchmarks/probes/paged_split_probe.py; its numbers in
+    NOTES.md). Where the grid already holds two programs an SM it changes nothing."""
     programs = max(1, batch * heads_kv * row_blocks)
     longest = cdiv(max_len, block_n * MIN_BLOCKS_PER_SPLIT)
     splits = max(1, min(sms // programs * (8 if ragged else 1), longest, MAX_SPLITS))
@@ -388,11 +380,12 @@ def workspace(device, needs, *, cached=True):
     least that long.
 
     Eager calls: kept per stream and grown as needed, three allocations fewer per decoding step
-    (each a few us of host time on an H100); launches on one stream run one after another, so
+    (each microseconds of host time); launches on one stream run one after another, so
     they can share them. Under CUDA graph capture every call gets fresh buffers (the graph keeps
     them), so no two graphs share one. Its counters are a slice of a per-device pool zeroed once,
     at the first eager call on the device: zeroing them inside the graph would add a memset to
-    every replay (on an H200, 10% of the GPU time of B=1 H=32 over 1k keys). A slice serves only
+    every replay, a cost the size of the kernel's at short caches (benchmarks/probes/NOTES.md). A
+    slice serves only
     its own graph node, and CUDA runs the launches of one graph in order. Captured before any
     eager call, or once the pool is used up, the counters are zeroed in the graph.
 

@@ -12,8 +12,8 @@ Memory stays O(N): only lse (B, H, N) and D are kept besides q, k, v, out.
 Causal blocks are skipped and split into masked (diagonal band / ragged tail) and unmasked runs,
 as in the forward. Padded rows and columns load as zeros; lse of padded or empty rows is read as
 +inf, so their P is exactly 0. Tiles that lie inside the sequence and a head dim that fills
-BLOCK_D load without bounds: on an H200 the bounds checks of the streamed Q/dO tiles cost the
-block-sparse dK/dV pass 2.3-3.3% (benchmarks/results/h200/block_sparse_dkdv_probe.log).
+BLOCK_D load without bounds: bounds checks on the streamed Q/dO tiles cost measurable time in
+the (block-sparse) dK/dV pass (benchmarks/probes/NOTES.md).
 """
 
 import torch
@@ -291,9 +291,8 @@ DKDV_CONFIGS = [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3
 DQ_CONFIGS = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2),
               (128, 64, 4, 2), (64, 32, 4, 1), (32, 16, 4, 1), (128, 64, 4, 3)]
 # SRAM: dK/dV keep a K and a V block and stream Q and dO blocks; dQ keeps Q, dO and streams K, V.
-# Untuned, per head dim (one H100, bf16, 32k tokens: benchmarks/results/h100/backward_config_probe*.log):
-# the lists' first configs ran d64 at 335 / 273 TFLOP/s (16k / 4k causal) and d128 at 341 / 309
-# (dK/dV spilling 1568 bytes); these at 386 / 291 and 403 / 341. Block-sparse keeps the lists' own.
+# Untuned, per head dim: the best fixed config of a probe (benchmarks/probes/backward_config_probe.py;
+# the lists' first configs were slower and spilled at d128: NOTES.md). Block-sparse keeps the lists' own.
 _choose_dkdv = tuned(_dkdv_kernel, DKDV_CONFIGS, lambda bm, bn: (2 * bn, 2 * bm),
                      prefer=lambda block_d: (64, 64, 4, 3) if block_d <= 64 else (64, 128, 8, 3))
 _choose_dq = tuned(_dq_kernel, DQ_CONFIGS, lambda bm, bn: (2 * bm, 2 * bn), prefer=lambda block_d: (128, 64, 8, 3))

@@ -12,8 +12,8 @@ bottom-right causal, grouped heads):
   kernel's transposed tiles): S^T = K Q^T and dP^T = V dO^T (issued back to back), P^T = exp2(S^T * scale log2e - lse log2e),
   dV += P^T dO, dS^T = P^T * (dP^T - delta), dK += dS^T Q, and dQ_partial = dS K in column
   slices of DQ_N (its accumulator beside dK and dV; with query rows along M the first slice is
-  issued before dK, whose wgmma then runs under that slice's store: DQ_BEFORE_DK, 1-3.5% at d64
-  on an H100, ``benchmarks/results/h100/fa3_bwd_order_probe.log``). KEYS_M keeps P^T in
+  issued before dK, whose wgmma then runs under that slice's store: the ``fa3_dq_before_dk``
+  option, ``benchmarks/probes/fa3_bwd_order_probe.py``). KEYS_M keeps P^T in
   registers (the A operand of dV); otherwise S and dP have the query rows along M (FA3's layout:
   lse and delta 2 registers a thread) and P goes through shared memory. dS always does (dK and dQ
   read it);
@@ -132,8 +132,7 @@ VARIANTS = {
     # 128 query rows a step (FA3's d64 tile) spilled over 1 KB a thread at d64 under Triton 3.6
     # (S and dP 64 registers each beside dK, dV): removed until it is restructured
 }
-# H200 probe (h200/fa3_bwd_probe/table.txt): 2wg 0.76x-0.87x SDPA cuDNN's backward, 2wg_keys_m
-# 0.78x-0.82x at d64, FA2's kernels 0.64x-0.73x
+# the variant ahead at both head dims in benchmarks/probes/hopper_bwd_probe.py (numbers: NOTES.md)
 DEFAULT_VARIANT = {64: "2wg", 128: "2wg"}
 
 

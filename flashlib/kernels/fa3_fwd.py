@@ -17,7 +17,7 @@ contract (``fa2_fwd.fa2_forward``: same inputs and outputs, bottom-right causal,
 
 Scores are in base 2 (``qk_scale = scale * log2(e)``, ``exp2``), normalisation is deferred and
 lse is written in natural log, as in FA2. The consumers' softmax is bound by instructions issued
-(an H100: benchmarks/probes/NOTES.md, nineteenth session), so a positive factor of the scores (the scale
+(benchmarks/probes/NOTES.md, nineteenth session), so a positive factor of the scores (the scale
 of plain scores, a softcap's cap) is not multiplied in per score: the max is taken before it and
 it joins exp2's subtraction, one FFMA (``_fold``, ``_softmax_step``). The scores pass through the
 portable kernels' score-modifier hook (``kernels.score_mod``: softcap, ALiBi; SCORE_MOD, the same
@@ -122,18 +122,15 @@ VARIANTS = {
     "2wg": Variant(2, 128, False, False, 240, (64, 128), "2 consumer warpgroups (128 rows)"),
     "2wg_overlap": Variant(2, 128, True, False, 240, (64, 128), "2 consumers + intra-WG overlap"),
     "2wg_pingpong": Variant(2, 128, True, True, 240, (64, 128), "2 consumers + overlap + ping-pong"),
-    # three consumers (192 rows, 160 registers each, 64-key blocks to fit) ran 0.84x-0.92x cuDNN
-    # at d64 against 2wg_pingpong's 0.89x-0.97x on one H100 (h100/hopper_probe.log): removed
+    # three consumers (192 rows, 160 registers each, 64-key blocks to fit) were slower than
+    # 2wg_pingpong at d64 (benchmarks/probes/NOTES.md): removed
 }
-DEFAULT_VARIANT = {64: "2wg_pingpong", 128: "2wg_pingpong"}   # H100 probe: h100/hopper_probe.log
-# FP8, same-process rounds on an H100 (h100/fp8_probe_variants_rounds.log, fp8_probe_carry.log):
-# one consumer is fastest at d64 (1.18x / 1.25x cuDNN's fp16 against two consumers' 1.14x / 1.23x;
-# 78 KB of shared memory and 128 registers a thread leave room for two CTAs an SM) but does not
-# finish causal where two CTAs share an SM (h100/fp8_hang_repro*.log: B1 H3 N4096 hangs; B1 H2, d128,
-# non-causal, fp16 at two CTAs an SM and causal CTAs of equal work run; cause not found): refused
-# under a causal mask, where ping-pong leads (1.313 ms against 2wg's 1.316-1.332); at d128 overlap
-# 1.35x / 1.47x and, causal, ping-pong 1.48x against 2wg's 1.34x / 1.43x / 1.38x. Keyed by (head
-# dim, causal).
+DEFAULT_VARIANT = {64: "2wg_pingpong", 128: "2wg_pingpong"}   # ahead in benchmarks/probes/hopper_probe.py
+# FP8, the fastest variant per (head dim, causal) in same-process rounds (benchmarks/probes/fp8_probe.py;
+# numbers in NOTES.md): one consumer at d64 (78 KB of shared memory and 128 registers a thread
+# leave room for two CTAs an SM), but it does not finish causal where two CTAs of unequal work
+# share an SM (benchmarks/probes/fp8_hang_repro.py; cause not found): refused under a causal mask,
+# where ping-pong leads; at d128 overlap, and ping-pong causal.
 DEFAULT_VARIANT_FP8 = {(64, False): "simple", (64, True): "2wg_pingpong", (128, False): "2wg_overlap",
                        (128, True): "2wg_pingpong"}
 
@@ -257,8 +254,8 @@ if _GLUON:
 
         FOLD: the scores' max is c max(s) (a row's work, as c > 0) and each score's factor joins
         exp2's subtraction in one FFMA, s c - m: an instruction per score fewer than multiplying
-        first, where the softmax warpgroups are bound by instructions issued (benchmarks/probes/NOTES.md,
-        nineteenth session)."""
+        first, where the softmax warpgroups are bound by instructions issued (benchmarks/probes/
+        NOTES.md, nineteenth session)."""
         if FOLD:
             m_new = gl.maximum(m_i, gl.max(s, 1) * c)
         elif ALIBI_SPLIT:
@@ -471,8 +468,8 @@ if _GLUON:
         sequence's last block first): (sequence b, its first row q0 and length Nq, its keys' k0
         and Nk, the block's first row in it); b = n_seq for t past the last block. A grid of
         max_seqlen's blocks per sequence would launch mostly programs that return at once for a
-        pack of short and long sequences (H100, benchmarks/probes/varlen_grid_probe.py: each 4x as many
-        as there were blocks cost about 4% of the pack's time). One load of each offsets vector,
+        pack of short and long sequences, which cost measurable time (benchmarks/probes/
+        varlen_grid_probe.py, NOTES.md). One load of each offsets vector,
         as the per-sequence loads were; a scan of the block counts finds b."""
         layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         seq = gl.arange(0, MAX_SEQS, layout=layout)
@@ -814,8 +811,8 @@ def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None,
     variant = variant or DEFAULT_VARIANT_FP8[D, bool(causal)]
     if causal and VARIANTS[variant].num_wg == 1 and not FP8_CAUSAL_ONE_CONSUMER:   # not understood yet
         raise ValueError(f"fa3_forward_fp8: variant {variant!r} (one consumer) does not finish causal FP8 "
-                         "at d64 where two of its CTAs of unequal work share an SM (benchmarks/results/h100/"
-                         "fp8_hang_repro*.log; one CTA an SM runs); use a two-consumer variant")
+                         "at d64 where two of its CTAs of unequal work share an SM (one CTA an SM runs); "
+                         "use a two-consumer variant")
     config = kernel_config(variant, D, fp8=True, smem_bytes=options.fa3_smem_bytes)
     if config["KEY_ORDER"]:   # keys past Nk read as the zeros written there
         v_t = transpose_rows(v, -(-Nk // 32) * 32, key_order=True)
@@ -860,9 +857,8 @@ def transpose_rows(v, width, key_order=False):
     """v (B, H, N, D) of 1-byte elements -> (B, H, D, width) with [..., :N] = v^T (the rest
     unset): FP8's V^T, which 8-bit wgmma needs for its B operand. key_order: column n holds key
     ``fp8_key_at(n)``, zeros past the last key, up to ``width`` (a multiple of 32). A tiled kernel:
-    torch's strided copy (``out[..., :N].copy_(v.transpose(2, 3))``) of 1-byte elements took
-    0.22 ms at d64 and 0.45 ms at d128 for 67 MB on an H100, this kernel 0.051 ms
-    (benchmarks/probes/fp8_transpose_time.py)."""
+    torch's strided copy (``out[..., :N].copy_(v.transpose(2, 3))``) of 1-byte elements is several
+    times slower (benchmarks/probes/fp8_transpose_time.py, NOTES.md)."""
     B, H, N, D = v.shape
     if key_order and width % 32:
         raise ValueError(f"transpose_rows: width {width} must be a multiple of 32 with key_order")

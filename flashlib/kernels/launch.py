@@ -1,6 +1,6 @@
 """The launch layer: compiled Triton kernels called with little host time (every launcher uses it).
 
-Why: at 256 tokens a forward+backward's kernels take tens of microseconds on an H100, but
+Why: at 256 tokens a forward+backward's kernels take tens of microseconds on a Hopper GPU, but
 ``kernel[grid](...)`` binds and specializes every argument (30-40 here), builds a cache key from
 them and looks the compiled kernel up, in Python, at every call; the launchers then recompute
 sizes, strides, configs and grids that did not change since the last step. Two memos remove that:

@@ -56,10 +56,10 @@ def softcap_tanh(y, APPROX: tl.constexpr):
     per score fewer than dividing here), from one exp2 and a division, exact at 0 and saturating
     to +-1 without overflow; APPROX: one instruction, PTX ``tanh.approx.f32`` (sm75+), relative
     error up to 2^-10.99, what flash-attn's softcap uses. Each of exp2, the division's reciprocal
-    and tanh.approx is one instruction of the special-function unit: on an H100 the softcapped
-    forward ran at 0.51x-0.63x the plain kernel with the exp2 formula and 0.78x-0.84x with
-    tanh.approx; the same work as polynomials and Newton steps on the FMA units ran slower still,
-    more instructions issued per score (benchmarks/probes/production_probe.py)."""
+    and tanh.approx is one instruction of the special-function unit, the softcapped forward's
+    bound: one instruction (tanh.approx) beats two (exp2 and the reciprocal); the same work as
+    polynomials and Newton steps on the FMA units issues more instructions per score and was
+    slower still (benchmarks/probes/production_probe.py, NOTES.md)."""
     if APPROX:
         t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [y], dtype=tl.float32,
                                       is_pure=True, pack=1)
@@ -110,9 +110,8 @@ def alibi_slope(bh, args):
 def alibi_bias(s, q_pos, k_pos, bh, args):
     """ALiBi: s - slope * |q_pos - k_pos|; d/ds = 1. The slope in column 1.
     The distance as an int tile, converted per score: the positions made float per row and per
-    column first (two instructions fewer per score in the backward's SASS) ran 0.67x-0.70x the
-    plain d64 causal forward against this form's 0.85x on an H100, though 1-3% faster at d128
-    (benchmarks/probes/production_probe.py fold)."""
+    column first (two instructions fewer per score in the backward's SASS) measured slower at d64
+    (benchmarks/probes/production_probe.py fold, NOTES.md)."""
     slope = alibi_slope(bh, args)
     return s - slope * tl.abs(q_pos - k_pos).to(tl.float32), 1.0
 
@@ -189,8 +188,8 @@ def make(q, mods: Modifiers, *, batch=None) -> ScoreMod:
     if alibi_slopes is not None:
         args[..., 1] = alibi_slopes.to(device=q.device, dtype=torch.float32) * LOG2E  # (Hq,) or (B, Hq)
     approx = runtime.approximate_tanh(q.dtype, q.device)   # see tanh_softcap_approx
-    # the softcap's 1 / c rides in the kernels' scale: one multiply per score fewer (an H100, bf16:
-    # the d64 causal forward 0.804x -> 0.853x the plain one; benchmarks/probes/production_probe.py fold)
+    # the softcap's 1 / c rides in the kernels' scale: one multiply per score fewer
+    # (benchmarks/probes/production_probe.py fold, NOTES.md)
     bound, input_scale = None, 1.0 if softcap is None else 1.0 / (softcap * LOG2E)
     if softcap is None:
         fn = alibi_bias
