@@ -4,7 +4,7 @@ At the forward suite's shapes (``flashlib.bench.harness``: B x N = 32k tokens, H
 float16, both kernels called directly (``fa2_fwd.fa2_forward``, with its first fitting config
 under FLASHLIB_AUTOTUNE=0 and autotuned otherwise; ``fa3_fwd.fa3_forward``) and SDPA's cuDNN
 backend as the yardstick, in rounds that alternate the order. ``fa3_unfolded``: FA3 with the
-softmax scale applied before the max (``fa3_fwd.FOLD_SCALE`` off).
+softmax scale applied before the max (the ``fa3_fold_scale`` kernel option off).
 Every kernel is first checked against the float64 oracle on a slice of its own output
 (``production.oracle_check``).
 
@@ -23,8 +23,9 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+import flashlib
 from flashlib.bench import production as prod
-from flashlib.bench.harness import _time, make_inputs, shape_for
+from flashlib.bench.harness import time_ms, make_inputs, shape_for
 from flashlib.kernels import fa2_fwd, fa3_fwd, score_mod
 
 SHAPES = [(64, 4096, False), (64, 16384, False), (64, 4096, True), (128, 4096, False),
@@ -38,12 +39,10 @@ def cudnn(q, k, v, causal):
 
 
 def unfolded(call):
-    """call() with ``fa3_fwd.FOLD_SCALE`` off (in the launch plans' key: no stale plan is replayed)."""
-    fa3_fwd.FOLD_SCALE = False
-    try:
+    """call() with the ``fa3_fold_scale`` option off (the options are in the launch plans' key: no
+    stale plan is replayed)."""
+    with flashlib.kernel_options(fa3_fold_scale=False):
         return call()
-    finally:
-        fa3_fwd.FOLD_SCALE = True
 
 
 def fp8_calls(q, k, v, causal):
@@ -94,7 +93,7 @@ def main():
                 times.pop(name)
         for r in range(ROUNDS):
             for name in (list(times) if r % 2 == 0 else list(times)[::-1]):
-                times[name].append(_time(calls[name]))
+                times[name].append(time_ms(calls[name]))
         flops = prod.attention_flops(B, H, N, N, D, causal=causal)
         ms = {name: statistics.median(t) for name, t in times.items()}
         cells = " | ".join(f"{name} {t:.3f} ({flops / t / 1e9:.0f}, {ms['cudnn'] / t:.3f}x cuDNN, "

@@ -1,4 +1,4 @@
-"""FA3's backward with dQ's first slice issued before dK (``fa3_bwd.DQ_BEFORE_DK``) and without,
+"""FA3's backward with dQ's first slice issued before dK (the ``fa3_dq_before_dk`` option) and without,
 in one process, beside SDPA cuDNN's backward.
 
 At the backward suite's shapes (``flashlib.bench.harness.FORWARD_SHAPES``: B x N = 32k tokens,
@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from flashlib.bench.harness import FORWARD_SHAPES, _time, make_inputs, shape_for
+import flashlib
+from flashlib.bench.harness import FORWARD_SHAPES, time_ms, make_inputs, shape_for
 from flashlib.kernels import fa3_bwd, fa3_fwd
 
 ROUNDS = next((int(a.split('=')[1]) for a in sys.argv[1:] if a.startswith('--rounds=')), 3)
@@ -25,12 +26,8 @@ ROUNDS = next((int(a.split('=')[1]) for a in sys.argv[1:] if a.startswith('--rou
 
 def with_order(dq_first, call):
     def run():
-        saved = fa3_bwd.DQ_BEFORE_DK
-        fa3_bwd.DQ_BEFORE_DK = dq_first
-        try:
+        with flashlib.kernel_options(fa3_dq_before_dk=dq_first):
             return call()
-        finally:
-            fa3_bwd.DQ_BEFORE_DK = saved
     return run
 
 
@@ -54,7 +51,7 @@ def main():
         times = {name: [] for name in arms}
         for r in range(ROUNDS):
             for name in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
-                times[name].append(_time(arms[name]))
+                times[name].append(time_ms(arms[name]))
         tag = f"B{s['B']} H{s['Hq']} N{N} d{D}{' c' if causal else ''}"
         base = statistics.median(times["cudnn bwd"])
         for name, ms in times.items():

@@ -3,7 +3,7 @@
 At the production suite's modifier shapes (``flashlib.bench.production.MOD_SHAPES``), for the
 plain scores, the softcap and ALiBi: the forward of each kernel (``fa2_fwd.fa2_forward``,
 ``fa3_fwd.fa3_forward``) called directly, and ``flash_attention``'s forward+backward with the
-Hopper kernels on and off (``ops.FA3_ENABLED``: which backward runs follows ``ops``' choice).
+Hopper kernels on and off (the ``fa3`` kernel option: which backward runs follows the dispatcher's choice).
 Every call is first checked against the float64 oracle on a slice of its own inputs
 (``production.oracle_check``); a wrong one is reported and not timed.
 
@@ -20,9 +20,10 @@ import sys
 import torch
 import triton
 
+import flashlib
 from flashlib import ops
 from flashlib.bench import production as prod
-from flashlib.bench.harness import _time, make_inputs, shape_for
+from flashlib.bench.harness import time_ms, make_inputs, shape_for
 from flashlib.kernels import fa2_fwd, fa3_fwd, score_mod
 
 
@@ -37,7 +38,7 @@ def forward_backward(q, k, v, causal, options, dout):
 
 
 def probe(dtype):
-    ops.FA3_FWD_MOD_HEAD_DIMS = (64, 128)   # FA3's forward with a modifier at every head dim it runs
+    every_head_dim = {"fa3_fwd_mod_head_dims": (64, 128)}   # FA3's forward with a modifier wherever it runs
     print(f"\n# {dtype}: ms (TFLOP/s), ratio to the same kernel's plain scores; fa3/fa2: same modifier")
     for D, N, causal in prod.MOD_SHAPES:
         B, H = shape_for(D, N)["B"], prod.WIDTH // D
@@ -56,19 +57,20 @@ def probe(dtype):
                 call = lambda fwd=fwd, mod=mod: fwd(q, k, v, causal=causal, score_mod=mod)[0]  # noqa: E731
                 with torch.no_grad():
                     err, ok = check(call(), q, k, v, causal, dtype, options)
-                    row[f"{kernel} fwd"] = _time(call) if ok else None
-                ops.FA3_ENABLED = kernel == "fa3"
+                    row[f"{kernel} fwd"] = time_ms(call) if ok else None
+                kernels_on = dict(every_head_dim, fa3=kernel == "fa3")
                 if name == "softcap_max":   # flash_attention takes the library's softcap: forward only
                     row[f"{kernel} fwd+bwd"], ok2, err2 = None, True, 0.0
                 else:
                     with torch.no_grad():
-                        err2, ok2 = check(ops.flash_attention(q, k, v, causal=causal, **options), q, k,
-                                          v, causal, dtype, options)
-                    row[f"{kernel} fwd+bwd"] = (_time(lambda: forward_backward(q, k, v, causal, options,
-                                                                               dout)) if ok2 else None)
+                        with flashlib.kernel_options(**kernels_on):
+                            err2, ok2 = check(ops.flash_attention(q, k, v, causal=causal, **mods[name]), q,
+                                              k, v, causal, dtype, mods[name])
+                    with flashlib.kernel_options(**kernels_on):
+                        row[f"{kernel} fwd+bwd"] = (time_ms(lambda: forward_backward(q, k, v, causal, mods[name],
+                                                                                   dout)) if ok2 else None)
                 if not (ok and ok2):
                     print(f"d{D} N{N} causal={causal} {name} {kernel}: WRONG (error {max(err, err2):.3g})")
-            ops.FA3_ENABLED = True
             plain = plain or row
             cells = []
             for op, mult in (("fwd", 1.0), ("fwd+bwd", 3.5)):

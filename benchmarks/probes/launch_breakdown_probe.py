@@ -7,7 +7,7 @@
    forward+backward against SDPA's default dispatch.
 2. At the short suite's shapes (causal, bfloat16, B x N = 16k tokens; H=12 d=64 and H=16 d=128):
    do_bench of the eager forward+backward, and the GPU's own kernel time (torch.profiler), for
-   flashlib with FA2's kernels, flashlib with FA3's (FA3_FROM_FLOPS=0) and SDPA's default.
+   flashlib with FA2's kernels, flashlib with FA3's (the fa3_from_flops option at 0) and SDPA's default.
 3. cProfile's top functions of flashlib's forward+backward with FA3 at the tiny shape.
 
     PYTHONPATH=$PWD FLASHLIB_AUTOTUNE=0 python benchmarks/probes/launch_breakdown_probe.py
@@ -45,12 +45,8 @@ def steps(q, k, v, dout):
 
 def with_fa3(on, fn):
     def call():
-        saved = ops.FA3_FROM_FLOPS, ops.FA3_ENABLED
-        ops.FA3_FROM_FLOPS, ops.FA3_ENABLED = (0, True) if on else (saved[0], False)
-        try:
+        with flashlib.kernel_options(**(dict(fa3=True, fa3_from_flops=0) if on else dict(fa3=False))):
             return fn()
-        finally:
-            ops.FA3_FROM_FLOPS, ops.FA3_ENABLED = saved
     return call
 
 
@@ -132,6 +128,7 @@ def short_shapes():
 
 if __name__ == "__main__":
     print(f"flashlib {flashlib.__file__}; {torch.cuda.get_device_name()}; torch {torch.__version__} "
-          f"triton {triton.__version__}; fast launch {launch.ENABLED}; FA3_FROM_FLOPS {ops.FA3_FROM_FLOPS}")
+          f"triton {triton.__version__}; fast launch {launch.enabled(flashlib.runtime.OPTIONS)}; "
+          f"fa3_from_flops {flashlib.runtime.OPTIONS.fa3_from_flops}")
     host_breakdown()
     short_shapes()

@@ -45,7 +45,7 @@ import triton.language as tl  # noqa: E402
 
 from flashlib.bench import decode as bench_decode  # noqa: E402
 from flashlib.bench import production as prod  # noqa: E402
-from flashlib.bench.harness import _time, make_inputs, shape_for  # noqa: E402
+from flashlib.bench.harness import time_ms, make_inputs, shape_for  # noqa: E402
 from flashlib.kernels import config, fa2_bwd, fa2_fwd, score_mod  # noqa: E402
 from flashlib.ops import FlashAttention  # noqa: E402
 
@@ -196,11 +196,11 @@ def timed(call, inputs, check, grad=True):
     if not ok:
         return err, None, None
     with torch.no_grad():
-        fwd = _time(lambda: call(*inputs))
+        fwd = time_ms(lambda: call(*inputs))
     if not grad:
         return err, fwd, None
     dout = torch.randn_like(call(*inputs))
-    return err, fwd, _time(lambda: torch.autograd.grad(call(*inputs), inputs, dout))
+    return err, fwd, time_ms(lambda: torch.autograd.grad(call(*inputs), inputs, dout))
 
 
 def print_row(label, err, fwd, fb, base, flops):

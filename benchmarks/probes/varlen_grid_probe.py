@@ -16,7 +16,7 @@ import torch
 
 from flashlib import runtime
 from flashlib.bench import production as prod
-from flashlib.bench.harness import _time, make_inputs
+from flashlib.bench.harness import time_ms, make_inputs
 from flashlib.kernels import fa3_fwd
 
 D, DTYPE, TOKENS, DOCS = 128, torch.float16, 32768, 16
@@ -58,7 +58,7 @@ def main():
                           prod.packed_flops(lengths, H, D, causal=True)))
     for _ in range(2):   # two rounds: the spread between them is the run's noise
         for name, call, flops in cases:
-            ms = _time(call)
+            ms = time_ms(call)
             print(f"{name:40} {ms:8.3f} ms {flops / ms * 1e-9:8.1f} TFLOP/s")
 
 
