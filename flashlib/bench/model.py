@@ -284,8 +284,8 @@ def first_step_rows(dtype, p, tiny, say):
                 done = subprocess.run(command + ["--first-step", impl] + (["--tiny"] if tiny else []),
                                       capture_output=True, text=True, timeout=p["timeout_s"])
                 why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1][:160]
-                out = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else \
-                    dict(note=f"failed: {why}")
+                out = (json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0
+                       else dict(note=f"failed: {why}"))
             except subprocess.TimeoutExpired:
                 out = dict(note=f"timed out after {p['timeout_s']} s")
             results[impl] = dict(out, process_s=round(time.perf_counter() - start, 2))
@@ -296,8 +296,10 @@ def first_step_rows(dtype, p, tiny, say):
         rec = record("first_step", impl, name, cfg, B, T, T, dtype, process_s=got["process_s"],
                      autotune=got.get("autotune"))
         note = got.get("note")
-        if note is None and sdpa_loss is not None and \
-                not abs(got["loss"] - sdpa_loss) <= FACTOR * error_floor(dtype, torch.tensor(sdpa_loss)):
+        if note is None and sdpa_loss is None:
+            note = "unchecked: SDPA's process gave no first loss to compare with"
+        elif note is None and not abs(got["loss"] - sdpa_loss) <= FACTOR * error_floor(
+                dtype, torch.tensor(sdpa_loss)):
             note = f"wrong: first loss {got['loss']:.5g} against SDPA's {sdpa_loss:.5g}"
         if note is None:
             rec["ms"] = got["ms"]
@@ -322,7 +324,11 @@ def run_suite(dtype, out_dir, *, parts=tuple(PARTS), quick=False, tiny=False, sa
     """Run the parts, add ratios, write model_<dtype>.json (merged with an earlier file's records
     of the parts not run) and its PNG, print a table; returns the records."""
     start = time.perf_counter()
-    stamp = lambda msg: say(f"[model {time.perf_counter() - start:6.0f} s] {msg}")   # noqa: E731
+
+    def stamp(msg):                # a progress line per stage, shown at once even through a pipe
+        say(f"[model {time.perf_counter() - start:6.0f} s] {msg}")
+        sys.stdout.flush()
+
     p = plan(tiny=tiny, quick=quick)
     records = []
     if {"train", "compiled"} & set(parts):
