@@ -53,9 +53,10 @@ def attention_flops(B, H, Nq, Nk, D, *, causal=False):
 def fa3_large_enough(q, k, causal, max_seqlen, options) -> bool:
     """Whether FA3 is on and the problem reaches ``options.fa3_from_flops`` FLOPs executed
     (4 B Hq Nq Nk D, halved if causal; packed sequences counted at their longest key length)."""
-    Nk = k.shape[2] if max_seqlen is None else max_seqlen[1]
-    flops = 4 * q.shape[:-1].numel() * Nk * q.shape[-1] >> bool(causal)
-    return options.fa3 and flops >= options.fa3_from_flops
+    if not options.fa3:
+        return False
+    Nk = k.shape[-2] if max_seqlen is None else max_seqlen[1]
+    return 4 * q.numel() * Nk >> bool(causal) >= options.fa3_from_flops   # q.numel(): B Hq Nq D
 
 
 def fa3_supports(q, k, v, causal, mod, cu_seqlens, max_seqlen, options) -> bool:
