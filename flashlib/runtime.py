@@ -1,4 +1,5 @@
-"""Where the kernels run: device detection, the Triton interpreter switch, size presets.
+"""Where and how the kernels run: device detection, the Triton interpreter switch, size presets,
+and the kernel options (``KernelOptions``), the process's one piece of mutable state.
 
 Triton reads TRITON_INTERPRET when ``@triton.jit`` runs (not at ``import triton``), so this
 module must be imported before any kernel is defined; ``flashlib/__init__.py`` imports it first.
@@ -70,7 +71,8 @@ class KernelOptions:
     fast_launch: replay recorded launches (``kernels/launch.py``; FLASHLIB_FAST_LAUNCH=0: plain
     ``kernel[grid](...)``). fa3_fold_scale: FA3's forward multiplies its scores' factor inside
     exp2's FFMA. fa3_dq_before_dk: FA3's backward issues dQ's first slice before dK's wgmma.
-    fa3_smem_bytes: shared memory FA3's kernels size their pipelines for (an sm90 block's 227 KiB).
+    fa3_smem_bytes: shared memory FA3's kernels size their pipelines for (None: an sm90 block's,
+    ``fa3_fwd.SMEM_BYTES``).
     launch_hook: None, or ``hook(kernel, grid, args, kwargs)`` called in place of every launch
     (``kernels.launch.run``), with the device checks off: it records launches for compiling
     without a GPU (``kernels/targets.py``) or profiling (``teach/profile.py``).
@@ -82,7 +84,7 @@ class KernelOptions:
     fast_launch: bool = True
     fa3_fold_scale: bool = True
     fa3_dq_before_dk: bool = True
-    fa3_smem_bytes: int = 232448
+    fa3_smem_bytes: Optional[int] = None
     launch_hook: Optional[Callable] = None
 
     def __post_init__(self):
@@ -110,7 +112,7 @@ class KernelOptions:
             if name not in _OPTION_TYPES:
                 raise TypeError(f"unknown kernel option {name!r}; known: {sorted(_OPTION_TYPES)}")
             kind = _OPTION_TYPES[name]
-            if not (value is None and name == "launch_hook" or isinstance(value, kind)
+            if not (value is None and name in _OPTIONAL or isinstance(value, kind)
                     and not (kind is int and isinstance(value, bool))):
                 raise TypeError(f"kernel option {name} must be {kind.__name__}, got {value!r}")
         return dataclasses.replace(self, **changes)
@@ -128,6 +130,7 @@ ENVIRONMENT = {"fa3": "FLASHLIB_FA3", "autotune": "FLASHLIB_AUTOTUNE", "fast_lau
 _OPTION_TYPES = {"fa3": bool, "fa3_from_flops": int, "fa3_fwd_mod_head_dims": tuple, "autotune": bool,
                  "fast_launch": bool, "fa3_fold_scale": bool, "fa3_dq_before_dk": bool,
                  "fa3_smem_bytes": int, "launch_hook": object}
+_OPTIONAL = ("fa3_smem_bytes", "launch_hook")   # may be None
 OPTIONS = KernelOptions.from_env()   # the options in force: set only by kernel_options() below
 _resolved = {}                       # (options, per-call dict's items) -> KernelOptions
 
@@ -144,7 +147,10 @@ def options(kernel_options=None) -> KernelOptions:
         raise TypeError(f"kernel_options must be a dict or a KernelOptions, got "
                         f"{type(kernel_options).__name__}")
     key = (OPTIONS, tuple(kernel_options.items()))
-    found = _resolved.get(key)
+    try:
+        found = _resolved.get(key)
+    except TypeError:   # an unhashable value (a list): ``replace`` names the option
+        return OPTIONS.replace(**kernel_options)
     if found is None:
         if len(_resolved) > 256:
             _resolved.clear()
