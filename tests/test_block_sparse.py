@@ -352,10 +352,13 @@ def test_block_sparse_custom_ops_pass_torch_opcheck():
     tables, layout = view.tables(), view.layout()
     assert masks.KernelView.from_args(tables, layout) == view     # the op sees what eager sees
     slopes = torch.rand(4, device=DEV)
-    out, lse = ops._bs_forward_op(q, k, v, tables, layout, 0.3, None, None)
-    torch.library.opcheck(ops._bs_forward_op, (q.requires_grad_(), k, v, tables, layout, 0.3, 5.0, slopes))
+    from flashlib.kernels.score_mod import NO_MODIFIERS, Modifiers
+    options = runtime.OPTIONS.number
+    out, lse = ops._bs_forward_op(q, k, v, tables, layout, 0.3, *NO_MODIFIERS.op_args(), options)
+    torch.library.opcheck(ops._bs_forward_op, (q.requires_grad_(), k, v, tables, layout, 0.3,
+                                               *Modifiers(5.0, slopes).op_args(), options))
     torch.library.opcheck(ops._bs_backward_op, (q.detach(), k, v, out, lse, torch.randn_like(out),
-                                                tables, layout, 0.3, None, slopes))
+                                                tables, layout, 0.3, *Modifiers(None, slopes).op_args(), options))
 
 
 def test_bad_input_names_the_argument():

@@ -386,8 +386,11 @@ def test_torch_compile_runs_the_same_kernels():
     for compiled, eager in zip(torch.compile(decode, backend="aot_eager")(q, k, v, lens),
                                decode(q, k, v, lens)):
         assert torch.equal(compiled, eager)
-    torch.library.opcheck(_flash_decode_op, (q, k, v, lens, 3, 0.25, None, None))
-    torch.library.opcheck(_flash_decode_op, (q, k, v, None, None, 0.25, 4.0, torch.rand(2, 4, device=DEV)))
+    from flashlib.kernels.score_mod import NO_MODIFIERS, Modifiers
+    options = runtime.OPTIONS.number
+    torch.library.opcheck(_flash_decode_op, (q, k, v, lens, 3, 0.25, *NO_MODIFIERS.op_args(), options))
+    mods = Modifiers(4.0, torch.rand(2, 4, device=DEV)).op_args()
+    torch.library.opcheck(_flash_decode_op, (q, k, v, None, None, 0.25, *mods, options))
 
 
 @gpu

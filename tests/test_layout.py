@@ -3,9 +3,13 @@
 The core (``flashlib/*.py`` and ``flashlib/kernels/``) imports nothing from the subpackages above
 it (``teach``, ``course``, ``bench``); no module imports another that imports it back, however
 indirectly (imports inside functions count: they are arrows too); no file outside
-``flashlib/kernels/`` is over 450 lines.
+``flashlib/kernels/`` is over 450 lines. No private name is imported across flashlib's modules,
+no module global is assigned from outside its module, and flashlib has no backslash line
+continuations.
 """
 import ast
+import io
+import tokenize
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "flashlib"
@@ -91,3 +95,132 @@ def test_the_graph_sees_known_arrows():
     assert "flashlib.course.grading" in GRAPH["flashlib.course.self_check"]
     assert "flashlib.kernels.fa2_fwd" in GRAPH["flashlib.kernels.block_sparse"]
     assert "flashlib.inputs" in GRAPH["flashlib.kernels.fa1"]          # imported inside a function
+
+
+# ---------------------------------------------------------------------------------------------
+# names, switches and lines a reader (and a code tool following calls) can trust
+
+ROOT = PACKAGE.parent
+SCANNED = [*sorted(PACKAGE.rglob("*.py")), *sorted((ROOT / "tests").glob("*.py")),
+           *sorted((ROOT / "benchmarks").glob("*.py"))]
+
+
+def _package_of(path: Path):
+    """The package a relative import in ``path`` starts from (None outside flashlib)."""
+    if PACKAGE not in path.parents:
+        return None
+    name = _module_name(path)
+    return name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+
+
+def _from_module(node: ast.ImportFrom, package) -> str:
+    if not node.level:
+        return node.module or ""
+    if package is None:
+        return ""
+    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _module_aliases(path: Path, tree) -> dict:
+    """Local names bound to flashlib modules in ``path`` (``from flashlib.kernels import launch``,
+    ``from . import runtime``, ``import flashlib.ops as ops``, ``import flashlib``)."""
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "flashlib":
+                    aliases[a.asname or "flashlib"] = a.name if a.asname else "flashlib"
+        elif isinstance(node, ast.ImportFrom):
+            module = _from_module(node, _package_of(path))
+            for a in node.names:
+                if module.split(".")[0] == "flashlib" and f"{module}.{a.name}" in MODULES:
+                    aliases[a.asname or a.name] = f"{module}.{a.name}"
+    return aliases
+
+
+def _dotted(node):
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return inner and f"{inner}.{node.attr}"
+    return None
+
+
+def _as_module(node, aliases):
+    """The flashlib module ``node`` (a name or a dotted chain of them) stands for, else None."""
+    name = _dotted(node)
+    if not name:
+        return None
+    head, *rest = name.split(".")
+    module = ".".join([aliases[head], *rest]) if head in aliases else None
+    return module if module in MODULES else None
+
+
+def test_no_private_name_is_imported_across_modules():
+    # `from .fa3_fwd import _descriptor` ties a module to another's internals: a name used
+    # elsewhere is public (no underscore, a docstring)
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                module = _from_module(node, _package_of(path))
+                if module.split(".")[0] == "flashlib" and module != _module_name(path):
+                    found += [f"{path.relative_to(ROOT)}:{node.lineno} {a.name} from {module}"
+                              for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not found, "private names imported across modules:\n" + "\n".join(found)
+
+
+def test_no_module_global_is_assigned_from_outside_its_module():
+    # tuning switches are options passed in (runtime.KernelOptions), not globals others flip:
+    # `fa3_fwd.FOLD_SCALE = False` or `setattr(launch, "ENABLED", ...)` in flashlib, the tests or
+    # the benchmarks. (A test's monkeypatch, undone after it, may still stand in for a fact.)
+    found = []
+    for path in SCANNED:
+        tree = ast.parse(path.read_text())
+        aliases = _module_aliases(path, tree)
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+                if node.args and _as_module(node.args[0], aliases):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} setattr({_dotted(node.args[0])}, ...)")
+            flat = [t for target in targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+            found += [f"{path.relative_to(ROOT)}:{node.lineno} {_dotted(t)} = ..." for t in flat
+                      if isinstance(t, ast.Attribute) and _as_module(t.value, aliases)]
+    assert not found, "module globals assigned from outside their module:\n" + "\n".join(found)
+
+
+def _backslash_continuations(path: Path) -> list:
+    text = path.read_text()
+    in_string = set()   # lines that end inside a string (a docstring's backslash is text)
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type == tokenize.STRING:
+            in_string.update(range(token.start[0], token.end[0]))
+    return [n for n, line in enumerate(text.splitlines(), 1)
+            if line.rstrip().endswith("\\") and n not in in_string and not line.lstrip().startswith("#")]
+
+
+def test_no_backslash_continuations_in_flashlib():
+    # a statement over several lines goes in brackets: tools that follow calls stop at a backslash
+    found = {str(p.relative_to(ROOT)): lines for p in sorted(PACKAGE.rglob("*.py"))
+             if (lines := _backslash_continuations(p))}
+    assert not found, f"backslash continuations (file: lines): {found}"
+
+
+def test_the_scans_see_what_they_look_for(tmp_path):
+    """The three scans above must be able to fail."""
+    bad = PACKAGE / "kernels" / "launch.py"
+    tree = ast.parse("from flashlib.kernels import launch\nimport flashlib\nlaunch.SUPPORTED = False\n"
+                     "flashlib.runtime.OPTIONS, x = None, 1\nsetattr(launch, 'SUPPORTED', 1)\n")
+    aliases = _module_aliases(bad, tree)
+    assert _as_module(ast.parse("launch", mode="eval").body, aliases) == "flashlib.kernels.launch"
+    assert _as_module(ast.parse("flashlib.runtime", mode="eval").body, aliases) == "flashlib.runtime"
+    assert _as_module(ast.parse("launch.SUPPORTED", mode="eval").body, aliases) is None
+    continued = tmp_path / "continued.py"
+    continued.write_text('x = 1 + \\\n    2\n"""a docstring\\\nwith a backslash"""\n# a comment \\\n')
+    assert _backslash_continuations(continued) == [1]

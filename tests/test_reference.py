@@ -88,7 +88,7 @@ def test_attention_naive_is_the_same_attention_in_the_inputs_dtype():
 def test_chunks_of_query_rows_give_the_same_result(monkeypatch):
     q, k, v = randn(2, 9, 97, 80), randn(2, 3, 130, 80), randn(2, 3, 130, 80)
     whole = attention_ref(q, k, v, causal=True)
-    monkeypatch.setattr(reference, "_CHUNK_ELEMENTS", 7 * 2 * 9 * 130)   # 7 rows per chunk
+    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 7 * 2 * 9 * 130)   # 7 rows per chunk
     chunked = attention_ref(q, k, v, causal=True)
     # float64 both ways, but BLAS may block a matmul of 7 rows differently from one of 97: the
     # sums round in another order, so allow the first-order rounding bound of the terms summed
