@@ -67,7 +67,7 @@ def test_a_wrong_attention_is_caught_and_not_timed(monkeypatch):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=q.shape[1] != k.shape[1])
     monkeypatch.setitem(bench_model.ATTENTION, "flashlib", not_causal)
     p = bench_model.plan(tiny=True)
-    records = bench_model.train_rows("gpt2", bench_model.TINY_GPT, 2, 32, torch.float32, ["train"], p,
+    records = bench_model.train_rows("gpt2", bench_model.TINY_GPT, 2, 32, torch.float32, "train", p,
                                      lambda msg: None)
     mine, sdpa = records
     assert mine["ms"] is None and mine["note"].startswith("wrong attention output")
@@ -76,7 +76,7 @@ def test_a_wrong_attention_is_caught_and_not_timed(monkeypatch):
     def refuses(q, k, v, cache=None):
         raise RuntimeError("no kernel for this shape")
     monkeypatch.setitem(bench_model.ATTENTION, "flashlib", refuses)
-    mine, sdpa = bench_model.train_rows("gpt2", bench_model.TINY_GPT, 2, 32, torch.float32, ["train"], p,
+    mine, sdpa = bench_model.train_rows("gpt2", bench_model.TINY_GPT, 2, 32, torch.float32, "train", p,
                                         lambda msg: None)
     assert mine["ms"] is None and "RuntimeError: no kernel for this shape" in mine["note"]
     assert sdpa["ms"] > 0 and "note" not in sdpa                    # the other one still is timed

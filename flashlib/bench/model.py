@@ -155,11 +155,12 @@ def record(op, impl, name, cfg, B, Nq, Nk, dtype, **extra):
     return rec
 
 
-def train_rows(name, cfg, B, T, dtype, parts, p, say):
-    """Records of the train and compiled parts for one (model, B, T)."""
+def train_rows(name, cfg, B, T, dtype, part, p, say):
+    """Records of one part, "train" (eager) or "compiled", for one (model, B, T)."""
+    op = PARTS[part]
+    say(f"{op} {name} B{B} T{T}: checks, then first steps" + (" (compiling)" if part == "compiled" else ""))
     models = {impl: build(cfg, ATTENTION[impl]) for impl in IMPLS}
     models["sdpa_default"].load_state_dict(models["flashlib"].state_dict())
-    initial = {k: t.clone() for k, t in models["flashlib"].state_dict().items()}
     idx, targets = random_tokens(cfg.vocab_size, B, T, 1), random_tokens(cfg.vocab_size, B, T, 2)
     notes = {}
     for impl in IMPLS:             # a check that raises (out of memory, a refused shape) is a note
@@ -173,52 +174,43 @@ def train_rows(name, cfg, B, T, dtype, parts, p, say):
         notes = {impl: notes[impl] or model_notes[impl] for impl in IMPLS}
     except Exception as e:
         notes = {impl: notes[impl] or f"model check {failure(e)}" for impl in IMPLS}
+    times = runners = optimizers = steps = {}
+    try:
+        runners = {impl: torch.compile(m, dynamic=False) if part == "compiled" else m
+                   for impl, m in models.items()}
+        optimizers = {impl: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=runtime.DEVICE.type == "cuda")
+                      for impl, m in models.items()}
+        steps = {impl: (lambda r=runners[impl], o=optimizers[impl]: train_step(r, o, idx, targets, dtype))
+                 for impl in IMPLS}
+        for impl in IMPLS:         # the first step (compiles, autotunes) from the checked weights
+            if notes[impl] is None:
+                loss = steps[impl]()
+                if not max_error(loss, ref_loss) <= tolerance(ref_loss, sdpa_loss, dtype):
+                    notes[impl] = f"wrong first-step loss {loss.item():.5g}, float64 {ref_loss.item():.5g}"
+        live = [impl for impl in IMPLS if notes[impl] is None]
+        for impl in live:
+            timed_calls(steps[impl], p["warmup"] - 1)
+        say(f"{op} {name} B{B} T{T}: timing {p['rounds']} x {p['steps']} steps")
+        times = {impl: [] for impl in live}
+        for _ in range(p["rounds"]):
+            for impl in live:
+                times[impl] += timed_calls(steps[impl], p["steps"])
+    except Exception as e:         # a failed compile or step: the row says so, the suite goes on
+        notes, times = {impl: notes[impl] or failure(e) for impl in IMPLS}, {}
     matmul_params = sum(m.weight.numel() for m in models["flashlib"].modules() if isinstance(m, nn.Linear))
     Hq, _, D = shape_of(cfg)
     # 6 FLOPs per matmul weight and token (forward 2, backward 4), 3.5x causal attention's forward
     flops = 6 * matmul_params * B * T + 3.5 * cfg.n_layer * 2 * B * Hq * T * T * D
     records = []
-    for part in [q for q in ("train", "compiled") if q in parts]:
-        op = PARTS[part]
-        say(f"{op} {name} B{B} T{T}: first steps (compiling)" if part == "compiled" else
-            f"{op} {name} B{B} T{T}: first steps")
-        part_notes, times = dict(notes), {}
-        try:
-            runners, optimizers = {}, {}
-            for impl, model in models.items():
-                model.load_state_dict(initial)
-                runners[impl] = torch.compile(model, dynamic=False) if part == "compiled" else model
-                optimizers[impl] = torch.optim.AdamW(model.parameters(), lr=1e-4,
-                                                     fused=runtime.DEVICE.type == "cuda")
-            steps = {impl: (lambda r=runners[impl], o=optimizers[impl]: train_step(r, o, idx, targets, dtype))
-                     for impl in IMPLS}
-            for impl in IMPLS:
-                if part_notes[impl] is None:
-                    loss = steps[impl]()
-                    tol = tolerance(ref_loss, sdpa_loss, dtype)
-                    if not max_error(loss, ref_loss) <= tol:
-                        part_notes[impl] = (f"wrong first-step loss {loss.item():.5g}, "
-                                            f"float64 {ref_loss.item():.5g}")
-            live = [impl for impl in IMPLS if part_notes[impl] is None]
-            for impl in live:
-                timed_calls(steps[impl], p["warmup"] - 1)
-            say(f"{op} {name} B{B} T{T}: timing {p['rounds']} x {p['steps']} steps")
-            times = {impl: [] for impl in live}
-            for _ in range(p["rounds"]):
-                for impl in live:
-                    times[impl] += timed_calls(steps[impl], p["steps"])
-        except Exception as e:     # a failed compile or step: the row says so, the suite goes on
-            part_notes = {impl: part_notes[impl] or failure(e) for impl in IMPLS}
-            times = {}
-        for impl in IMPLS:
-            rec = record(op, impl, name, cfg, B, T, T, dtype)
-            if impl in times:
-                ms = statistics.median(times[impl])
-                rec.update(ms=ms, tokens_per_s=round(B * T / ms * 1e3), tflops=flops / ms / 1e9)
-            else:
-                rec["note"] = part_notes[impl]
-            records.append(rec)
-    del models, initial
+    for impl in IMPLS:
+        rec = record(op, impl, name, cfg, B, T, T, dtype)
+        if impl in times:
+            ms = statistics.median(times[impl])
+            rec.update(ms=ms, tokens_per_s=round(B * T / ms * 1e3), tflops=flops / ms / 1e9)
+        else:
+            rec["note"] = notes[impl]
+        records.append(rec)
+    del models, runners, optimizers, steps
     if runtime.DEVICE.type == "cuda":
         torch.cuda.empty_cache()
     return records
@@ -330,27 +322,32 @@ def run_suite(dtype, out_dir, *, parts=tuple(PARTS), quick=False, tiny=False, sa
         sys.stdout.flush()
 
     p = plan(tiny=tiny, quick=quick)
-    records = []
-    if {"train", "compiled"} & set(parts):
-        for name, cfg, B, T in p["train"]:
-            records += train_rows(name, cfg, B, T, dtype, parts, p, stamp)
-    if "decode" in parts:
-        records += decode_rows(dtype, p, stamp)
-    if "first" in parts:
-        records += first_step_rows(dtype, p, tiny, stamp)
-    harness.add_ratios(records, "sdpa_default")
     stem = f"model_{str(dtype).replace('torch.', '')}"
     path = out_dir / f"{stem}.json"
     ran = {PARTS[q] for q in parts}
     kept = [r for r in json.loads(path.read_text())["records"] if r["op"] not in ran] if path.exists() else []
-    all_records = kept + records
     timing = {k: p[k] for k in ("warmup", "rounds", "steps", "decode_rounds")}
-    path.write_text(json.dumps(dict(env=dict(harness.environment(), parts=list(parts), timing=timing),
-                                    records=all_records), indent=1))
-    harness.plot(all_records, out_dir / f"{stem}.png", f"model {stem[6:]}", value="ms",
-                 ylabel="ms per step (generate: per new token)", label=row_label)
+    records = []
+
+    def save(new):                 # after every row: a run cut short keeps what it measured
+        records.extend(new)
+        harness.add_ratios(records, "sdpa_default")
+        path.write_text(json.dumps(dict(env=dict(harness.environment(), parts=list(parts), timing=timing),
+                                        records=kept + records), indent=1))
+        harness.plot(kept + records, out_dir / f"{stem}.png", f"model {stem[6:]}", value="ms",
+                     ylabel="ms per step (generate: per new token)", label=row_label)
+
+    # the compiled part last: the longest (a compile per model and shape), and the least sure
+    for part in [q for q in ("train", "decode", "first", "compiled") if q in parts]:
+        if part in ("train", "compiled"):
+            for name, cfg, B, T in p["train"]:
+                save(train_rows(name, cfg, B, T, dtype, part, p, stamp))
+        elif part == "decode":
+            save(decode_rows(dtype, p, stamp))
+        else:
+            save(first_step_rows(dtype, p, tiny, stamp))
     stamp(f"wrote {path}")
-    print_table(all_records)
+    print_table(kept + records)
     return records
 
 
