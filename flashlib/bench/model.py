@@ -13,26 +13,30 @@ flash_decode when sampling) or ``bench.sdpa_attend`` (SDPA, is_causal; a preallo
   d 768, vocab 50304) at B8 T1024 and B32 T256, and of a Llama-style stack (4 layers, 32 query /
   8 K/V heads of dim 128, SwiGLU, RoPE) at B2 T4096. ms is the median over ``rounds`` x
   ``steps`` steps (CUDA events between steps), warm-up steps excluded; both implementations
-  start each part from the same weights.
+  start from the same weights.
 - decode (op ``generate``; the decode suite's ``decode`` is attention alone): ``GPT.generate`` of
   GPT-2 small (bfloat16 weights) from a 512-token prompt, B 1 and 8: ms per new token = (median
   time of generating 1 + n tokens - median time of generating 1) / n, so the prefill is not in it
   (``prefill_ms`` beside). SDPA's cache is preallocated like flashlib's (one write per token, no
   re-allocation).
 - first (op ``first_step``): the first training step of a fresh process (GPT-2 small B8 T1024,
-  eager), default settings (``autotune`` says which), after one untimed process has warmed
-  Triton's disk cache (not with ``--tiny``: the interpreter compiles nothing); ``process_s`` is
-  the timed process's whole wall time. A timeout is recorded as such.
+  eager), default settings (``autotune`` says which), Triton's disk cache warm (from this run's
+  train part, or else one untimed process per impl; with ``--tiny`` the interpreter compiles
+  nothing); ``process_s`` is the timed process's whole wall time. A timeout is recorded as such.
 
 Every implementation is checked before it is timed (``bench.model_checks``): its attention at the
 timed shape (output and gradients) against ``attention_ref``; the model's logits and loss against
 a float64 copy of it, SDPA's error the baseline; each part's first step's loss likewise; the
 decode logits after a cached prefill and three cached steps against the float64 model
 recomputing the sequence; the fresh processes' first losses against each other. A failing (or
-raising) one gets a note and no time. Records (``benchmarks/results/<gpu>/model_<dtype>.json``, harness format): ms
-per step, ``ratio_vs_sdpa_default`` = SDPA's ms / this ms (> 1: flashlib faster), tokens_per_s,
-tflops (training: 6 x matmul parameters x tokens + 3.5 x the causal attention's forward FLOPs),
-model and layers. A run of some parts keeps the other parts' records of an earlier file.
+raising) one gets a note and no time; the suite goes on.
+
+Records (``benchmarks/results/<gpu>/model_<dtype>.json``, the harness's format, rewritten after
+every row so that a run cut short keeps what it measured): ms per step, ``ratio_vs_sdpa_default``
+= SDPA's ms / this ms (> 1: flashlib faster), tokens_per_s, tflops (training: 6 x matmul
+parameters x tokens + 3.5 x the causal attention's forward FLOPs), model and layers. A run of
+some parts keeps the other parts' records of an earlier file. Parts run in the order train,
+decode, first, compiled (the longest: one compile per model, shape and attention).
 
 Limits: one process holds both models (peak memory is not recorded); ``--tiny`` (2 layers, d 64,
 T 32) runs through the interpreter on a CPU, in float32 without autocast, for tests, not timing.
@@ -260,12 +264,13 @@ def decode_rows(dtype, p, say):
     return records
 
 
-def first_step_rows(dtype, p, tiny, say):
-    """Records of the first part: a fresh process's first step, per impl, after a warming one."""
+def first_step_rows(dtype, p, tiny, say, *, warm):
+    """Records of the first part: a fresh process's first step, per impl, after a warming one if
+    ``warm`` (else Triton's disk cache is warm already: this run's train part compiled the same)."""
     name, cfg, B, T = p["first"]
     command = [sys.executable, "-m", "flashlib.bench.model", "--dtype", str(dtype).replace("torch.", "")]
     results = {}
-    for attempt in ("warm-up", "timed") if p["warm_processes"] else ("timed",):
+    for attempt in ("warm-up", "timed") if warm else ("timed",):
         for impl in IMPLS:
             if results.get(impl, {}).get("note"):           # the warm-up failed: say so, go on
                 results[impl]["note"] = f"warm-up process {results[impl]['note']}"
@@ -345,7 +350,8 @@ def run_suite(dtype, out_dir, *, parts=tuple(PARTS), quick=False, tiny=False, sa
         elif part == "decode":
             save(decode_rows(dtype, p, stamp))
         else:
-            save(first_step_rows(dtype, p, tiny, stamp))
+            warm = p["warm_processes"] and not ("train" in parts and p["first"] in p["train"])
+            save(first_step_rows(dtype, p, tiny, stamp, warm=warm))
     stamp(f"wrote {path}")
     print_table(kept + records)
     return records
@@ -356,12 +362,12 @@ def row_label(r):
 
 
 def print_table(records):
+    cell = lambda x, width, spec: f"{'-':>{width}}" if x is None else f"{x:>{width}{spec}}"  # noqa: E731
     print(f"{'op':21}{'impl':14}{'row':24}{'ms':>10}{'tokens/s':>12}{'vs sdpa':>9}  note")
-    fmt = lambda x, f: "-" if x is None else format(x, f)   # noqa: E731
     for r in records:
-        row = row_label(r)
-        print(f"{r['op']:21}{r['impl']:14}{row:24}{fmt(r['ms'], '10.2f')}{fmt(r['tokens_per_s'], '12,.0f')}"
-              f"{fmt(r['ratio_vs_sdpa_default'], '9.2f')}  {r.get('note', '')}")
+        print(f"{r['op']:21}{r['impl']:14}{row_label(r):24}{cell(r['ms'], 10, '.2f')}"
+              f"{cell(r['tokens_per_s'], 12, ',.0f')}{cell(r['ratio_vs_sdpa_default'], 9, '.2f')}"
+              f"  {r.get('note', '')}")
 
 
 if __name__ == "__main__":   # the first part's fresh process: --first-step IMPL [--tiny] --dtype D
