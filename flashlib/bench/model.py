@@ -73,7 +73,7 @@ def plan(*, tiny=False, quick=False):
     if tiny:
         return dict(train=[("gpt2", TINY_GPT, 2, 32), ("llama", TINY_LLAMA, 1, 32)],
                     decode=dict(cfg=TINY_GPT, batches=(1, 2), prompt=16, new_tokens=8),
-                    first=("gpt2", TINY_GPT, 2, 32), warmup=1, rounds=2, steps=2, decode_rounds=5,
+                    first=("gpt2", TINY_GPT, 2, 32), warmup=1, rounds=2, steps=2, decode_rounds=3,
                     timeout_s=120, warm_processes=False)   # the interpreter caches nothing on disk
     train = [("gpt2", GPT2, 8, 1024)]
     if not quick:
