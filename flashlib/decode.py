@@ -151,7 +151,7 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
     mods = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes)
     if torch.compiler.is_compiling():
         out, lse = _flash_decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, scale, *mods.op_args(),
-                                    options.number, block_table)
+                                    options.op_args(), block_table)
     else:
         out, lse = flash_decode_forward(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
                                         scale=scale, return_lse=return_lse, block_table=block_table,
@@ -166,12 +166,12 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
 def _flash_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      cache_seqlens: Optional[torch.Tensor], num_splits: Optional[int],
                      scale: float, mod_floats: list[float], mod_tensors: list[Optional[torch.Tensor]],
-                     options: int, block_table: Optional[torch.Tensor] = None
+                     options: list[int], block_table: Optional[torch.Tensor] = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     return flash_decode_forward(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
                                 scale=scale, return_lse=True, cached_scratch=False,
                                 score_mod=score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors)),
-                                block_table=block_table, options=runtime.numbered(options))
+                                block_table=block_table, options=runtime.from_op_args(options))
 
 
 @_flash_decode_op.register_fake

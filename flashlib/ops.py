@@ -2,14 +2,13 @@
 
 The layers follow flash-attention's Triton file: ``@triton.jit`` kernel (flashlib/kernels) ->
 launcher (chosen by ``kernels/dispatch.py``: ``fa2_forward`` / ``fa2_backward``, FA3's on Hopper;
-allocation, grid) -> ``FlashAttention``
-(autograd.Function saving exactly q, k, v, out and lse) -> ``flash_attention`` (checks,
-keyword-only options, this docstring). Bad input raises ValueError/TypeError naming the argument,
-before any kernel is compiled. Under torch.compile, ``flash_attention`` and
-``block_sparse_attention`` reach the same launchers through custom ops (two each) instead of the
-autograd.Functions (see ``_fa2_forward_op``, ``_bs_forward_op``). Each public function takes
-``kernel_options`` (a dict of ``runtime.KernelOptions`` fields, or one), resolved once per call;
-the score modifiers travel as one ``score_mod.Modifiers``.
+allocation, grid) -> ``FlashAttention`` (autograd.Function saving exactly q, k, v, out and lse) ->
+``flash_attention`` (checks, keyword-only options, this docstring). Bad input raises
+ValueError/TypeError naming the argument, before any kernel is compiled. Under torch.compile,
+``flash_attention`` and ``block_sparse_attention`` reach the same launchers through custom ops
+(two each) instead of the autograd.Functions (see ``_fa2_forward_op``, ``_bs_forward_op``). Each
+public function takes ``kernel_options`` (a dict of ``runtime.KernelOptions`` fields, or one),
+resolved once per call; the score modifiers travel as one ``score_mod.Modifiers``.
 """
 from typing import Optional
 
@@ -55,13 +54,13 @@ class FlashAttention(torch.autograd.Function):
 # the compiler, which fuses the code around them and, with mode="reduce-overhead", captures them in
 # CUDA graphs. Outside compilation the autograd.Function above costs less host time per call.
 # An op takes no objects: the score modifiers go in as Modifiers.op_args' two lists (mod_floats,
-# mod_tensors) and the kernel options as their number (runtime.numbered).
+# mod_tensors) and the kernel options as KernelOptions.op_args' list of ints.
 @torch.library.custom_op("flashlib::fa2_forward", mutates_args=())
 def _fa2_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-                    mod_floats: list[float], mod_tensors: list[Optional[torch.Tensor]], options: int
+                    mod_floats: list[float], mod_tensors: list[Optional[torch.Tensor]], options: list[int]
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     mod = score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors))
-    return dispatch.forward(q, k, v, causal, scale, mod, runtime.numbered(options))
+    return dispatch.forward(q, k, v, causal, scale, mod, runtime.from_op_args(options))
 
 
 @_fa2_forward_op.register_fake
@@ -73,10 +72,10 @@ def _(q, k, v, causal, scale, mod_floats, mod_tensors, options):
 @torch.library.custom_op("flashlib::fa2_backward", mutates_args=())
 def _fa2_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                      lse: torch.Tensor, dout: torch.Tensor, causal: bool, scale: float,
-                     mod_floats: list[float], mod_tensors: list[Optional[torch.Tensor]], options: int
+                     mod_floats: list[float], mod_tensors: list[Optional[torch.Tensor]], options: list[int]
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     mod = score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors))
-    return dispatch.backward(q, k, v, out, lse, dout, causal, scale, mod, runtime.numbered(options))
+    return dispatch.backward(q, k, v, out, lse, dout, causal, scale, mod, runtime.from_op_args(options))
 
 
 @_fa2_backward_op.register_fake
@@ -155,7 +154,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, softcap=None, alibi_sl
     scale = check_inputs(q, k, v, scale=scale, causal=causal)
     mods = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes)
     if torch.compiler.is_compiling():
-        out, lse = _fa2_forward_op(q, k, v, causal, scale, *mods.op_args(), options.number)
+        out, lse = _fa2_forward_op(q, k, v, causal, scale, *mods.op_args(), options.op_args())
     else:
         out, lse = FlashAttention.apply(q, k, v, causal, scale, score_mod.make(q, mods), options)
     return (out, lse) if return_lse else out
@@ -222,7 +221,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     mods = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes, batch=batch)
     if torch.compiler.is_compiling():
         out, lse = _varlen_forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
-                                      int(max_seqlen_k), causal, scale, *mods.op_args(), options.number)
+                                      int(max_seqlen_k), causal, scale, *mods.op_args(), options.op_args())
     else:
         packed = ((cu_seqlens_q, cu_seqlens_k), (int(max_seqlen_q), int(max_seqlen_k)))
         out, lse = FlashAttention.apply(q, k, v, causal, scale, score_mod.make(q, mods, batch=batch),
@@ -237,9 +236,9 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 def _varlen_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                        cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
                        scale: float, mod_floats: list[float], mod_tensors: list[Optional[torch.Tensor]],
-                       options: int) -> tuple[torch.Tensor, torch.Tensor]:
+                       options: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     mod = score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors), batch=cu_seqlens_q.numel() - 1)
-    return dispatch.forward(q, k, v, causal, scale, mod, runtime.numbered(options),
+    return dispatch.forward(q, k, v, causal, scale, mod, runtime.from_op_args(options),
                             (cu_seqlens_q, cu_seqlens_k), (max_seqlen_q, max_seqlen_k))
 
 
@@ -254,10 +253,10 @@ def _varlen_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
                         lse: torch.Tensor, dout: torch.Tensor, cu_seqlens_q: torch.Tensor,
                         cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
                         causal: bool, scale: float, mod_floats: list[float],
-                        mod_tensors: list[Optional[torch.Tensor]], options: int
+                        mod_tensors: list[Optional[torch.Tensor]], options: list[int]
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     mod = score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors), batch=cu_seqlens_q.numel() - 1)
-    return dispatch.backward(q, k, v, out, lse, dout, causal, scale, mod, runtime.numbered(options),
+    return dispatch.backward(q, k, v, out, lse, dout, causal, scale, mod, runtime.from_op_args(options),
                              (cu_seqlens_q, cu_seqlens_k), (max_seqlen_q, max_seqlen_k))
 
 
@@ -332,7 +331,7 @@ def block_sparse_attention(q, k, v, block_mask, *, block_size=128, causal=False,
     view = mask.kernel_view()
     if torch.compiler.is_compiling():
         out, lse = _bs_forward_op(q, k, v, view.tables(), view.layout(), scale, *mods.op_args(),
-                                  options.number)
+                                  options.op_args())
     else:
         out, lse = BlockSparseAttention.apply(q, k, v, view, scale, score_mod.make(q, mods), options)
     return (out, lse) if return_lse else out
@@ -370,12 +369,12 @@ def _resolve_mask(q, k, block_mask, block_size, causal):
 @torch.library.custom_op("flashlib::block_sparse_forward", mutates_args=())
 def _bs_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: list[torch.Tensor],
                    layout: list[int], scale: float, mod_floats: list[float],
-                   mod_tensors: list[Optional[torch.Tensor]], options: int
+                   mod_tensors: list[Optional[torch.Tensor]], options: list[int]
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     from .kernels.block_sparse import block_sparse_forward
     mod = score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors))
     return block_sparse_forward(q, k, v, KernelView.from_args(tables, layout), scale=scale,
-                                score_mod=mod, options=runtime.numbered(options))
+                                score_mod=mod, options=runtime.from_op_args(options))
 
 
 @_bs_forward_op.register_fake
@@ -387,12 +386,12 @@ def _(q, k, v, tables, layout, scale, mod_floats, mod_tensors, options):
 def _bs_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                     lse: torch.Tensor, dout: torch.Tensor, tables: list[torch.Tensor],
                     layout: list[int], scale: float, mod_floats: list[float],
-                    mod_tensors: list[Optional[torch.Tensor]], options: int
+                    mod_tensors: list[Optional[torch.Tensor]], options: list[int]
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from .kernels.block_sparse import block_sparse_backward
     mod = score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors))
     return block_sparse_backward(q, k, v, out, lse, dout, KernelView.from_args(tables, layout),
-                                 scale=scale, score_mod=mod, options=runtime.numbered(options))
+                                 scale=scale, score_mod=mod, options=runtime.from_op_args(options))
 
 
 @_bs_backward_op.register_fake

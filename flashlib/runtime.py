@@ -88,15 +88,17 @@ class KernelOptions:
     launch_hook: Optional[Callable] = None
 
     def __post_init__(self):
-        # hashed once (launch plans key on the options at every call); numbered, so that torch's
-        # custom ops, which take no objects, can name them (``numbered``)
-        values = tuple(getattr(self, field.name) for field in dataclasses.fields(self))
-        object.__setattr__(self, "_hash", hash(values))
-        object.__setattr__(self, "number", _numbers.setdefault(values, len(_numbers)))
-        _by_number.setdefault(self.number, self)
+        # hashed once: launch plans key on the options at every call
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self))))
 
     def __hash__(self):
         return self._hash
+
+    def op_args(self) -> list:
+        """These options as torch's custom ops take them (no objects): a list of ints, the inverse
+        of ``from_op_args``. The launch hook stays behind (it records eager launches only)."""
+        smem = -1 if self.fa3_smem_bytes is None else self.fa3_smem_bytes
+        return [*(int(getattr(self, name)) for name in _INT_OPTIONS), smem, *self.fa3_fwd_mod_head_dims]
 
     @classmethod
     def from_env(cls, environ=None) -> "KernelOptions":
@@ -118,12 +120,20 @@ class KernelOptions:
         return dataclasses.replace(self, **changes)
 
 
-_numbers, _by_number = {}, {}   # field values -> number -> the first KernelOptions with them
+_INT_OPTIONS = ("fa3", "fa3_from_flops", "autotune", "fast_launch", "fa3_fold_scale", "fa3_dq_before_dk")
+_from_op_args = {}   # KernelOptions.op_args() as a tuple -> the KernelOptions
 
 
-def numbered(number: int) -> "KernelOptions":
-    """The options whose ``number`` this is (what a custom op receives in their place)."""
-    return _by_number[number]
+def from_op_args(values) -> KernelOptions:
+    """The ``KernelOptions`` a custom op received as ``op_args()`` (one object per distinct list)."""
+    key = tuple(values)
+    found = _from_op_args.get(key)
+    if found is None:
+        n = len(_INT_OPTIONS)
+        fields = {name: type(getattr(OPTIONS, name))(value) for name, value in zip(_INT_OPTIONS, key)}
+        found = _from_op_args[key] = KernelOptions(**fields, fa3_smem_bytes=None if key[n] < 0 else key[n],
+                                                   fa3_fwd_mod_head_dims=key[n + 1:])
+    return found
 
 
 ENVIRONMENT = {"fa3": "FLASHLIB_FA3", "autotune": "FLASHLIB_AUTOTUNE", "fast_launch": "FLASHLIB_FAST_LAUNCH"}

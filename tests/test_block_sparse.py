@@ -353,7 +353,7 @@ def test_block_sparse_custom_ops_pass_torch_opcheck():
     assert masks.KernelView.from_args(tables, layout) == view     # the op sees what eager sees
     slopes = torch.rand(4, device=DEV)
     from flashlib.kernels.score_mod import NO_MODIFIERS, Modifiers
-    options = runtime.OPTIONS.number
+    options = runtime.OPTIONS.op_args()
     out, lse = ops._bs_forward_op(q, k, v, tables, layout, 0.3, *NO_MODIFIERS.op_args(), options)
     torch.library.opcheck(ops._bs_forward_op, (q.requires_grad_(), k, v, tables, layout, 0.3,
                                                *Modifiers(5.0, slopes).op_args(), options))

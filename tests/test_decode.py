@@ -387,7 +387,7 @@ def test_torch_compile_runs_the_same_kernels():
                                decode(q, k, v, lens)):
         assert torch.equal(compiled, eager)
     from flashlib.kernels.score_mod import NO_MODIFIERS, Modifiers
-    options = runtime.OPTIONS.number
+    options = runtime.OPTIONS.op_args()
     torch.library.opcheck(_flash_decode_op, (q, k, v, lens, 3, 0.25, *NO_MODIFIERS.op_args(), options))
     mods = Modifiers(4.0, torch.rand(2, 4, device=DEV)).op_args()
     torch.library.opcheck(_flash_decode_op, (q, k, v, None, None, 0.25, *mods, options))

@@ -53,8 +53,9 @@ def test_launch_plans_are_keyed_on_the_score_modifier(monkeypatch):
     monkeypatch.setattr(fa3_bwd, "plan_key", lambda tensors, extra, options: keys.append((tensors, extra)))
     q = torch.randn(1, 2, 8, 64)
     k = torch.randn(1, 1, 8, 64)
-    mods = [None, score_mod.make(q, score_mod.Modifiers(softcap=30.0)), score_mod.make(q, score_mod.Modifiers(softcap=20.0)),
-            score_mod.make(q, score_mod.Modifiers(alibi_slopes=torch.ones(2))), score_mod.make(q, score_mod.Modifiers(30.0, torch.ones(2)))]
+    made = [score_mod.Modifiers(softcap=30.0), score_mod.Modifiers(softcap=20.0),
+            score_mod.Modifiers(alibi_slopes=torch.ones(2)), score_mod.Modifiers(30.0, torch.ones(2))]
+    mods = [None, *(score_mod.make(q, m) for m in made)]
     for mod in mods:
         with pytest.raises(ValueError, match="fa2_backward"):   # CPU tensors: refused after the key
             fa3_bwd.fa3_backward(q, k, k, q, torch.zeros(1, 2, 8), q, score_mod=mod)

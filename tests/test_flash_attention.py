@@ -446,6 +446,24 @@ def test_torch_compile_traces_the_whole_call_and_matches_eager():
         assert torch.equal(compiled, eager), name
 
 
+def test_torch_compile_takes_score_modifiers_and_kernel_options():
+    # the custom op gets the modifiers as Modifiers.op_args and the options as KernelOptions.op_args
+    # (the options resolved while tracing, not looked up by a number the trace never registered)
+    q = rand(1, 2, 33, 16, dtype=torch.float32).requires_grad_()
+    k, v = (rand(1, 2, 40, 16, dtype=torch.float32).requires_grad_() for _ in range(2))
+    slopes = torch.rand(2, device=DEV)
+
+    def attend(q, k, v):
+        return flash_attention(q, k, v, causal=True, softcap=3.0, alibi_slopes=slopes,
+                               kernel_options={"fa3": False, "fa3_fold_scale": False})
+    results = []
+    for fn in (torch.compile(attend, fullgraph=True, backend="aot_eager"), attend):
+        out = fn(q, k, v)
+        results.append((out, *torch.autograd.grad(out.sum(), (q, k, v))))
+    for name, compiled, eager in zip(("out", "dq", "dk", "dv"), *results):
+        assert torch.equal(compiled, eager), name
+
+
 def test_custom_ops_pass_torch_opcheck():
     # schema, fake (meta) outputs with the real strides, autograd registration
     from flashlib import ops
@@ -454,7 +472,7 @@ def test_custom_ops_pass_torch_opcheck():
     k, v = (rand(1, 2, 9, 16, dtype=torch.float32) for _ in range(2))
     slopes = torch.rand(4, device=DEV)
     none, mods = score_mod.NO_MODIFIERS.op_args(), score_mod.Modifiers(5.0, slopes).op_args()
-    options = runtime.OPTIONS.number
+    options = runtime.OPTIONS.op_args()
     out, lse = ops._fa2_forward_op(q, k, v, True, 0.25, *none, options)
     torch.library.opcheck(ops._fa2_forward_op, (q.requires_grad_(), k, v, True, 0.25, *mods, options))
     torch.library.opcheck(ops._fa2_backward_op, (q.detach(), k, v, out, lse, torch.randn_like(out), True, 0.25,

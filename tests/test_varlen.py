@@ -229,7 +229,7 @@ def test_torch_compile_runs_the_same_kernels():
         assert torch.equal(compiled, eager), name
     assert any("flashlib.fa2_varlen_forward" in g for g in graphs), graphs
     from flashlib.kernels.score_mod import NO_MODIFIERS, Modifiers
-    none, mods, options = NO_MODIFIERS.op_args(), Modifiers(8.0, slopes).op_args(), runtime.OPTIONS.number
+    none, mods, options = NO_MODIFIERS.op_args(), Modifiers(8.0, slopes).op_args(), runtime.OPTIONS.op_args()
     out, lse = ops._varlen_forward_op(q, k, v, cu_q, cu_k, 17, 20, True, 0.25, *none, options)
     torch.library.opcheck(ops._varlen_forward_op, (q.clone().requires_grad_(), k, v, cu_q, cu_k, 17, 20,
                                                    True, 0.25, *mods, options))

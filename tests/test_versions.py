@@ -77,7 +77,9 @@ def test_kernel_options_are_read_once_checked_and_overridable():
         assert runtime.options({"autotune": False}) == inside.replace(autotune=False)
     assert runtime.OPTIONS is before
     assert runtime.options({"fa3": False}) is runtime.options({"fa3": False})   # cached: no object per call
-    assert runtime.numbered(runtime.options({"fa3": False}).number) == before.replace(fa3=False)
+    for options in (before, before.replace(fa3=False, fa3_smem_bytes=1 << 17, fa3_fwd_mod_head_dims=(64, 128))):
+        assert runtime.from_op_args(options.op_args()) == options          # what a custom op receives
+        assert all(type(x) is int for x in options.op_args())
     with pytest.raises(TypeError, match="unknown kernel option 'fa4'"):
         runtime.options({"fa4": True})
     with pytest.raises(TypeError, match="fa3_from_flops must be int"):
