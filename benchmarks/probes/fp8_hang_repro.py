@@ -44,14 +44,14 @@ def one(B, H, N, D, causal, variant, dtype, key_order, nq=0, smem_bytes=0):
     from flashlib import fp8
     from flashlib.kernels import fa3_fwd
     from flashlib import runtime
-    fa3_fwd.FP8_CAUSAL_ONE_CONSUMER, fa3_fwd.FP8_KEY_ORDER = True, bool(key_order)
     # less shared memory: fewer stages, more CTAs an SM
     options = runtime.OPTIONS.replace(fa3_smem_bytes=smem_bytes) if smem_bytes else None
     q, k, v = (torch.randn(B, H, n, D, device="cuda", dtype=torch.float16) for n in (nq or N, N, N))
     if dtype == "fp8":
         (q8, qd), (k8, kd), (v8, vd) = (fp8.quantize(t, H) for t in (q, k, v))
         call = lambda: fa3_fwd.fa3_forward_fp8(q8, k8, v8, torch.stack([qd, kd, vd]), causal=causal,
-                                               variant=variant, options=options)
+                                               variant=variant, options=options, key_order=bool(key_order),
+                                               one_consumer_causal=True)
     else:
         call = lambda: fa3_fwd.fa3_forward(q, k, v, causal=causal, variant=variant, options=options)
     call()

@@ -7,9 +7,8 @@ quantised per (batch, kv-head)).
 
     FLASHLIB_AUTOTUNE=0 python benchmarks/probes/fp8_probe.py [--d 64 128] [--variants simple 2wg] > fp8_probe.log
 
---ab NAME=A,B times each variant with fa3_fwd's module flag NAME set to each value in turn
-(``--ab FP8_KEY_ORDER=0,1``: V^T's keys in P's register order, ``_p_operand``, or not; any
-int-valued flag works). --rounds N times every arm of a shape N times in turn (the median
+--ab NAME=A,B times each variant with fa3_forward_fp8's keyword NAME set to each value in turn
+(``--ab key_order=0,1``: V^T's keys in P's register order, ``_p_operand``, or not). --rounds N times every arm of a shape N times in turn (the median
 printed, then each round).
 """
 import argparse
@@ -31,7 +30,7 @@ from flashlib.reference import attention_ref  # noqa: E402
 parser = argparse.ArgumentParser()
 parser.add_argument("--d", type=int, nargs="+", default=[64, 128])
 parser.add_argument("--variants", nargs="+", default=list(fa3_fwd.VARIANTS))
-parser.add_argument("--ab", default=None, help="NAME=A,B: arms with fa3_fwd.NAME = int(A), int(B)")
+parser.add_argument("--ab", default=None, help="NAME=A,B: arms with fa3_forward_fp8(..., NAME=bool(A)), then B")
 parser.add_argument("--rounds", type=int, default=1)
 args = parser.parse_args()
 print(f"{'shape':<24} {'impl':<30} {'ms':>7} {'TFLOP/s':>8} {'vs cuDNN':>8} {'rms err / model':>16}")
@@ -51,16 +50,12 @@ for D, N, causal in [shape for shape in FORWARD_SHAPES if shape[0] in args.d]:
     for name, variant in fa3_fwd.VARIANTS.items():
         if D not in variant.head_dims or name not in args.variants:
             continue
-        flag, values = args.ab.split("=") if args.ab else ("FP8_KEY_ORDER", None)
+        flag, values = args.ab.split("=") if args.ab else ("key_order", None)
         arms = [(name, None)] if values is None else [(f"{name} {flag}={x}", int(x)) for x in values.split(",")]
         for label, value in arms:
             def run(value=value, name=name):
-                saved = getattr(fa3_fwd, flag)
-                setattr(fa3_fwd, flag, saved if value is None else type(saved)(value))
-                try:
-                    return fa3_fwd.fa3_forward_fp8(q8, k8, v8, descale, causal=causal, variant=name)
-                finally:
-                    setattr(fa3_fwd, flag, saved)
+                chosen = {} if value is None else {flag: bool(value)}
+                return fa3_fwd.fa3_forward_fp8(q8, k8, v8, descale, causal=causal, variant=name, **chosen)
             try:
                 err = rms(run()[0][:1, :2].double() - ref) / model
             except ValueError as e:   # a variant the launcher refuses here (one consumer, causal)

@@ -99,8 +99,6 @@ BLOCK_M = 64    # query rows per consumer warpgroup: 4 warps x 16 rows, wgmma's 
 SMEM_BYTES = 232448     # H100/H200 shared memory per block (227 KiB)
 SMEM_SPARE = 8192       # kept for the barriers and the compiler's own scratch
 MAX_STAGES = 4
-FP8_KEY_ORDER = True     # FP8: V^T's keys in the order of P's registers (``_p_operand``)
-FP8_CAUSAL_ONE_CONSUMER = False   # run (not refuse) FP8 + causal + one consumer: for probes only
 
 
 class Variant(NamedTuple):
@@ -135,11 +133,13 @@ DEFAULT_VARIANT_FP8 = {(64, False): "simple", (64, True): "2wg_pingpong", (128, 
                        (128, True): "2wg_pingpong"}
 
 
-def kernel_config(variant: str, D: int, fp8: bool = False, smem_bytes: Optional[int] = None) -> dict:
+def kernel_config(variant: str, D: int, fp8: bool = False, smem_bytes: Optional[int] = None,
+                  key_order: bool = True) -> dict:
     """The kernel's constexprs for ``variant`` at head dim D: the K/V ring as deep as fits beside
     the Q blocks (Q: num_wg x 64 x D, each stage one K and one V block of block_n x D) in
     ``smem_bytes`` (None: ``SMEM_BYTES``). In FP8 (1-byte Q, K, V) the bf16 output needs its own
-    buffer: num_wg x 64 x D x 2 bytes."""
+    buffer: num_wg x 64 x D x 2 bytes; key_order: FP8's V^T holds its keys in the order of P's
+    registers (``_p_operand``, ``fp8_key_at``)."""
     v = VARIANTS[variant]
     if D not in v.head_dims:
         raise ValueError(f"variant {variant!r} is for head dims {v.head_dims}, not {D}")
@@ -149,7 +149,7 @@ def kernel_config(variant: str, D: int, fp8: bool = False, smem_bytes: Optional[
     stages = min(MAX_STAGES, (smem_bytes - SMEM_SPARE - q_bytes) // (2 * v.block_n * D * elem_bytes))
     return dict(BLOCK_M=BLOCK_M, BLOCK_N=v.block_n, HEAD_D=D, NUM_WG=v.num_wg, STAGES=stages,
                 OVERLAP=v.overlap, PINGPONG=v.pingpong and v.num_wg > 1,
-                CONSUMER_REGS=v.regs or 240, FP8=fp8, KEY_ORDER=fp8 and FP8_KEY_ORDER)
+                CONSUMER_REGS=v.regs or 240, FP8=fp8, KEY_ORDER=fp8 and key_order)
 
 
 def launch_options(variant: str) -> dict:
@@ -786,7 +786,8 @@ def supported_fp8(q, k, v) -> bool:
     return hopper_inputs(q, k, v, (torch.float8_e4m3fn,)) and tma_ok(q) and tma_ok(k)
 
 
-def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None, options=None):
+def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None, options=None,
+                    key_order=True, one_consumer_causal=False):
     """FA3's FP8 forward (section 3.3): float8_e4m3fn q, k, v, float32 ``descale`` (3, B, Hkv)
     holding Q's, K's and V's per-(batch, kv-head) factors (x = x8 * descale). Returns
     ``(out, lse)``: out bfloat16 like q's shape, lse as ``fa3_forward``'s.
@@ -794,8 +795,10 @@ def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None,
     S = Q8 K8^T runs on FP8 tensor cores at twice the 16-bit rate; P is rounded to e4m3 for
     O = P V8, whose B operand 8-bit wgmma reads only K-major: the launcher copies V transposed,
     (B, Hkv, D, Nk rounded up to 32) with the keys of every 32 in the order of P's registers
-    (``fp8_key_at``; ``FP8_KEY_ORDER`` off: in order, rows padded to 16 bytes), about 1/(2 Nq) of
-    the kernel's bytes moved. options: a ``runtime.KernelOptions`` (None: those in force)."""
+    (``fp8_key_at``; ``key_order=False``: in order, rows padded to 16 bytes), about 1/(2 Nq) of
+    the kernel's bytes moved. options: a ``runtime.KernelOptions`` (None: those in force).
+    one_consumer_causal: run a one-consumer variant under a causal mask instead of refusing it
+    (for probes: it does not always finish, see below)."""
     options = runtime.OPTIONS if options is None else options
     if not supported_fp8(q, k, v):
         raise ValueError("fa3_forward_fp8: unsupported inputs (see fa3_fwd.supported_fp8)")
@@ -809,11 +812,11 @@ def fa3_forward_fp8(q, k, v, descale, *, causal=False, scale=None, variant=None,
     if Nk == 0:
         return out.zero_(), lse.fill_(float("-inf"))
     variant = variant or DEFAULT_VARIANT_FP8[D, bool(causal)]
-    if causal and VARIANTS[variant].num_wg == 1 and not FP8_CAUSAL_ONE_CONSUMER:   # not understood yet
+    if causal and VARIANTS[variant].num_wg == 1 and not one_consumer_causal:   # not understood yet
         raise ValueError(f"fa3_forward_fp8: variant {variant!r} (one consumer) does not finish causal FP8 "
                          "at d64 where two of its CTAs of unequal work share an SM (one CTA an SM runs); "
                          "use a two-consumer variant")
-    config = kernel_config(variant, D, fp8=True, smem_bytes=options.fa3_smem_bytes)
+    config = kernel_config(variant, D, fp8=True, smem_bytes=options.fa3_smem_bytes, key_order=key_order)
     if config["KEY_ORDER"]:   # keys past Nk read as the zeros written there
         v_t = transpose_rows(v, -(-Nk // 32) * 32, key_order=True)
         v_desc = descriptor(v_t, (1, 1, D, config["BLOCK_N"]))
