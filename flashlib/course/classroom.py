@@ -283,11 +283,12 @@ def _student_files(folder):
     return dict(sorted(files.items()))
 
 
-def _hidden(root, submissions, run_dir):
+def _hidden(root, submissions):
+    """The folders the student process's audit hook refuses (what unconfined grading can hide)."""
     keep = [(root / "flashlib").resolve(), Path(sys.executable).resolve()]
-    folders = [root / h for h in HIDDEN] + [submissions, run_dir]
-    return [str(f) for f in folders if f.exists() and (
-        f == run_dir or not any(k.is_relative_to(f.resolve()) for k in keep + [run_dir]))]
+    folders = [root / h for h in HIDDEN] + [submissions]
+    return [str(f) for f in folders
+            if f.exists() and not any(k.is_relative_to(f.resolve()) for k in keep)]
 
 
 def limits(mode, why, timeout, memory) -> str:
@@ -375,7 +376,7 @@ def grade(submissions, *, out="grades.csv", timeout=60.0, jobs=None, exercises=N
                 tasks.append((student.name, name, files, str(file.relative_to(folder))))
     run_dir = Path(tempfile.mkdtemp(prefix="flashlib-grade-")).resolve()
     run_dir.chmod(0o755)                      # the copies below: read by the sandbox's user
-    hide = _hidden(root, submissions, run_dir)
+    hide = _hidden(root, submissions)
     mode, why = sandbox.probe()
     if mode == "none" and not unconfined:
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -23,53 +23,43 @@ tensors, which come back afterwards. So on the Triton exercises (ex06, ex07) the
 the student's process, with its copy of flashlib and Triton: a student who patches those could
 fake a kernel's output. The student process therefore compares, after import and at the end,
 the functions and classes of flashlib, numpy, torch and Triton's runtime with a snapshot taken
-before the import, and reports every change; the grader then refuses the file. Before the
-import it also withholds flashlib's own answers to the exercise (the grader's FLASHLIB_ANSWERS):
-in every flashlib module that holds one, it is replaced by a function that raises, so a file
-that reaches it by a name built at run time (``pkgutil.resolve_name``, ``importlib``,
-``sys.modules``), which the static check cannot see, scores nothing. Replies are
+before the import, and reports every change; the grader then refuses the file. flashlib's own
+answers to the exercise are not in the copy it imports (below), however the file reaches for
+them (``pkgutil.resolve_name``, re-executing a module's source). Replies are
 decoded with an unpickler that builds only plain data and arrays (no classes, no code).
 
-Confinement. When ``unshare`` can create Linux namespaces (root, or unprivileged user
-namespaces), the student process runs in private mount, PID, network and IPC namespaces: every
-mount is remounted read-only (``/proc`` too: no ``/proc/sys`` writes), ``/dev`` holds only null,
-zero, full, random, urandom, a small ``shm`` and the GPU's nodes (no disks, loop devices,
-terminals or kernel log), the student's folder is a size-limited tmpfs holding a copy of the
-submission (cwd, HOME and TMPDIR point there), solutions/, tests/, .git, lessons/, the class
-folder and the other students' scratch folders are covered by empty tmpfs, all capabilities are
-dropped (no remount, no way back), it sees no other process and no network. Its user: an
-ordinary instructor's own uid, mapped to root in a user namespace of the sandbox's own; a root
-instructor's student process becomes nobody (``probe`` finds the uid) in a user namespace of its
-own, so it cannot read files only root may read nor use root's sockets. Folders on the way to
-Python and the course that nobody may not enter (``/root`` holding ``~/.pyenv``) are covered by
-a tmpfs holding only that way; where that is not enough (the course itself unreadable by
-nobody), the student process stays uid 0 without capabilities and ``grade`` says why. Otherwise
-(macOS, containers without the capability) ``grade`` refuses to run unless asked
-(``--unconfined``); asked, it runs as the grader's user in a scratch copy: nothing stops it
-writing where that user can, and an audit hook that refuses reads of solutions/, tests/ and the
-class folder can be bypassed (ctypes, subprocesses).
+Confinement (``flashlib.course.bwrap``, where ``probe`` finds it works): the student process
+runs under bubblewrap in a fresh filesystem holding only /usr and the Python runtime (read-only),
+a copy of flashlib whose graded answers are removed from the files (``copies.flashlib_copy``:
+every name of the grader's FLASHLIB_ANSWERS, so a file reloading flashlib's source finds
+nothing), and its scratch folder (a size-limited tmpfs holding the submission; cwd, HOME and
+TMPDIR point there); every namespace unshared, no capabilities, a seccomp filter refusing Unix
+sockets, SysV IPC, ptrace, keyrings and new user namespaces; as nobody (``bwrap``'s docstring
+says how, for root and for an ordinary instructor). Otherwise ``grade`` refuses to run unless
+asked (``--unconfined``); asked, the student process runs as the grader's user, with the answers'
+copy first on its path: nothing stops it reading or writing where that user can, and an audit
+hook that refuses reads of solutions/, tests/ and the class folder can be bypassed (ctypes,
+subprocesses).
 
-Limits. Per process: RLIMIT_DATA (writable private memory; not RLIMIT_AS, which the address space
-CUDA and glibc's arenas reserve would exhaust), CPU seconds, file size; MALLOC_ARENA_MAX=2. In
-namespaces, RLIMIT_NPROC: NPROC processes and threads, counted by the kernel for this sandbox
-alone (its own user namespace; root is exempt, hence nobody). Across the student's processes,
+Limits. Per process (set inside it, ``student_process.limits``): RLIMIT_DATA (writable private
+memory; not RLIMIT_AS, which the address space CUDA and glibc's arenas reserve would exhaust),
+CPU seconds, file size, RLIMIT_NPROC (NPROC processes and threads: for an ordinary instructor
+counted in the sandbox's own user namespace, as root across nobody's processes);
+MALLOC_ARENA_MAX=2. Across the student's processes,
 the grading process (``processes.supervise``) looks every 0.1 s at the memory they hold together
 (``processes.memory_in_use``: anonymous and shared pages, proportional shares for pages a fork shares,
 memfd files) and kills them all past the limit; it also kills a grader process still busy a few
 seconds past the file's wall-clock limit (a reply crafted to make the grader's own comparison
-slow), so every file ends at its limit. The sandbox ends with its process group (in namespaces:
-the whole PID namespace, daemons and forks included; the first process dies with the grader).
+slow), so every file ends at its limit. The sandbox ends with its process group (confined: the
+whole PID namespace, daemons and forks included; bwrap dies with the grader).
 ``flashlib.course.classroom`` also hashes the class folder before and after and restores what
-changed. Not prevented in either mode: reading what the student's user may read outside the
-hidden folders (the course library, /etc), using the CPU until the time limit, memory the kernel
-keeps for the student (pipe and socket buffers) and GPU memory (CUDA is hidden from student
-processes during ``grade``, but a GPU machine's limits are not tested by the CPU tests); as root
-where nobody cannot read the course, files only root may read and any number of processes;
-outside namespaces, writes where the instructor can write, processes that leave the session,
-fork bombs, signals to the grader's processes.
-``flashlib grade`` runs kernels through Triton's interpreter, also on GPU machines; compiled
-launches (JITFunction, CUDA tensors) took the same route in the same tests once, on an H100 with
-Triton 3.6. Autotuning is off (``FLASHLIB_AUTOTUNE=0``) so that the grader resolves every grid.
+changed. Not prevented when confined: using the CPU until the time limit, memory the kernel
+keeps for the student (pipe buffers, a 16 MB /dev/shm), reading the Python runtime and /usr.
+Unconfined: reads and writes where the instructor can, processes that leave the session, fork
+bombs, signals to the grader's processes.
+``flashlib grade`` runs kernels through Triton's interpreter, also on GPU machines (no GPU
+device is in the sandbox). Autotuning is off (``FLASHLIB_AUTOTUNE=0``) so that the grader
+resolves every grid.
 """
 import builtins
 import inspect
@@ -84,71 +74,20 @@ import threading
 import time
 import types
 
+from . import bwrap
 from .student_process import module_from_source  # noqa: F401  (classroom loads graders with it)
 from .wire import MAX_REPLY, SandboxGone, decode, encode, read_frame, write_all
 from .wire import SandboxTimeout  # noqa: F401  (what a grader catches: the sandbox's API)
 
-_UNSHARE = ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--net",
-            "--ipc"]
+NPROC = 64        # processes and threads a confined student process may have
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _command(cfg):
-    cmd = [sys.executable, "-I", "-B", os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                   "student_process.py")]
-    if cfg["confine"]:
-        user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-        cmd = _UNSHARE + user + ["--"] + cmd
-    return cmd
-
-
-NPROC = 64        # processes and threads a confined student process may have (one user namespace)
-
-
-def unprivileged():
-    """(uid, gid) a root instructor's student processes run as: nobody's."""
-    try:
-        import pwd
-        entry = pwd.getpwnam("nobody")
-        return entry.pw_uid, entry.pw_gid
-    except (ImportError, KeyError):
-        return 65534, 65534
-
-
-def _try(root, hide, user):
-    run_dir = tempfile.mkdtemp(prefix="flashlib-probe-")
-    try:
-        cfg = dict(confine=True, scratch=os.path.join(run_dir, "s"), run_dir=run_dir,
-                   hide=[str(h) for h in hide], root=str(root), disk="1m", user=user)
-        os.makedirs(cfg["scratch"])
-        r = subprocess.run(_command(cfg) + ["--probe", json.dumps(cfg)], capture_output=True,
-                           text=True, timeout=60, stdin=subprocess.DEVNULL)
-        if r.returncode == 0 and r.stdout.strip() == "confined":
-            return ""
-        lines = (r.stderr.strip() or r.stdout.strip()).splitlines()
-        return (lines or [f"exit code {r.returncode}"])[-1].removeprefix("sandbox: ")
-    except (OSError, subprocess.SubprocessError) as e:
-        return str(e)
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def probe(root, hide):
-    """How student processes can run here: (mode, why, user).
-
-    ("namespaces", "", user): confined; ``user`` is the (uid, gid) that a root instructor's
-    student processes become (nobody), None for anyone else (they stay the instructor, mapped to
-    root in a user namespace of their own). ("namespaces", why, None) as root: confined but still
-    uid 0 (no capabilities) because ``why`` (Python or the course is not readable by nobody).
-    ("none", why, None): no confinement here."""
-    if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
-        return "none", "no Linux namespaces (unshare) here", None
-    user = unprivileged() if os.geteuid() == 0 else None
-    why = _try(root, hide, user)
-    if not why:
-        return "namespaces", "", user
-    if user is not None and not _try(root, hide, None):
-        return "namespaces", why, None
-    return "none", why, None
+def probe():
+    """How student processes can run here: (mode, why): ("bubblewrap", "") confined, or
+    ("none", why not)."""
+    why = bwrap.probe()
+    return ("none", why) if why else ("bubblewrap", "")
 
 
 class Sandbox:
@@ -156,33 +95,44 @@ class Sandbox:
     ({relative path: bytes}), ``file`` the one to load. Everything it does counts against
     ``deadline`` (time.monotonic()); past it, SandboxTimeout; if it dies, SandboxGone."""
 
-    def __init__(self, files, file, *, run_dir, deadline, confine, hide, protect, root, memory,
-                 fsize=16 << 20, disk="64m", env=None, user=None, nproc=None):
+    def __init__(self, files, file, *, run_dir, deadline, confine, hide, protect, memory,
+                 course=None, fsize=16 << 20, disk=64 << 20, env=None, nproc=None):
+        """course: a folder holding the flashlib copy the student sees (``copies``), else
+        flashlib itself; confine: under bubblewrap (else as the grader's user, in a scratch
+        folder under ``run_dir``)."""
         self.deadline, self.tail, self.output_bytes = deadline, bytearray(), 0
-        self.scratch = tempfile.mkdtemp(dir=run_dir)
-        for rel, data in files.items():
-            path = os.path.join(self.scratch, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as f:
-                f.write(data)
+        package = os.path.dirname(_HERE)                           # flashlib/
+        seen = os.path.join(course, "flashlib") if course else package
+        self.scratch, fds = (None, ()) if confine else (tempfile.mkdtemp(dir=run_dir), ())
+        scratch = "/scratch" if confine else self.scratch
+        if not confine:
+            for rel, data in files.items():
+                path = os.path.join(scratch, rel)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    f.write(data)
         req_r, self.req = os.pipe()
         self.rep, rep_w = os.pipe()
         cpu = max(1, int(deadline - time.monotonic()) + 1)
-        cfg = dict(confine=confine, scratch=self.scratch, run_dir=run_dir, file=file,
+        cfg = dict(scratch=scratch, file=file, path=os.path.dirname(package if confine else seen),
                    hide=[str(h) for h in hide], protect=[str(p) for p in protect],
-                   root=str(root), disk=disk, memory=memory,
-                   fsize=fsize, cpu=cpu, req=req_r, rep=rep_w, user=user,
+                   memory=memory, fsize=fsize, cpu=cpu, req=req_r, rep=rep_w,
                    nproc=nproc if confine else None)
-        env = dict(env or {}, HOME=self.scratch, TMPDIR=self.scratch, MALLOC_ARENA_MAX="2",
-                   TRITON_CACHE_DIR=os.path.join(self.scratch, ".triton"))
+        env = dict(env or {}, HOME=scratch, TMPDIR=scratch, MALLOC_ARENA_MAX="2",
+                   TRITON_CACHE_DIR=os.path.join(scratch, ".triton"))
+        script = os.path.join(package if confine else seen, "course", "student_process.py")
+        cmd = [sys.executable, "-I", "-B", script, "--child", json.dumps(cfg)]
         try:
-            self.proc = subprocess.Popen(_command(cfg) + ["--child", json.dumps(cfg)],
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, pass_fds=(req_r, rep_w),
-                                         cwd=self.scratch, env=env, start_new_session=True)
+            if confine:
+                cmd, fds = bwrap.command(cmd, course={package: seen}, scratch=scratch,
+                                         files=files, disk=disk, env=env, cwd=scratch)
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, pass_fds=(req_r, rep_w, *fds),
+                                         cwd=scratch if not confine else None, env=env,
+                                         start_new_session=True)
         finally:
-            os.close(req_r)
-            os.close(rep_w)
+            for fd in (req_r, rep_w, *fds):
+                os.close(fd)
         os.set_blocking(self.req, False)
         self._drain = threading.Thread(target=self._read_output, daemon=True)
         self._drain.start()
@@ -257,7 +207,8 @@ class Sandbox:
             os.close(fd)
         self._drain.join(timeout=1)
         self.proc.stdout.close()
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,12 +280,10 @@ class Student:
     def __init__(self, box, display_path, text):
         self.box, self.path, self.text, self.flags = box, display_path, text, []
 
-    def load(self, preload, answers=()):
-        """Import the file there, after importing ``preload`` and withholding flashlib's own
-        ``answers`` (the grader's FLASHLIB_ANSWERS: calls to them raise there); returns the
-        reply ({"status": "ok" | "not done" | "error"})."""
-        reply = self._checked(self.box.request({"op": "load", "preload": preload,
-                                                "answers": list(answers)}))
+    def load(self, preload):
+        """Import the file there, after importing ``preload``; returns the reply ({"status":
+        "ok" | "not done" | "error"})."""
+        reply = self._checked(self.box.request({"op": "load", "preload": preload}))
         if reply.get("status") not in ("ok", "not done", "error"):
             raise SandboxGone("a load reply the grader cannot read")
         if reply["status"] != "ok":

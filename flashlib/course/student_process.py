@@ -1,15 +1,13 @@
-"""The student process of ``flashlib grade``: confine itself, load one student's file, answer calls.
+"""The student process of ``flashlib grade``: load one student's file, answer calls.
 
 Run as a plain script by ``flashlib.course.sandbox`` (``python -I -B student_process.py --child
-CONFIG``): in fresh Linux namespaces when it can (``confine.py``: as nobody if started by root,
-tmpfs scratch, everything else read-only, the hidden folders covered, every capability
-dropped), under resource limits (``confine.limits``), it imports the student's file and serves
+CONFIG``), under bubblewrap when it can (``flashlib.course.bwrap``), it sets its resource limits
+(``limits``), imports the student's file and serves
 the grader's requests over two pipes (``_Child.serve``): call a function of the file, or launch
 a Triton kernel with the student's ``@triton.jit`` function plugged in. It answers with outputs,
 never a grade, and reports every library function the file patched (``_Child._patched``).
 ``flashlib.course.sandbox``'s docstring says what is and is not prevented. Imports nothing of
-flashlib before the student's file asks for it, except ``wire.py`` and ``confine.py`` beside it,
-loaded by path.
+flashlib before the student's file asks for it, except ``wire.py`` beside it, loaded by path.
 """
 import inspect
 import json
@@ -19,9 +17,8 @@ import traceback
 import types
 
 try:
-    from .confine import confine, limits
     from .wire import decode, encode, read_frame, storage_bytes, write_all
-except ImportError:   # run as a script: load wire.py and confine.py beside this file, not the package
+except ImportError:   # run as a script: load wire.py beside this file, not the package
     import importlib.util
 
     def _beside(name):
@@ -31,10 +28,9 @@ except ImportError:   # run as a script: load wire.py and confine.py beside this
         spec.loader.exec_module(module)
         return module
 
-    _wire, _confinement = _beside("wire"), _beside("confine")
+    _wire = _beside("wire")
     decode, encode, read_frame, storage_bytes, write_all = (
         _wire.decode, _wire.encode, _wire.read_frame, _wire.storage_bytes, _wire.write_all)
-    confine, limits = _confinement.confine, _confinement.limits
 
 _FS_EVENTS = {"open", "os.listdir", "os.scandir", "os.remove", "os.rmdir", "os.mkdir", "os.rename",
               "os.chmod", "os.chown", "os.truncate", "os.utime", "os.link", "os.symlink",
@@ -114,10 +110,10 @@ class _Child:
         def hook(event, args):
             if event not in _FS_EVENTS:
                 return
-            mode, flags = (args[1], args[2]) if event == "open" else \
-                ("r" if event in ("os.listdir", "os.scandir") else "w", 0)
-            write = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
-                (isinstance(flags, int) and flags & writing != 0)
+            mode, flags = ((args[1], args[2]) if event == "open"
+                           else ("r" if event in ("os.listdir", "os.scandir") else "w", 0))
+            write = ((isinstance(mode, str) and any(c in mode for c in "wax+"))
+                     or (isinstance(flags, int) and flags & writing != 0))
             for arg in args[:2 if event in ("os.rename", "os.link", "os.symlink") else 1]:
                 if not isinstance(arg, (str, bytes, os.PathLike)):
                     continue
@@ -131,8 +127,6 @@ class _Child:
     def load(self, msg):
         for name in msg["preload"]:
             __import__(name)
-        for dotted in msg.get("answers", ()):
-            _withhold(dotted)
         self.watch = self._snapshot()
         self._guard()
         sys.path.append(self.cfg["scratch"])
@@ -242,44 +236,23 @@ class _Child:
         return reply
 
 
-def _withhold(dotted):
-    """Replace flashlib's own answer to the exercise (a grader's FLASHLIB_ANSWERS entry) in every
-    flashlib module holding it, before the student's file is imported: however the file reaches
-    it (pkgutil.resolve_name, importlib, sys.modules, getattr), a call raises."""
-    import importlib
-    module_name, attr = dotted.rsplit(".", 1)
-    if module_name.split(".")[0] != "flashlib":
-        return
-    original = getattr(importlib.import_module(module_name), attr)
-
-    def withheld(*args, **kwargs):
-        raise RuntimeError(f"{dotted} is flashlib's own answer to this exercise: it is withheld "
-                           "while your file is graded; write it yourself")
-    withheld.__name__ = withheld.__qualname__ = attr
-    for name, module in list(sys.modules.items()):
-        if name.split(".")[0] == "flashlib":
-            for key, value in list(vars(module).items()):
-                if value is original:
-                    setattr(module, key, withheld)
+def limits(cfg):
+    """RLIMIT_DATA (writable private memory: not the PROT_NONE address space that CUDA and
+    glibc's arenas reserve, nor shared mappings, which the grader's watchdog counts), file size,
+    no core, CPU seconds, and (confined) RLIMIT_NPROC."""
+    import resource
+    for name, value in (("RLIMIT_DATA", cfg["memory"]), ("RLIMIT_FSIZE", cfg["fsize"]),
+                        ("RLIMIT_CORE", 0), ("RLIMIT_CPU", cfg["cpu"]),
+                        ("RLIMIT_NPROC", cfg.get("nproc"))):
+        if value is not None:
+            hard = value + 5 if name == "RLIMIT_CPU" else value
+            resource.setrlimit(getattr(resource, name), (value, hard))
 
 
 def _child_main(argv):
     here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     cfg = json.loads(argv[2])
-    import importlib.util
-    if importlib.util.find_spec("flashlib") is None:   # a course run from its clone, not installed
-        sys.path.append(os.path.dirname(os.path.dirname(here)))   # (-I ignores PYTHONPATH)
-    if cfg["confine"]:
-        try:
-            confine(cfg)
-        except OSError as e:
-            print(f"sandbox: {e}", file=sys.stderr)
-            os._exit(97)
-    if argv[1] == "--probe":
-        hidden = [h for h in cfg["hide"] if os.path.isdir(h) and os.listdir(h)]
-        print(f"still visible: {hidden}" if hidden else "confined")
-        return
+    sys.path[:] = [cfg["path"]] + [p for p in sys.path if os.path.abspath(p or ".") != here]
     os.chdir(cfg["scratch"])
     limits(cfg)
     _Child(cfg).serve(cfg["req"], cfg["rep"])
