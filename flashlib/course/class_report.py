@@ -1,10 +1,10 @@
 """The results of ``flashlib grade`` as a printed table and a CSV, safe to open and to print.
 
 ``format_table``: students down, exercises across, "passed/total" or a one-word status per cell;
-a student's folder name is printed with its control characters shown as escapes, so a name
-holding a newline cannot fake a row. ``write_csv``: one row per (student, exercise); a cell that a
-spreadsheet would run as a formula (starting with =, +, -, @, a tab or a CR) is written with a
-leading apostrophe; its ``confinement`` column says on every row how the file ran (``UNCONFINED``
+every cell is printed with its non-printable characters shown as escapes, so a name holding a
+newline cannot fake a row nor an escape sequence steer the terminal. ``write_csv``: one row per
+(student, exercise), its cells escaped the same way; a cell that a spreadsheet would run as a
+formula (starting with =, +, - or @) is written with a leading apostrophe; its ``confinement`` column says on every row how the file ran (``UNCONFINED``
 when grading was asked to run without a sandbox). ``summary``: how long grading took and how the
 files were confined.
 """
@@ -24,11 +24,14 @@ def write_csv(rows, path) -> None:
 
 
 def _csv_cell(value):
-    """A cell a spreadsheet shows as text: one starting with =, +, -, @, a tab or a CR (a formula
-    to Excel or LibreOffice) gets a leading apostrophe."""
-    if isinstance(value, str) and value.startswith(("=", "+", "-", "@", "\t", "\r")):
-        return "'" + value
-    return value
+    """A cell safe to open and to print: every non-printable character (ESC, a newline, a
+    tab, ...) written as its escape (``_shown``), so that ``cat grades.csv`` cannot be steered
+    by terminal sequences; one starting with =, +, - or @ (a formula to Excel or LibreOffice)
+    gets a leading apostrophe."""
+    if not isinstance(value, str):
+        return value
+    value = _shown(value)
+    return "'" + value if value.startswith(("=", "+", "-", "@")) else value
 
 
 def _shown(name: str) -> str:
@@ -64,7 +67,8 @@ def format_table(rows, students, names, *, seed=None, out=None) -> str:
             r = cells[s, n]
             got, total = got + r["passed"], total + r["total"]
             word = _short_status(r["status"])
-            line.append(f"{r['passed']}/{r['total']}" if word in ("passed", "failed") else word)
+            line.append(f"{r['passed']}/{r['total']}" if word in ("passed", "failed")
+                        else _shown(word))
         line.append(f"{got}/{total}")
         body.append(line)
     widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]

@@ -28,9 +28,11 @@ Statuses: "passed", "failed", "not done", "missing", "error: ...", "timeout (...
 student gets the same seed (the same inputs).
 """
 import ast
+import gc
 import hashlib
 import os
 import pickle
+import resource
 import shutil
 import signal
 import sys
@@ -40,6 +42,7 @@ from pathlib import Path
 
 from . import processes, sandbox
 from .checks import under_grade
+from .class_folder import read_tree as _read_tree, restore as _restore, student_files as _student_files
 from .copies import answer_names, flashlib_copy
 from .class_report import UNCONFINED, format_table, summary, write_csv
 from .files import find_root, implementation_path, list_exercises, no_root_message, resolve
@@ -48,8 +51,7 @@ from .integrity import NOT_ACCEPTED, borrowed as _borrowed, flashlib_uses
 from .wire import frame
 
 HIDDEN = ("solutions", "tests", ".git", "lessons")   # course folders hidden from student processes
-MAX_FILE = 1 << 20                                   # bytes: a bigger .py file is not graded
-KEPT = 16 << 20                                      # bytes: bigger files are hashed, not kept
+GRADER_MEMORY = 3 << 29                              # a grader process's RLIMIT_DATA (1.5 GiB)
 _PRELOAD = ("numpy", "flashlib", "torch", "triton")  # imported before the student's file
 # One thread per process (on 2 busy cores one student took 22 s of grading with BLAS and torch
 # threads fighting, 10 s without). Kernels through Triton's interpreter, on a GPU machine too:
@@ -106,6 +108,7 @@ def _worker_main():
     these pipes)."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
+    resource.setrlimit(resource.RLIMIT_DATA, (GRADER_MEMORY, GRADER_MEMORY))
     _init_worker(pickle.load(sys.stdin.buffer))
     while True:
         try:
@@ -224,7 +227,12 @@ def _grade(student, name, files, filename, deadline):
             status = f"error: your file fails on import: {message}{line}"
         else:
             gradable = under_grade(grader.CHECKS)
-            results = [run_one(check, student_.impl, _W["seed"]) for check in gradable]
+            results = []
+            for check in gradable:
+                results.append(run_one(check, student_.impl, _W["seed"]))
+                if results[-1].exception is not None:   # its traceback holds the check's data
+                    results[-1].exception = None
+                    gc.collect()
             student_.finish()
             passed, status = (min(sum(r.status == "ok" for r in results), len(gradable)),
                               _status(results))
@@ -242,46 +250,6 @@ def _grade(student, name, files, filename, deadline):
 
 # ---------------------------------------------------------------------------------------------
 # the class
-
-def _read_tree(folder):
-    """{relative path: (sha256, bytes or None if bigger than KEPT)} of every file under folder."""
-    files = {}
-    for path in sorted(Path(folder).rglob("*")):
-        if path.is_file() and not path.is_symlink():
-            data = path.read_bytes()
-            files[str(path.relative_to(folder))] = (hashlib.sha256(data).hexdigest(),
-                                                    data if len(data) <= KEPT else None)
-    return files
-
-
-def _restore(folder, before):
-    """Compare the class folder with ``before``; put back what changed; return a report."""
-    after = _read_tree(folder)
-    changed = [p for p in before if after.get(p, (None,))[0] != before[p][0]]
-    added = [p for p in after if p not in before]
-    for rel in changed:
-        if before[rel][1] is not None:
-            Path(folder, rel).parent.mkdir(parents=True, exist_ok=True)
-            Path(folder, rel).write_bytes(before[rel][1])
-    if not changed and not added:
-        return f"class folder unchanged ({len(before)} files, sha256 before and after)"
-    return (f"WARNING: the class folder changed while grading: {len(changed)} files changed or "
-            f"deleted (restored from the copy taken before grading: {', '.join(changed[:5])}), "
-            f"{len(added)} added ({', '.join(added[:5])}); grades used the copy")
-
-
-def _student_files(folder):
-    """{relative path: bytes} of the .py files in ``folder``: regular files only, found without
-    following a link (a linked file or folder, e.g. to another student's, is not graded)."""
-    files = {}
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
-        for name in sorted(filenames):
-            p = Path(dirpath, name)
-            if (p.suffix == ".py" and not p.is_symlink() and p.is_file()
-                    and p.stat().st_size <= MAX_FILE):
-                files[str(p.relative_to(folder))] = p.read_bytes()
-    return dict(sorted(files.items()))
-
 
 def _hidden(root, submissions):
     """The folders the student process's audit hook refuses (what unconfined grading can hide)."""

@@ -7,7 +7,8 @@ measures the memory of the file's student processes together (``memory_in_use`` 
 busy GRACE seconds past the file's deadline (a reply crafted to make the grader's own checks
 slow) is stuck: the row is "timeout" and the process is killed with everything below it
 (``stop``). Linux /proc only; the student processes' own limits are set inside them
-(``confine.limits``).
+(``student_process.limits``); the grader processes themselves run under RLIMIT_DATA
+(``classroom.GRADER_MEMORY``).
 """
 import os
 import pickle

@@ -10,6 +10,7 @@ the pipe). Standard library only (torch and NumPy are used if the process has im
 the student process loads this file by path, before anything else of flashlib.
 """
 import io
+import math
 import os
 import pickle
 import select
@@ -104,6 +105,7 @@ class _Decoder(pickle.Unpickler):
         self.buffers, self.restricted, self.extra = buffers, restricted, extra
         self.storages = list(storages)      # ("known", i) refers to these
         self.arrays, self.new_storages = {}, {}
+        self.elements = 0                   # of every array and tensor view, each reference
 
     def find_class(self, module, name):
         if self.restricted and (module, name) not in self.SAFE:
@@ -125,6 +127,7 @@ class _Decoder(pickle.Unpickler):
                 array = array.reshape(tuple(int(n) for n in shape))
                 array.flags.writeable = bool(writeable)
                 self.arrays[i] = array
+            self._count(self.arrays[i].size, self.arrays[i].shape)
             return self.arrays[i]
         if kind == "ts":
             import torch
@@ -139,13 +142,24 @@ class _Decoder(pickle.Unpickler):
                     self.new_storages[i] = _storage_from(self.buffers[i], device)
                 storage = self.new_storages[i]
             size, stride = tuple(int(n) for n in size), tuple(int(n) for n in stride)
-            if self.restricted:
-                _check_view(size, stride, storage.nbytes() // dtype.itemsize)
+            if any(n < 0 for n in size) or any(st < 0 for st in stride):
+                raise pickle.UnpicklingError(f"a tensor of shape {size} and strides {stride}")
+            self._count(math.prod(size), size)
             return torch.empty(0, dtype=dtype, device=storage.device).set_(
                 storage, int(offset), size, stride)
         if kind in ("student", "flashlib") and self.extra is not None:
             return self.extra(pid)
         raise pickle.UnpicklingError(f"unknown persistent id {kind!r}")
+
+    def _count(self, numel, shape):
+        """Refuse a reply whose arrays and tensor views show more than MAX_ELEMENTS elements in
+        all (restricted only): views of one small storage, repeated, are a few bytes on the wire
+        and gigabytes once the grader computes with them."""
+        self.elements += numel
+        if self.restricted and self.elements > MAX_ELEMENTS:
+            raise pickle.UnpicklingError(
+                f"a reply showing more than {MAX_ELEMENTS} elements in its arrays and tensors "
+                f"(one of shape {tuple(shape)}): too large once rebuilt")
 
 
 def encode(message, *, known=None, extra=None):
@@ -174,20 +188,7 @@ def decode(data, *, restricted, storages=(), extra=None):
 
 MAX_ITEMS = 1 << 20         # container entries a reply may hold, counting each reference
 MAX_DEPTH = 64              # how deeply its containers may nest
-MAX_VIEW = 1 << 24          # elements a tensor view may show beyond its storage's own
-
-
-def _check_view(size, stride, storage_elements):
-    """Refuse a tensor view that shows more elements than its storage holds (a broadcast, zero-
-    stride or overlapping view: ``torch.zeros(1).expand(10**4, 10**4)`` is 4 bytes on the wire
-    and 400 MB once the grader computes with it), beyond MAX_VIEW elements."""
-    numel = 1
-    for n in size:
-        numel *= n
-    if (any(n < 0 for n in size) or any(st < 0 for st in stride)
-            or numel > max(storage_elements, MAX_VIEW)):
-        raise pickle.UnpicklingError(f"a tensor view of shape {size} and strides {stride} over "
-                                     f"{storage_elements} elements: too large once rebuilt")
+MAX_ELEMENTS = 1 << 24      # elements of all the arrays and tensor views of one reply together
 
 
 def _check_size(message) -> None:
