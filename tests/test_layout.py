@@ -158,40 +158,49 @@ def _as_module(node, aliases):
     return module if module in MODULES else None
 
 
+def _private_imports(path: Path, tree) -> list:
+    """``from <another flashlib module> import _name`` lines of ``path``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = _from_module(node, _package_of(path))
+            if module.split(".")[0] == "flashlib" and module != _module_name(path):
+                found += [f"{path.relative_to(ROOT)}:{node.lineno} {a.name} from {module}"
+                          for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
 def test_no_private_name_is_imported_across_modules():
     # `from .fa3_fwd import _descriptor` ties a module to another's internals: a name used
     # elsewhere is public (no underscore, a docstring)
-    found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                module = _from_module(node, _package_of(path))
-                if module.split(".")[0] == "flashlib" and module != _module_name(path):
-                    found += [f"{path.relative_to(ROOT)}:{node.lineno} {a.name} from {module}"
-                              for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    found = [line for path in sorted(PACKAGE.rglob("*.py"))
+             for line in _private_imports(path, ast.parse(path.read_text()))]
     assert not found, "private names imported across modules:\n" + "\n".join(found)
+
+
+def _outside_assignments(path: Path, tree) -> list:
+    """``module.NAME = ...`` and ``setattr(module, ...)`` in ``path`` for flashlib modules."""
+    aliases, found = _module_aliases(path, tree), []
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+            if node.args and _as_module(node.args[0], aliases):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} setattr({_dotted(node.args[0])}, ...)")
+        flat = [t for target in targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+        found += [f"{path.relative_to(ROOT)}:{node.lineno} {_dotted(t)} = ..." for t in flat
+                  if isinstance(t, ast.Attribute) and _as_module(t.value, aliases)]
+    return found
 
 
 def test_no_module_global_is_assigned_from_outside_its_module():
     # tuning switches are options passed in (runtime.KernelOptions), not globals others flip:
     # `fa3_fwd.FOLD_SCALE = False` or `setattr(launch, "ENABLED", ...)` in flashlib, the tests or
     # the benchmarks. (A test's monkeypatch, undone after it, may still stand in for a fact.)
-    found = []
-    for path in SCANNED:
-        tree = ast.parse(path.read_text())
-        aliases = _module_aliases(path, tree)
-        for node in ast.walk(tree):
-            targets = []
-            if isinstance(node, ast.Assign):
-                targets = node.targets
-            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-                targets = [node.target]
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
-                if node.args and _as_module(node.args[0], aliases):
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} setattr({_dotted(node.args[0])}, ...)")
-            flat = [t for target in targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
-            found += [f"{path.relative_to(ROOT)}:{node.lineno} {_dotted(t)} = ..." for t in flat
-                      if isinstance(t, ast.Attribute) and _as_module(t.value, aliases)]
+    found = [line for path in SCANNED for line in _outside_assignments(path, ast.parse(path.read_text()))]
     assert not found, "module globals assigned from outside their module:\n" + "\n".join(found)
 
 
@@ -214,13 +223,15 @@ def test_no_backslash_continuations_in_flashlib():
 
 def test_the_scans_see_what_they_look_for(tmp_path):
     """The three scans above must be able to fail."""
-    bad = PACKAGE / "kernels" / "launch.py"
-    tree = ast.parse("from flashlib.kernels import launch\nimport flashlib\nlaunch.SUPPORTED = False\n"
-                     "flashlib.runtime.OPTIONS, x = None, 1\nsetattr(launch, 'SUPPORTED', 1)\n")
-    aliases = _module_aliases(bad, tree)
-    assert _as_module(ast.parse("launch", mode="eval").body, aliases) == "flashlib.kernels.launch"
-    assert _as_module(ast.parse("flashlib.runtime", mode="eval").body, aliases) == "flashlib.runtime"
-    assert _as_module(ast.parse("launch.SUPPORTED", mode="eval").body, aliases) is None
+    here = PACKAGE / "kernels" / "fa3_bwd.py"
+    tree = ast.parse("from .fa3_fwd import _descriptor, tma_ok\nfrom .fa3_bwd import _own\n"
+                     "from flashlib.kernels import launch\nimport flashlib\nlaunch.SUPPORTED = False\n"
+                     "flashlib.runtime.OPTIONS, x = None, 1\nsetattr(launch, 'SUPPORTED', 1)\n"
+                     "launch.SUPPORTED.x = 1\nctx.scale = 2\n")
+    assert [line.split()[1:] for line in _private_imports(here, tree)] == [["_descriptor", "from",
+                                                                            "flashlib.kernels.fa3_fwd"]]
+    assert [line.split(" ", 1)[1] for line in _outside_assignments(here, tree)] == [
+        "launch.SUPPORTED = ...", "flashlib.runtime.OPTIONS = ...", "setattr(launch, ...)"]
     continued = tmp_path / "continued.py"
     continued.write_text('x = 1 + \\\n    2\n"""a docstring\\\nwith a backslash"""\n# a comment \\\n')
     assert _backslash_continuations(continued) == [1]
