@@ -345,7 +345,9 @@ def test_triton_launches_run_in_the_student_process(tmp_path, grader_seed):
     files = {"ada": {"ex05": ROOT / "solutions" / f"{names['ex05']}.py",
                      "ex07": ROOT / "solutions" / f"{names['ex07']}.py"},
              "eve": {"ex05": ROOT / "tests" / "mutants" / "ex05_store_no_mask.py",
-                     "ex07": ROOT / "tests" / "mutants" / "ex07_no_rescale_l.py"}}
+                     "ex07": ROOT / "tests" / "mutants" / "ex07_no_rescale_l.py"},
+             "inplace_forger": {"ex05": HOSTILE / "inplace_forger" / f"{names['ex05']}.py"},
+             "one_liner": {"ex05": HOSTILE / "one_liner" / f"{names['ex05']}.py"}}
     for student, mine in files.items():
         (tmp_path / student).mkdir()
         for ex, file in mine.items():
@@ -353,10 +355,16 @@ def test_triton_launches_run_in_the_student_process(tmp_path, grader_seed):
     rows = classroom.grade(tmp_path, out=None, timeout=120, jobs=2, exercises=["ex05", "ex07"],
                            seed=grader_seed, progress=False, unconfined=True)
     for row in rows:
+        if row["exercise"][:4] not in files[row["student"]]:
+            assert row["status"] == "missing"
+            continue
         expected = _in_process(files[row["student"]][row["exercise"][:4]], row["exercise"],
                                grader_seed)
         assert (row["status"], row["passed"]) == expected, row
     assert {r["status"] for r in rows if r["student"] == "ada"} == {"passed"}
+    got = {(r["student"], r["exercise"][:4]): r for r in rows}     # issue 55: forged, no kernel
+    assert got["inplace_forger", "ex05"]["passed"] == got["one_liner", "ex05"]["passed"] == 0
+    assert got["one_liner", "ex05"]["status"] == "not done"
 
 
 def test_grade_from_another_folder_with_relative_paths(tmp_path):

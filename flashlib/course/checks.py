@@ -1,13 +1,14 @@
 """What a grader file imports to write its checks (``tests/exercises/test_exNN_topic.py``).
 
-A check is a plain function ``check(impl, rng)`` (impl: the learner's module, rng: a seeded NumPy
-generator) that raises ``CheckFailed`` with words a learner can act on. The helpers here say what
-went wrong: ``fail`` (a message and a hint), ``expect_close`` (flashlib.testing's tolerance, and
-which entries differ), ``function`` and ``as_array`` (the learner's function and what it returned,
-or a message naming what is missing); ``ReadRecorder`` with ``stream_problem`` tell one streaming
-pass from two, ``memory_problem`` a loop that keeps O(1) state from one that keeps every block.
-(``flashlib.course.grading``'s ``check_id`` and ``pytest_run`` run the checks under pytest as
-``flashlib check`` runs them.)
+A check is a plain function ``check(impl, rng)`` (impl: the learner's module, rng: a seeded
+NumPy generator) that raises ``CheckFailed`` with words a learner can act on. The helpers here
+say what went wrong: ``fail`` (a message and a hint), ``expect_close`` (flashlib.testing's
+tolerance, and which entries differ), ``function`` and ``as_array`` (the learner's function and
+what it returned, or a message naming what is missing); ``inputs_kept`` gives copies of the
+inputs taken before a call (references come from them) and fails if the call changed them;
+``ReadRecorder`` with ``stream_problem`` tell one streaming pass from two, ``memory_problem`` a
+loop that keeps O(1) state from one that keeps every block. (``flashlib.course.grading``'s
+``check_id`` and ``pytest_run`` run the checks under pytest as ``flashlib check`` runs them.)
 
 Limits: ``ReadRecorder`` sees only the accesses made through it, and ``peak_allocation`` only what
 tracemalloc traces in this process (Python objects and NumPy's buffers, not torch's); under
@@ -74,6 +75,24 @@ def where_it_differs(actual, expected, tol: float) -> str:
         listed = ", ".join(str(r) for r in rows[:8]) + (", ..." if len(rows) > 8 else "")
         text += f", in rows {listed} (of {a.shape[-2]})"
     return f"{text}; worst at index {tuple(int(i) for i in worst)}: returned {shown[0]}, expected {shown[1]}"
+
+
+@contextlib.contextmanager
+def inputs_kept(what, **inputs):
+    """``with inputs_kept("your kernel", x=x) as kept:`` yields copies of the inputs (torch
+    tensors or NumPy arrays), taken before the call, to compute the references from; after the
+    block, a CheckFailed if the call changed any input in place (a learner's code that rewrites
+    its inputs to match a wrong output, e.g. ``x.zero_()`` then a constant softmax)."""
+    kept = {name: x.clone() if hasattr(x, "clone") else np.array(x, copy=True)
+            for name, x in inputs.items()}
+    yield kept
+    for name, x in inputs.items():
+        before, now = kept[name], x
+        same = (before.equal(now) or bool(((before == now) | (before.isnan() & now.isnan())).all())
+                if hasattr(now, "clone") else np.array_equal(before, now, equal_nan=True))
+        if not same:
+            fail(f"{what} changed its input {name} in place",
+                 "write only the output: the inputs must be left as they were")
 
 
 def _resolve(hint):

@@ -180,7 +180,10 @@ class _Child:
 
     def _kernel(self, ref):
         if ref[0] == "student":
-            return self._student(ref)
+            kernel = self._student(ref)
+            if type(kernel).__module__.split(".")[0] != "triton":   # the student's own run()
+                raise TypeError(f"{ref[1]} is not a @triton.jit function")
+            return kernel
         _, path, module_name, attr, text = ref
         if text is not None:
             if path not in self.graders:

@@ -11,10 +11,13 @@ softmax under flashlib.testing's rule (baselines: a naive softmax in the same dt
 exp(x - lse) through the log-sum-exp), and probes name the mistake: no mask on the load, other=0
 instead of -inf, no max subtraction, no mask on the store, a wrong row stride.
 """
+import inspect
+
 import numpy as np
 import pytest
 import torch
 import triton
+from triton.runtime.jit import KernelInterface
 
 from flashlib import runtime
 from flashlib.course import checks, grading
@@ -23,6 +26,8 @@ pytestmark = pytest.mark.ex05
 # what a learner's file may use of flashlib (the stub's imports); anything else is
 # "not accepted: write it yourself" (flashlib.course.integrity.borrowed)
 FLASHLIB_ALLOWED = ("flashlib.runtime", "flashlib.kernels.primer.launch_row_softmax")
+# flashlib's own answer: removed from the copy of flashlib that `flashlib grade` shows the learner
+FLASHLIB_ANSWERS = ("flashlib.kernels.primer.softmax_kernel",)
 
 DEV = runtime.DEVICE
 LENGTHS = (1, 17, 97, 130, 1000, 2100)   # 2100: longer than a hard-coded block of 1024 or 2048
@@ -63,9 +68,36 @@ def _log_space(x):
     return (x - (m + (x - m).exp().sum(dim=-1, keepdim=True).log())).exp()
 
 
+def _kernel(impl):
+    """The learner's softmax_kernel, checked to be a @triton.jit function that is not the stub."""
+    fn = getattr(impl, "softmax_kernel", None)
+    if fn is None:
+        checks.fail("your file defines no softmax_kernel: keep the name and signature from the stub")
+    if not isinstance(fn, KernelInterface):
+        checks.fail("softmax_kernel is a plain Python function: keep its @triton.jit decorator")
+    if "raise NotImplementedError" in inspect.getsource(getattr(fn, "fn", fn)):
+        raise NotImplementedError("ex05: softmax_kernel's body is not written yet")
+    return fn
+
+
+def _launch(kernel, x, out):
+    """What flashlib's launch_row_softmax does (one program per row), with the learner's kernel;
+    a stub's raise (a compile error on a GPU) becomes the NotImplementedError it stands for."""
+    block = triton.next_power_of_2(x.shape[1])
+    try:
+        kernel[(x.shape[0],)](out, x, x.stride(0), out.stride(0), x.shape[1], BLOCK=block,
+                              num_warps=4 if block <= 2048 else 8)
+    except Exception as e:
+        if "NotImplementedError" in f"{type(e).__name__}: {e}":
+            raise NotImplementedError("ex05: softmax_kernel's body is not written yet") from e
+        raise
+
+
 def _run(impl, x, *, pad=40.0, dtype=torch.float32, seed=0):
-    """Run the learner's launcher on the rows of x (NumPy, (rows, n_cols)) placed in padded
-    buffers. Returns (result as float64 NumPy, the whole output buffer, the output view)."""
+    """Run the learner's kernel (launched as the stub's masked_softmax does: the kernel is what
+    is graded, whatever the launcher does) on the rows of x (NumPy,
+    (rows, n_cols)) placed in padded buffers. Returns (result as float64 NumPy, the whole output
+    buffer, a copy of the input view taken before the launch); fails if the kernel changed x."""
     rows, n_cols = x.shape
     block = triton.next_power_of_2(n_cols)
     extra = np.random.default_rng(seed).integers(3, 11, size=2)
@@ -76,10 +108,11 @@ def _run(impl, x, *, pad=40.0, dtype=torch.float32, seed=0):
     # output: a different row stride, NaN everywhere the kernel must not write
     dst = torch.full((rows + 1, block + int(extra[1]) + 16), float("nan"), dtype=dtype, device=DEV)
     out_view = dst[:rows, :n_cols]
-    checks.function(impl, "masked_softmax")(x_view, out_view)
-    if DEV.type == "cuda":
-        torch.cuda.synchronize()
-    return out_view.double().cpu().numpy(), dst.double().cpu().numpy(), x_view
+    with checks.inputs_kept("your kernel", x=x_view) as kept:
+        _launch(_kernel(impl), x_view, out_view)
+        if DEV.type == "cuda":
+            torch.cuda.synchronize()
+    return out_view.double().cpu().numpy(), dst.double().cpu().numpy(), kept["x"]
 
 
 def _rows_ok(got, expected):

@@ -118,19 +118,22 @@ def _kernel(impl, name):
 
 def _launch(impl, name, grid, *args, **kwargs):
     """kernel[grid](*args, **kwargs) with the learner's kernel ``name``; while _READS is a list,
-    the loads it makes outside the tensors among args are recorded there."""
+    the loads it makes outside the tensors among args are recorded there. Fails if the kernel
+    changed an input (every tensor argument but the first, the output) in place."""
     kernel, params = _kernel(impl, name)
     tensors = [(p.removesuffix("_ptr"), a) for p, a in zip(params, args)
                if isinstance(a, torch.Tensor)]
-    with checks.loads_recorded() if _READS is not None else contextlib.nullcontext() as loads:
+    inputs = dict(tensors[1:])                          # all but the first, the output
+    with checks.loads_recorded() if _READS is not None else contextlib.nullcontext() as loads, \
+            checks.inputs_kept(f"your {name}", **inputs):   # the references read the inputs
         try:
             kernel[grid](*args, **kwargs)
         except Exception as e:
             if "NotImplementedError" in f"{type(e).__name__}: {e}":
                 raise NotImplementedError(f"ex05b: {name}'s body is not written yet") from e
             raise
-    if DEV.type == "cuda":
-        torch.cuda.synchronize()
+        if DEV.type == "cuda":
+            torch.cuda.synchronize()
     if loads is not None:
         _READS.append((name, _stray_loads(loads, tensors)))
 
