@@ -141,21 +141,28 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
 
 def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, num_splits=None,
                      scale=None, softcap=None, alibi_slopes=None, return_lse=False, kernel_options=None,
-                     check_table=True):
+                     check_table=True, host_lengths=None):
     """``flash_decode``, with ``check_table=False`` trusting ``block_table``'s entries instead of
-    reading them back (the tables a ``PagedKVCache`` built: no device sync per step)."""
+    reading them back (the tables a ``PagedKVCache`` built: no device sync per step), and
+    ``host_lengths``, a list of the ints ``cache_seqlens`` holds, as a cache keeps them on the
+    host: the split count is sized for them rather than for a full, ragged cache (no device read;
+    a wrong list costs speed, not correctness: the kernel reads the lengths it splits)."""
     options = runtime.options(kernel_options)
     scale = check_decode_inputs(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
                                 num_splits=num_splits, scale=scale, block_table=block_table,
                                 check_table=check_table)
     mods = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes)
+    longest = ragged = None
+    if host_lengths:
+        longest, ragged = max(host_lengths), min(host_lengths) != max(host_lengths)
     if torch.compiler.is_compiling():
         out, lse = _flash_decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, scale, *mods.op_args(),
                                     options.op_args(), block_table)
     else:
         out, lse = flash_decode_forward(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
                                         scale=scale, return_lse=return_lse, block_table=block_table,
-                                        score_mod=score_mod.make(q, mods), options=options)
+                                        score_mod=score_mod.make(q, mods), options=options,
+                                        longest=longest, ragged=ragged)
     return (out, lse) if return_lse else out
 
 
@@ -209,7 +216,7 @@ class KVCache:
                 else torch.as_tensor(lengths, dtype=torch.int64).cpu().clone())
         if tuple(host.shape) != (batch,) or host.min() < 0 or host.max() > max_len:
             raise ValueError(f"lengths must be {batch} ints in [0, {max_len}], got {lengths!r}")
-        self._lengths = host                                    # host copy: checks, no sync
+        self._lengths = host.tolist()   # host copy, plain ints: checks and split counts, no sync
         self.seqlens = host.to(device=device, dtype=torch.int32)  # device copy: the kernels'
 
     @property
@@ -219,34 +226,36 @@ class KVCache:
     @property
     def lengths(self) -> list:
         """Valid positions per sequence (a list of ints, from the host copy)."""
-        return self._lengths.tolist()
+        return list(self._lengths)
 
     def append(self, k_new, v_new):
         """Write k_new, v_new (batch, heads_kv, n, headdim) after each sequence's last position."""
         B, Hkv, _, D = self.k.shape
         n = _check_appended(k_new, v_new, B, Hkv, D, self.k)
-        if int(self._lengths.max()) + n > self.max_len:
-            b = int(self._lengths.argmax())
-            raise ValueError(f"the cache is full: sequence {b} holds {int(self._lengths[b])} of "
+        starts = self._lengths
+        longest = max(starts)
+        if longest + n > self.max_len:
+            raise ValueError(f"the cache is full: sequence {starts.index(longest)} holds {longest} of "
                              f"{self.max_len} positions, no room for {n} more")
-        starts = self._lengths.tolist()
-        if len(set(starts)) == 1:
+        if min(starts) == longest:
             self.k[:, :, starts[0]:starts[0] + n] = k_new
             self.v[:, :, starts[0]:starts[0] + n] = v_new
         else:
             for b, start in enumerate(starts):
                 self.k[b, :, start:start + n] = k_new[b]
                 self.v[b, :, start:start + n] = v_new[b]
-        self._lengths += n
+        self._lengths = [start + n for start in starts]
         self.seqlens += n
 
     def attend(self, q, **kwargs):
-        """``flash_decode(q, k, v, cache_seqlens=seqlens, **kwargs)``: append q's k, v first."""
-        return flash_decode(q, self.k, self.v, cache_seqlens=self.seqlens, **kwargs)
+        """``flash_decode(q, k, v, cache_seqlens=seqlens, **kwargs)``: append q's k, v first. The
+        split count comes from the lengths in the cache (the host copy), not its capacity."""
+        return decode_attention(q, self.k, self.v, cache_seqlens=self.seqlens,
+                                host_lengths=self._lengths, **kwargs)
 
     def reset(self):
         """Forget every sequence (lengths back to 0); the memory stays allocated."""
-        self._lengths.zero_()
+        self._lengths = [0] * len(self._lengths)
         self.seqlens.zero_()
 
 

@@ -193,6 +193,79 @@ def test_kv_cache_with_ragged_lengths():
     check_per_sequence(out, lse, q, cache.k, cache.v, torch.tensor([5, 2]))
 
 
+def test_splits_are_sized_for_the_host_lengths_of_a_kv_cache(monkeypatch):
+    # a KVCache knows its lengths on the host: the split count is sized for them (rounded up to
+    # SPLIT_LENGTH_STEP, so a decoding loop keeps one plan), equal lengths are not ragged
+    step, sizing = kernels.SPLIT_LENGTH_STEP, kernels.split_sizing
+    lens = torch.zeros(2, dtype=torch.int32)
+    assert sizing(4096, None, longest=100, ragged=True) == (4096, False)   # no lengths: all valid
+    assert sizing(4096, lens) == (4096, True)                               # no hint: the worst case
+    assert sizing(4096, lens, longest=0, ragged=False) == (step, False)
+    assert sizing(4096, lens, longest=step + 1, ragged=True) == (2 * step, True)
+    assert sizing(300, lens, longest=290, ragged=False) == (300, False)     # never past the cache
+    q, k, _ = inputs(1, 32, 32, 1, 64 * step, 64, torch.float16)
+    worst = kernels.launch_plan(q, k, lens[:1])[3]
+    sized = kernels.launch_plan(q, k, lens[:1], longest=700, ragged=False)[3]
+    assert sized < worst and sized == kernels.num_splits_heuristic(
+        1, 32, 1, 3 * step, block_n=kernels.block_n_for(64, 2)[0], sms=kernels.NOMINAL_SMS)
+    seen = []
+    monkeypatch.setattr("flashlib.decode.flash_decode_forward",
+                        lambda *args, **kwargs: seen.append(kwargs) or (args[0], None))
+    cache = KVCache(2, 1, 64, 16, dtype=torch.float32, device=DEV, lengths=[5, 5])
+    cache.attend(torch.randn(2, 1, 1, 16, device=DEV))
+    cache.append(*(torch.randn(2, 1, 2, 16, device=DEV) for _ in range(2)))
+    ragged = KVCache(2, 1, 64, 16, dtype=torch.float32, device=DEV, lengths=[5, 9])
+    ragged.attend(torch.randn(2, 1, 1, 16, device=DEV))
+    flash_decode(torch.randn(2, 1, 1, 16, device=DEV), cache.k, cache.v, cache_seqlens=cache.seqlens)
+    assert [(s["longest"], s["ragged"]) for s in seen] == [(5, False), (9, True), (None, None)]
+    assert cache.lengths == [7, 7] and cache.seqlens.tolist() == [7, 7]
+
+
+class RecordedLaunches:
+    """Stands in for ``fast_launch`` where launches may be direct (a GPU): records the first
+    launch of each plan and the tensors of every replay."""
+    def __init__(self):
+        self.first, self.replays = [], []
+
+    def fast_launch(self, kernel, grid, *args, kernel_options=None, **kwargs):
+        self.first.append((grid, args, kwargs))
+        return lambda *tensors: self.replays.append(tensors)
+
+
+def test_decode_plans_replay_only_calls_with_the_same_key(monkeypatch):
+    from flashlib.kernels import launch, score_mod
+    monkeypatch.setattr(launch, "SUPPORTED", True)   # direct launches, as on a GPU (a fact, not a switch)
+    launches = RecordedLaunches()
+    monkeypatch.setattr(kernels, "fast_launch", launches.fast_launch)
+    monkeypatch.setattr(kernels, "_plans", {})
+
+    def call(q, k, v, lens, **kwargs):
+        kernels.flash_decode_forward(q, k, v, lens, scale=0.25, **kwargs)
+        return len(launches.first), len(launches.replays)
+
+    q, k, v = inputs(2, 4, 2, 1, 512, 16, torch.float16)
+    lens = torch.tensor([300, 200], dtype=torch.int32)
+    assert call(q, k, v, lens, longest=300, ragged=True) == (1, 0)
+    q2, k2, v2 = inputs(2, 4, 2, 1, 512, 16, torch.float16)
+    lens2 = lens + 1
+    assert call(q2, k2, v2, lens2, longest=301, ragged=True) == (1, 1)     # same plan: replayed
+    replayed = launches.replays[-1]
+    assert replayed[0] is q2 and replayed[1] is k2 and replayed[2] is v2 and replayed[3] is lens2
+    # anything a launch depends on makes a new plan; a stale one is never replayed
+    others = [dict(q=q.float(), k=k.float(), v=v.float()),                        # dtype
+              dict(k=torch.randn(2, 2, 600, 16).half()[:, :, :512]),             # strides
+              dict(lens=None), dict(ragged=False), dict(longest=200),             # splits' sizing
+              dict(num_splits=3), dict(return_lse=False),
+              dict(score_mod=score_mod.make(q, score_mod.Modifiers(softcap=5.0))),
+              dict(options=runtime.OPTIONS.replace(fa3_fold_scale=False))]
+    for n, change in enumerate(others, start=2):
+        args = dict(q=q, k=k, v=v, lens=lens, longest=300, ragged=True) | change
+        assert call(args.pop("q"), args.pop("k"), args.pop("v"), args.pop("lens"), **args) == (n, 1), change
+    assert launches.first[-4][0] != launches.first[0][0]                           # 3 splits: another grid
+    with runtime.kernel_options(launch_hook=lambda *launch_args: None):       # hooks see every launch
+        assert call(q, k, v, lens, longest=300, ragged=True) == (len(others) + 2, 1)
+
+
 def _args():
     q = torch.randn(2, 4, 1, 16, device=DEV)
     k, v = (torch.randn(2, 2, 8, 16, device=DEV) for _ in range(2))

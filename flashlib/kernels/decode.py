@@ -278,12 +278,33 @@ def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, 
     return splits
 
 
-def launch_plan(q, k_cache, cache_seqlens=None, *, num_splits=None, config=None, block_table=None):
+def launch_plan(q, k_cache, cache_seqlens=None, *, num_splits=None, config=None, block_table=None,
+                longest=None, ragged=None):
     """What ``decode_partial`` launches: (BLOCK_M, row blocks, (BLOCK_N, num_warps, num_stages),
-    num_splits), from the shapes (and ``num_splits_heuristic`` unless num_splits is given)."""
+    num_splits), from the shapes (and ``num_splits_heuristic`` unless num_splits is given).
+    longest, ragged: what the caller knows on the host about ``cache_seqlens``' values (a
+    ``KVCache`` keeps a host copy): the longest length, whether they differ. The split count is
+    then sized for the lengths in the cache rather than its capacity; None assumes the worst
+    (every sequence as long as the cache, ragged whenever lengths are given)."""
     B, Hq, Nq, D = q.shape
-    return _plan(B, Hq, Nq, D, k_cache.shape[1], cache_length(k_cache, block_table), q.element_size(),
-                 q.device, cache_seqlens is not None, block_table is not None, num_splits, config)
+    split_length, ragged = split_sizing(cache_length(k_cache, block_table), cache_seqlens, longest, ragged)
+    return _plan(B, Hq, Nq, D, k_cache.shape[1], split_length, q.element_size(), q.device,
+                 ragged, block_table is not None, num_splits, config)
+
+
+SPLIT_LENGTH_STEP = 256   # host lengths are rounded up to this: the plan changes every 256 tokens
+
+
+def split_sizing(Lmax, cache_seqlens=None, longest=None, ragged=None):
+    """(keys the split count is sized for, ragged) from ``launch_plan``'s hints. The longest
+    length is rounded up to ``SPLIT_LENGTH_STEP`` so that a decoding loop, one token longer at
+    every step, keeps asking for the same plan; a hint can only make the split count worse,
+    never the result wrong (the kernel splits the lengths it reads, whatever the count)."""
+    if cache_seqlens is None:
+        return Lmax, False
+    if longest is not None:
+        Lmax = min(Lmax, max(1, cdiv(longest, SPLIT_LENGTH_STEP)) * SPLIT_LENGTH_STEP)
+    return Lmax, True if ragged is None else bool(ragged)
 
 
 def cache_length(k_cache, block_table=None):
@@ -312,49 +333,57 @@ def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, paged, num_splits
 
 
 def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, merge_into=None,
-            cached_scratch=True, score_mod=None, block_table=None, options=None):
+            cached_scratch=True, score_mod=None, block_table=None, options=None, longest=None,
+            ragged=None):
     """Run the split-KV kernel; return (o_part, lse_part). merge_into=(out, lse): also merge the
     splits into them (the last split of each row block does it) and keep the partials in the
     stream's workspace (None is returned for them); lse None: it goes to the workspace too.
     cached_scratch=False: the workspace is fresh buffers (see ``workspace``). block_table: the
     caches are pages (see ``flashlib.decode.flash_decode``). options: a ``runtime.KernelOptions``
-    (None: those in force)."""
+    (None: those in force). longest, ragged: ``launch_plan``'s host hints.
+
+    A decoding loop makes the same call at every step, only the lengths' values change: the
+    first call of each ``launch.plan_key`` records its launch and sizes, and later ones only find
+    their buffers and replay it (as ``fa2_forward``'s plans), skipping the checks, the plan and
+    ``fast_launch``'s signature of some forty arguments."""
+    options = runtime.OPTIONS if options is None else options
     runtime.check_kernel(_decode_partial_kernel)
+    mod_args, mod_fn, input_scale = score_mod_args(score_mod, q)
+    split_length, ragged = split_sizing(cache_length(k_cache, block_table), cache_seqlens, longest, ragged)
+    lse_given = merge_into is not None and merge_into[1] is not None
+    extra = (num_splits, scale, config, split_length, ragged, merge_into is not None, lse_given,
+             cache_seqlens is not None, block_table is not None, mod_fn, input_scale)
+    tensors = (q, k_cache, v_cache, *(t for t in (cache_seqlens, block_table) if t is not None), mod_args)
+    key = launch.plan_key(tensors, extra, options)
+    plan = _plans.get(key)
+    if plan is not None:
+        recorded, sizes = plan
+        buffers = _buffers(q, sizes, merge_into, cached_scratch)
+        recorded(q, k_cache, v_cache, q if cache_seqlens is None else cache_seqlens,
+                 *(q if t is None else t for t in buffers), mod_args,
+                 q if block_table is None else block_table)
+        return (None, None) if merge_into is not None else buffers[:2]
     (q, k_cache, v_cache), scale, _, _ = prologue(q, k_cache, v_cache, scale=scale)
     B, Hq, Nq, D = q.shape
     Hkv, Lmax = k_cache.shape[1], cache_length(k_cache, block_table)
     block_d = padded_headdim(D)
-    block_m, row_blocks, (block_n, warps, stages), num_splits = launch_plan(
-        q, k_cache, cache_seqlens, num_splits=num_splits, config=config, block_table=block_table)
+    block_m, row_blocks, (block_n, warps, stages), num_splits = _plan(
+        B, Hq, Nq, D, Hkv, split_length, q.element_size(), q.device, ragged, block_table is not None,
+        num_splits, config)
     if block_table is None:   # (batch, head, row) strides; no pages
         cache_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3], 0, 0, 0)
     else:                     # pages: no batch stride, the table says where each page is
         cache_strides = (0, *k_cache.stride()[1:3], 0, *v_cache.stride()[1:3],
                          block_table.stride(0), k_cache.stride(0), v_cache.stride(0))
     grid = (B * Hkv * row_blocks * num_splits,)
-    rows = B * Hq * Nq
-    if merge_into is None:
-        out = lse = arrivals = None
-        o_part = torch.empty((B, Hq, Nq, num_splits, D), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((B, Hq, Nq, num_splits), dtype=torch.float32, device=q.device)
-    else:
-        out, lse = merge_into
-        o_part = lse_part = arrivals = None
-        needs = {"lse": rows} if lse is None else {}
-        if num_splits > 1:
-            needs.update(o_part=rows * num_splits * D, lse_part=rows * num_splits,
-                         arrivals=B * Hkv * row_blocks)
-        if needs:
-            scratch = workspace(q.device, needs, cached=cached_scratch)
-            lse = scratch["lse"] if lse is None else lse
-            o_part, lse_part, arrivals = (scratch[role] if role in needs else None
-                                          for role in ("o_part", "lse_part", "arrivals"))
-    mod_args, mod_fn, input_scale = score_mod_args(score_mod, q)
+    sizes = (B, Hq, Nq, D, Hkv, row_blocks, num_splits)
+    o_part, lse_part, out, lse, arrivals = buffers = _buffers(q, sizes, merge_into, cached_scratch)
+    recorded = None
     if grid[0] > 0:
-        fast_launch(
+        recorded = fast_launch(
             _decode_partial_kernel, grid,
             q, k_cache, v_cache, q if cache_seqlens is None else cache_seqlens,
-            *(q if t is None else t for t in (o_part, lse_part, out, lse, arrivals)), mod_args,
+            *(q if t is None else t for t in buffers), mod_args,
             q if block_table is None else block_table, *q.stride()[:3], *cache_strides,
             Hkv, Nq, Lmax, D, scale * LOG2E * input_scale, num_splits, row_blocks, Hq // Hkv,
             HAS_SEQLENS=cache_seqlens is not None, CAUSAL=Nq > 1, MERGE=merge_into is not None,
@@ -364,7 +393,33 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
             DOT_PRECISION="ieee", TILE_UPDATE=tile_update, SCORE_MOD=mod_fn,
             PAGE=0 if block_table is None else k_cache.shape[2], num_warps=warps, num_stages=stages,
             kernel_options=options)
+    launch.remember(_plans, key, (recorded, sizes))
     return (None, None) if merge_into is not None else (o_part, lse_part)
+
+
+def _buffers(q, sizes, merge_into, cached_scratch):
+    """(o_part, lse_part, out, lse, arrivals) of a launch of ``sizes`` (B, Hq, Nq, D, Hkv, row
+    blocks, splits), None where the launch has none: the partials as new tensors, or, merging
+    into merge_into=(out, lse), whatever scratch it needs from ``workspace``."""
+    B, Hq, Nq, D, Hkv, row_blocks, num_splits = sizes
+    if merge_into is None:
+        o_part = torch.empty((B, Hq, Nq, num_splits, D), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((B, Hq, Nq, num_splits), dtype=torch.float32, device=q.device)
+        return o_part, lse_part, None, None, None
+    out, lse = merge_into
+    rows = B * Hq * Nq
+    needs = {"lse": rows} if lse is None else {}
+    if num_splits > 1:
+        needs.update(o_part=rows * num_splits * D, lse_part=rows * num_splits, arrivals=B * Hkv * row_blocks)
+    if not needs:
+        return None, None, out, lse, None
+    scratch = workspace(q.device, needs, cached=cached_scratch)   # may hold other roles too
+    o_part, lse_part, arrivals = (scratch[role] if role in needs else None
+                                  for role in ("o_part", "lse_part", "arrivals"))
+    return o_part, lse_part, out, scratch["lse"] if lse is None else lse, arrivals
+
+
+_plans = {}   # launch.plan_key -> (Launch, sizes), see _launch
 
 
 _workspaces = {}       # (device index, stream) -> {role: flat buffer}
@@ -467,12 +522,13 @@ def combine(o_part, lse_part, *, out_dtype=None, block_r=16):
 
 def flash_decode_forward(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=None, scale=None,
                          config=None, return_lse=True, cached_scratch=True, score_mod=None,
-                         block_table=None, options=None):
+                         block_table=None, options=None, longest=None, ragged=None):
     """Flash-Decoding in one launch: the split-KV kernel, whose last split per row block merges
     (``decode_partial`` then ``combine``, fused). Returns ``(out, lse)``, out like q; lse is None
     unless ``return_lse`` (then it goes to the stream's scratch instead of a new tensor).
     cached_scratch=False: no scratch outlives the call (``workspace``'s ``cached``). options: a
-    ``runtime.KernelOptions`` (None: those in force).
+    ``runtime.KernelOptions`` (None: those in force). longest, ragged: what the caller knows of
+    ``cache_seqlens`` on the host (``launch_plan``); None: the worst case.
 
     One launch instead of two matters at short caches, where the host's time per Triton launch
     (tens of microseconds) exceeds the GPU's work (benchmarks/probes/NOTES.md)."""
@@ -480,5 +536,6 @@ def flash_decode_forward(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=
     out = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device) if return_lse else None
     _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, merge_into=(out, lse),
-            cached_scratch=cached_scratch, score_mod=score_mod, block_table=block_table, options=options)
+            cached_scratch=cached_scratch, score_mod=score_mod, block_table=block_table, options=options,
+            longest=longest, ragged=ragged)
     return out, lse
