@@ -30,10 +30,39 @@ def resolve_scale(scale, D: int) -> float:
     return default_scale(D) if scale is None else float(scale)
 
 
+_passed = {}   # what check_inputs read of a call that passed -> its resolved scale
+
+
 def check_inputs(q, k, v, *, scale=None, causal=False, paged=False):
     """Validate q, k, v for the kernels; return the resolved scale. Errors name the argument.
     paged: k and v are a paged cache (num_pages, heads_kv, page_size, headdim), whose first dim is
     not the batch (``flashlib.decode.check_pages`` checks the rest)."""
+    # A model passes tensors of the same types, shapes, dtypes and devices at every step, and the
+    # checks read nothing else (no values): a call whose key passed before passes again, and gets
+    # the scale it got. Types are in the key because True == 1 and 0.5 == np.float64(0.5) hash
+    # alike; the device check also reads the interpreter switch and the options' launch hook.
+    # Under torch.compile, Dynamo traces the checks themselves.
+    key = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
+                   q.device, k.device, v.device, type(causal), causal, type(scale), scale, paged,
+                   runtime.INTERPRET, runtime.OPTIONS.launch_hook is None)
+            found = _passed.get(key)
+        except (AttributeError, TypeError):   # not tensors, or unhashable: the checks say what
+            key = found = None
+        if found is not None:
+            return found
+    scale = check_tensors(q, k, v, scale=scale, causal=causal, paged=paged)
+    if key is not None:
+        if len(_passed) >= 1024:   # shapes that keep changing: start again
+            _passed.clear()
+        _passed[key] = scale
+    return scale
+
+
+def check_tensors(q, k, v, *, scale=None, causal=False, paged=False):
+    """``check_inputs``' checks, every one at every call."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")

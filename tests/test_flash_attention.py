@@ -187,6 +187,31 @@ def test_bad_input_names_the_argument(bad, match):
         flash_attention(args["q"], args["k"], args["v"], **opts)
 
 
+def test_checks_kept_for_a_call_that_passed_never_pass_another(monkeypatch):
+    # check_inputs keeps the verdict of a call that passed (inputs._passed): whatever its key
+    # leaves out must not let a bad call through after a good one
+    from flashlib.inputs import check_inputs
+    q, k, v = (torch.randn(1, 4, 8, 16, device=DEV) for _ in range(3))
+    assert check_inputs(q, k, v, causal=True) == 0.25
+    assert check_inputs(q, k, v, causal=True, scale=0.5) == 0.5
+    import numpy as np
+    assert check_inputs(q, k, v, causal=True, scale=np.float64(0.5)) == 0.5
+    for bad, match in [(dict(causal=1), "causal must be True or False"),
+                       (dict(causal=True, scale=float("inf")), "scale must be a finite real number"),
+                       (dict(causal=True, scale=[0.5]), "scale must be a finite real number"),
+                       (dict(causal=True, v=v.double()), "v has dtype torch.float64"),
+                       (dict(causal=True, k=k.half()), "k has dtype torch.float16 but q has"),
+                       (dict(causal=True, k=k[:, :3], v=v[:, :3]), "heads_q=4 is not a multiple of heads_kv=3"),
+                       (dict(causal=True, q=q.cpu().numpy()), "q must be a torch.Tensor")]:
+        args = dict(q=q, k=k, v=v) | bad
+        with pytest.raises((TypeError, ValueError), match=match):
+            check_inputs(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+    if runtime.DEVICE.type == "cpu":
+        monkeypatch.setattr(runtime, "INTERPRET", False)   # a CPU tensor without the interpreter
+        with pytest.raises(ValueError, match="q is on cpu"):
+            check_inputs(q, k, v, causal=True)
+
+
 @pytest.mark.skipif(runtime.DEVICE.type == "cuda", reason="CPU-only check")
 def test_cuda_tensor_without_gpu_or_cpu_tensor_without_interpreter(monkeypatch):
     monkeypatch.setattr(runtime, "INTERPRET", False)
