@@ -64,14 +64,20 @@ class Launch(NamedTuple):
     function: int            # the loaded CUfunction
     head: tuple              # the launcher's fixed arguments between the function and the kernel's
     scalars: tuple           # the arguments after the tensors, then the constexprs, in order
+    tensors_only: bool = False   # no TMA descriptor among the first call's tensor arguments
 
     def __call__(self, *tensors):
         # addresses, not tensors: given a tensor, Triton's launcher calls its data_ptr() and asks
         # the driver whether that address is device memory (cuPointerGetAttribute), per tensor
-        # and per launch; the plan key already pinned every input's device
-        self.call(*self.grid, self.stream_of(self.device), self.function, *self.head,
-                  *[t.data_ptr() if isinstance(t, torch.Tensor) else t for t in tensors],
+        # and per launch; the plan key already pinned every input's device. Without descriptors
+        # the addresses come from one C-level map, not a Python test per argument.
+        addresses = (map(_data_ptr, tensors) if self.tensors_only
+                     else [t.data_ptr() if isinstance(t, torch.Tensor) else t for t in tensors])
+        self.call(*self.grid, self.stream_of(self.device), self.function, *self.head, *addresses,
                   *self.scalars)
+
+
+_data_ptr = torch.Tensor.data_ptr
 
 
 def enabled(options) -> bool:
@@ -177,7 +183,8 @@ def _record(hit, grid, args, kwargs):
     compiled, constexpr_names, chosen = hit
     meta = {**kwargs, **chosen}
     grid = (*(grid(meta) if callable(grid) else grid), 1, 1)[:3]
-    scalars = args[_tensor_count(args):]
+    count = _tensor_count(args)
+    scalars = args[count:]
     if any(isinstance(a, torch.Tensor) or _is_descriptor(a) for a in scalars):
         raise TypeError("fast_launch: a kernel's tensor and descriptor arguments must come before "
                         "its scalars")
@@ -190,7 +197,8 @@ def _record(hit, grid, args, kwargs):
     else:
         call, head = launcher, (compiled.packed_metadata, None, None, None)
     return Launch(call, grid, driver.get_current_stream, driver.get_current_device(), compiled.function,
-                  head, (*scalars, *(meta[name] for name in constexpr_names)))
+                  head, (*scalars, *(meta[name] for name in constexpr_names)),
+                  all(isinstance(a, torch.Tensor) for a in args[:count]))
 
 
 def _driver():
