@@ -308,8 +308,8 @@ class PagedKVCache:
         self.v = torch.zeros_like(self.k)
         self._table = torch.zeros(batch, max_pages, dtype=torch.int32)     # host copy
         self.block_table = self._table.to(device)                         # the kernels'
-        self._lengths = torch.zeros(batch, dtype=torch.int64)
-        self.seqlens = self._lengths.to(device=device, dtype=torch.int32)
+        self._lengths = [0] * batch                                       # host copy, as KVCache's
+        self.seqlens = torch.zeros(batch, dtype=torch.int32, device=device)
         self._free = list(range(num_pages - 1, -1, -1))                   # pop() takes page 0 first
 
     @property
@@ -322,7 +322,7 @@ class PagedKVCache:
 
     @property
     def lengths(self) -> list:
-        return self._lengths.tolist()
+        return list(self._lengths)
 
     @property
     def free_pages(self) -> int:
@@ -333,7 +333,7 @@ class PagedKVCache:
         taking pages from the pool as sequences cross into new ones."""
         B, Hkv, P, D = self._table.shape[0], self.k.shape[1], self.page_size, self.k.shape[3]
         n = _check_appended(k_new, v_new, B, Hkv, D, self.k)
-        starts = self._lengths.tolist()
+        starts = self._lengths
         if max(starts) + n > self.max_len:
             b = starts.index(max(starts))
             raise ValueError(f"sequence {b} holds {starts[b]} of {self.max_len} positions, no room "
@@ -342,31 +342,39 @@ class PagedKVCache:
         if sum(needed) > len(self._free):
             raise ValueError(f"the pool is out of pages: {sum(needed)} needed, {len(self._free)} "
                              "free (release finished sequences, or allocate more num_pages)")
+        # Host ints and slices only: an index tensor built here would be copied to the device,
+        # and a copy from pageable host memory waits for the GPU to drain (a sync per step).
         for b, start in enumerate(starts):
             for slot in range(-(-start // P), -(-start // P) + needed[b]):
-                self._table[b, slot] = self._free.pop()
-            pos = torch.arange(start, start + n)
-            pages = self._table[b, pos // P].to(device=self.k.device, dtype=torch.int64)
-            rows = (pos % P).to(self.k.device)
-            self.k[pages, :, rows] = k_new[b].transpose(0, 1)             # (n, Hkv, D)
-            self.v[pages, :, rows] = v_new[b].transpose(0, 1)
-        self.block_table.copy_(self._table)
-        self._lengths += n
+                page = self._free.pop()
+                self._table[b, slot] = page
+                self.block_table[b, slot] = page                          # a fill on the device
+            pos = start
+            while pos < start + n:                                        # page by page
+                page, row = int(self._table[b, pos // P]), pos % P
+                rows = min(P - row, start + n - pos)
+                new = slice(pos - start, pos - start + rows)
+                self.k[page, :, row:row + rows] = k_new[b, :, new]        # (Hkv, rows, D)
+                self.v[page, :, row:row + rows] = v_new[b, :, new]
+                pos += rows
+        self._lengths = [start + n for start in starts]
         self.seqlens += n
 
     def attend(self, q, **kwargs):
         """``flash_decode(q, k, v, cache_seqlens=seqlens, block_table=block_table, **kwargs)``;
-        the table is the cache's own, so its entries are not read back to be checked."""
+        the table is the cache's own, so its entries are not read back to be checked, and the
+        split count comes from the lengths in the cache (the host copy), as ``KVCache.attend``'s."""
         known = {"num_splits", "scale", "softcap", "alibi_slopes", "return_lse", "kernel_options"}
         unknown = set(kwargs) - known
         if unknown:
             raise TypeError(f"attend() got unexpected keyword arguments {sorted(unknown)}")
         return decode_attention(q, self.k, self.v, cache_seqlens=self.seqlens,
-                                block_table=self.block_table, check_table=False, **kwargs)
+                                block_table=self.block_table, check_table=False,
+                                host_lengths=self._lengths, **kwargs)
 
     def release(self, b):
         """Sequence ``b`` is finished: its pages go back to the pool and its length to 0."""
-        used = -(-int(self._lengths[b]) // self.page_size)
+        used = -(-self._lengths[b] // self.page_size)
         self._free += self._table[b, :used].tolist()
         self._table[b] = 0
         self.block_table[b] = 0

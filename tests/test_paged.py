@@ -78,7 +78,8 @@ def test_paged_cache_holds_what_the_contiguous_one_holds():
         flat.append(k_new, v_new)
         q = torch.randn(B, Hq, 1, D, device=DEV)
         # bit for bit, at the split count the paged call picks (its heuristic may split more)
-        splits = kernels.launch_plan(q, paged.k, paged.seqlens, block_table=paged.block_table)[3]
+        splits = kernels.launch_plan(q, paged.k, paged.seqlens, block_table=paged.block_table,
+                                     longest=max(paged.lengths), ragged=False)[3]
         assert torch.equal(paged.attend(q), flat.attend(q, num_splits=splits))
     assert paged.lengths == [35, 35] and paged.free_pages == 10 - 2 * 3   # 3 pages each
     paged.release(0)
