@@ -228,8 +228,9 @@ def test_hostile_class(tmp_path, grader_seed, capsys):
     saved = (tmp_path / "grades.csv").read_text()
     assert ",99," not in saved and "graded 14 students" not in printed
     assert "\x1b" not in saved + printed and "\\x1b[2J" in saved       # shown, not obeyed
-    assert "PRIVATE KEY" not in saved + printed
-    attackers = {s for s, _ in {**EXPECTED, **CONFINED}} - {"exiter", "printer", "absent"}
+    attackers = {s for s, _ in expected} - {"exiter", "printer", "absent"}
+    if mode == "bubblewrap":                          # unconfined, the spy reads what you can
+        assert "PRIVATE KEY" not in saved + printed
     for (student, ex), row in got.items():           # printer, absent, exiter's ex03 are honest
         if student in attackers:
             assert row["passed"] == 0 or student in ("forger", "sneaky_patcher"), row
