@@ -268,6 +268,31 @@ def test_class_folder_is_restored_if_changed(tmp_path, capsys):
     assert (tmp_path / "ada" / "ex00_roofline.py").read_text() == "x = 1\n"
 
 
+def test_class_folder_is_read_in_bounded_memory(tmp_path, monkeypatch):
+    """Issue 55: a big (sparse) file is hashed in chunks and not kept; a folder of too many files
+    is refused; a student's .py files are sent up to a total, exercise files first."""
+    import resource
+
+    from flashlib.course import class_folder
+
+    (tmp_path / "eve").mkdir()
+    with open(tmp_path / "eve" / "big.bin", "wb") as f:
+        f.truncate(256 << 20)                                 # 256 MiB, no disk
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    tree = class_folder.read_tree(tmp_path)
+    assert tree["eve/big.bin"][1] is None and len(tree["eve/big.bin"][0]) == 64
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 << 10   # KiB
+    monkeypatch.setattr(class_folder, "MAX_FILES", 3)
+    for i in range(4):
+        (tmp_path / "eve" / f"f{i}.py").write_text("x = 1\n" * 100)
+    with pytest.raises(ValueError, match="more than 3 files"):
+        class_folder.read_tree(tmp_path)
+    (tmp_path / "eve" / "ex01_safe_softmax.py").write_text("y = 2\n")
+    monkeypatch.setattr(class_folder, "STUDENT_BYTES", 1300)
+    files = class_folder.student_files(tmp_path / "eve")
+    assert "ex01_safe_softmax.py" in files and len(files) == 3   # 6 + 600 + 600 bytes
+
+
 @pytest.mark.parametrize("source, why", [
     ("from flashlib.teach.softmax import safe_softmax\n", "uses flashlib.teach.softmax.safe_softmax"),
     ("import flashlib\nf = flashlib.teach.tiled.fa2_forward\n", "uses flashlib.teach.tiled.fa2_forward"),
