@@ -348,20 +348,18 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
     ``fast_launch``'s signature of some forty arguments."""
     options = runtime.OPTIONS if options is None else options
     runtime.check_kernel(_decode_partial_kernel)
-    mod_args, mod_fn, input_scale = score_mod_args(score_mod, q)
+    mod_args, mod_fn, input_scale = score_mod_args(score_mod, None)   # None: no modifier's args
     split_length, ragged = split_sizing(cache_length(k_cache, block_table), cache_seqlens, longest, ragged)
     lse_given = merge_into is not None and merge_into[1] is not None
     extra = (num_splits, scale, config, split_length, ragged, merge_into is not None, lse_given,
              cache_seqlens is not None, block_table is not None, mod_fn, input_scale)
-    tensors = (q, k_cache, v_cache, *(t for t in (cache_seqlens, block_table) if t is not None), mod_args)
+    tensors = (q, k_cache, v_cache, *(t for t in (cache_seqlens, block_table, mod_args) if t is not None))
     key = launch.plan_key(tensors, extra, options)
     plan = _plans.get(key)
     if plan is not None:
         recorded, sizes = plan
         buffers = _buffers(q, sizes, merge_into, cached_scratch)
-        recorded(q, k_cache, v_cache, q if cache_seqlens is None else cache_seqlens,
-                 *(q if t is None else t for t in buffers), mod_args,
-                 q if block_table is None else block_table)
+        recorded(*_pointers(q, k_cache, v_cache, cache_seqlens, buffers, mod_args, block_table))
         return (None, None) if merge_into is not None else buffers[:2]
     (q, k_cache, v_cache), scale, _, _ = prologue(q, k_cache, v_cache, scale=scale)
     B, Hq, Nq, D = q.shape
@@ -382,9 +380,8 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
     if grid[0] > 0:
         recorded = fast_launch(
             _decode_partial_kernel, grid,
-            q, k_cache, v_cache, q if cache_seqlens is None else cache_seqlens,
-            *(q if t is None else t for t in buffers), mod_args,
-            q if block_table is None else block_table, *q.stride()[:3], *cache_strides,
+            *_pointers(q, k_cache, v_cache, cache_seqlens, buffers, mod_args, block_table),
+            *q.stride()[:3], *cache_strides,
             Hkv, Nq, Lmax, D, scale * LOG2E * input_scale, num_splits, row_blocks, Hq // Hkv,
             HAS_SEQLENS=cache_seqlens is not None, CAUSAL=Nq > 1, MERGE=merge_into is not None,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
@@ -395,6 +392,13 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
             kernel_options=options)
     launch.remember(_plans, key, (recorded, sizes))
     return (None, None) if merge_into is not None else (o_part, lse_part)
+
+
+def _pointers(q, k_cache, v_cache, cache_seqlens, buffers, mod_args, block_table):
+    """The partial kernel's tensor arguments in order, q standing in for those a launch has none
+    of (the kernel never reads them: its constexprs say so)."""
+    optional = (cache_seqlens, *buffers, mod_args, block_table)
+    return (q, k_cache, v_cache, *(q if t is None else t for t in optional))
 
 
 def _buffers(q, sizes, merge_into, cached_scratch):
