@@ -509,7 +509,7 @@ def test_grade_and_exercises_readme_say_the_same_about_what_is_prevented():
     what is not prevented."""
     printed = classroom.limits("bubblewrap", "", 60, 4)
     readme = " ".join((ROOT / "exercises" / "README.md").read_text().split())
-    for phrase in (f"at most {sandbox.NPROC} processes and threads", "nobody", "checks of",
+    for phrase in (f"at most {sandbox.NPROC} processes and threads", "65534", "checks of",
                    "forked children", "using the CPU until the time limit",
                    "pipe buffers, a 16 MB /dev/shm"):
         assert phrase in printed, phrase
