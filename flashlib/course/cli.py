@@ -51,9 +51,9 @@ def _run_grade(args) -> int:
 def _add_grade(sub):
     p = sub.add_parser("grade", help="instructors: grade a folder of student submissions",
                        description="Grade SUBMISSIONS/<student>/exNN_*.py for every student and "
-                                   "exercise: each file runs in its own confined process (time, "
-                                   "memory and output limits; read-only files where Linux "
-                                   "namespaces allow), the checks run in the grader's process. "
+                                   "exercise: each file runs in its own process under bubblewrap "
+                                   "(a fresh read-only view as nobody; time, memory and output "
+                                   "limits), the checks run in the grader's process. "
                                    "Write a CSV and print a table.")
     p.add_argument("submissions", help="folder with one folder per student (a copy of exercises/)")
     p.add_argument("--out", default="grades.csv", help="CSV to write (default: grades.csv)")
@@ -67,8 +67,8 @@ def _add_grade(sub):
                    help="grade only these (default: all)")
     p.add_argument("--seed", type=int, help="inputs' seed, the same for every student")
     p.add_argument("--unconfined", action="store_true",
-                   help="grade even where Linux namespaces are unavailable (student files then "
-                        "run with your rights; refused without this flag)")
+                   help="grade even where bubblewrap cannot run (student files then run "
+                        "with your rights; refused without this flag)")
     p.set_defaults(run=_run_grade)
 
 

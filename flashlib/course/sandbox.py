@@ -43,9 +43,8 @@ subprocesses).
 
 Limits. Per process (set inside it, ``student_process.limits``): RLIMIT_DATA (writable private
 memory; not RLIMIT_AS, which the address space CUDA and glibc's arenas reserve would exhaust),
-CPU seconds, file size, RLIMIT_NPROC (NPROC processes and threads: for an ordinary instructor
-counted in the sandbox's own user namespace, as root across nobody's processes);
-MALLOC_ARENA_MAX=2. Across the student's processes,
+CPU seconds, file size, RLIMIT_NPROC (NPROC processes and threads, counted in the sandbox's own
+user namespace); MALLOC_ARENA_MAX=2. Across the student's processes,
 the grading process (``processes.supervise``) looks every 0.1 s at the memory they hold together
 (``processes.memory_in_use``: anonymous and shared pages, proportional shares for pages a fork shares,
 memfd files) and kills them all past the limit; it also kills a grader process still busy a few
