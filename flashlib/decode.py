@@ -189,8 +189,8 @@ def _(q, k_cache, v_cache, cache_seqlens, num_splits, scale, mod_floats, mod_ten
 
 class KVCache:
     """A preallocated KV cache for one attention layer: k, v (batch, heads_kv, max_len, headdim)
-    and each sequence's length, kept both on the host (to check for room without a device sync)
-    and on the device (``seqlens``, what the kernels read)::
+    and each sequence's length, kept both on the host (to check for room and to size the split
+    count without a device sync) and on the device (``seqlens``, what the kernels read)::
 
         cache = KVCache(batch=1, heads_kv=8, max_len=4096, headdim=128, dtype=torch.float16)
         cache.append(k_prompt, v_prompt)           # (1, 8, n_prompt, 128) after the prefill
