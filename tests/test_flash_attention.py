@@ -212,6 +212,45 @@ def test_checks_kept_for_a_call_that_passed_never_pass_another(monkeypatch):
             check_inputs(q, k, v, causal=True)
 
 
+def test_fa2_plans_replay_only_calls_with_the_same_key(monkeypatch):
+    # where launches may be direct (a GPU), fa2_forward / fa2_backward replay the launches of an
+    # earlier call with the same plan key: anything the launches depend on must make a new plan
+    from flashlib.kernels import fa2_bwd, fa2_fwd, launch, score_mod
+    monkeypatch.setattr(launch, "SUPPORTED", True)   # a fact of the GPU machines, not a switch
+    first, replays = [], []
+
+    def recording_fast_launch(kernel, grid, *args, kernel_options=None, **kwargs):
+        first.append(kernel)
+        return lambda *tensors: replays.append(tensors)
+
+    for module in (fa2_fwd, fa2_bwd):
+        monkeypatch.setattr(module, "fast_launch", recording_fast_launch)
+        monkeypatch.setattr(module, "_plans", {})
+    q, k, v, dout = (torch.randn(1, 4, 32, 16, dtype=torch.float16) for _ in range(4))
+    out, lse = torch.randn_like(q), torch.randn(1, 4, 32)
+
+    def counts(launcher, *tensors, **change):
+        launcher(*tensors, **({"causal": True, "scale": 0.25} | change))
+        return len(first), len(replays)
+
+    others = [dict(causal=False), dict(scale=0.5), dict(options=runtime.OPTIONS.replace(fa3_fold_scale=False)),
+              dict(score_mod=score_mod.make(q, score_mod.Modifiers(softcap=5.0)))]
+    assert counts(fa2_fwd.fa2_forward, q, k, v) == (1, 0)
+    q2 = torch.randn_like(q)
+    assert counts(fa2_fwd.fa2_forward, q2, k, v) == (1, 1) and replays[-1][0] is q2
+    strided = torch.randn(1, 32, 4, 16, dtype=torch.float16).transpose(1, 2)
+    for n, (tensors, change) in enumerate([((q.float(), k.float(), v.float()), {}), ((strided, k, v), {}),
+                                           *(((q, k, v), c) for c in others)], start=2):
+        assert counts(fa2_fwd.fa2_forward, *tensors, **change) == (n, 1), change
+    first.clear(), replays.clear()
+    assert counts(fa2_bwd.fa2_backward, q, k, v, out, lse, dout) == (2, 0)          # dQ, then dK/dV
+    assert counts(fa2_bwd.fa2_backward, q2, k, v, out, lse, dout) == (2, 2) and replays[-2][0] is q2
+    for n, (tensors, change) in enumerate([((q, k, v, out, lse, dout.float()), {}),  # no plan: plain
+                                           ((q, k, v, out, lse, strided), {}),
+                                           *(((q, k, v, out, lse, dout), c) for c in others)], start=2):
+        assert counts(fa2_bwd.fa2_backward, *tensors, **change) == (2 * n, 2), change
+
+
 @pytest.mark.skipif(runtime.DEVICE.type == "cuda", reason="CPU-only check")
 def test_cuda_tensor_without_gpu_or_cpu_tensor_without_interpreter(monkeypatch):
     monkeypatch.setattr(runtime, "INTERPRET", False)
