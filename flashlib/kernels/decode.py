@@ -344,7 +344,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
 
     A decoding loop makes the same call at every step, only the lengths' values change: the
     first call of each ``launch.plan_key`` records its launch and sizes, and later ones only find
-    their buffers and replay it (as ``fa2_forward``'s plans), skipping the checks, the plan and
+    their buffers and replay it (as ``fa2_forward``'s plans), skipping the prologue, the plan and
     ``fast_launch``'s signature of some forty arguments."""
     options = runtime.OPTIONS if options is None else options
     runtime.check_kernel(_decode_partial_kernel)
