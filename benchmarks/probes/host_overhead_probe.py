@@ -16,7 +16,7 @@ Paths, us per call (best of 5 loops of ``--calls``, autograd's backward on the c
 - floors: an empty ``autograd.Function`` that allocates what flashlib's does (fwd+bwd), and
   two tensor copies plus ``torch.empty`` (the decode step's unavoidable torch work).
 
-    python benchmarks/probes/host_overhead_probe.py [--calls 2000]
+    python benchmarks/probes/host_overhead_probe.py [--calls 2000]   (CPU only: Triton's interpreter)
 """
 import argparse
 import contextlib
@@ -138,6 +138,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     args = parser.parse_args()
+    if not flashlib.runtime.INTERPRET:
+        raise SystemExit("this probe stands in for a GPU on a CPU (the interpreter's kernels); "
+                         "on a GPU, time the real launches: benchmarks/probes/host_time_probe.py")
     torch.autograd.set_multithreading_enabled(False)
     torch.set_num_threads(1)
     print(f"host us per call, launches skipped, torch {torch.__version__}, CPU stand-in for the GPU path")
