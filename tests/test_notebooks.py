@@ -4,7 +4,14 @@ Clean (tools/clean_notebooks.py): no outputs, no execution counts, metadata only
 and language_info name. A lesson: named NN_topic.ipynb, a "You will
 learn" markdown cell, and, if it sets an exercise (its markdown names exercises/exNN_*.py), a
 code cell calling course.check("exNN"); no cell imports the learner's exercises/ directly (the
-lesson must run with the stubs unsolved). Executing the notebooks is nbval's job (pytest lessons/).
+lesson must run with the stubs unsolved).
+
+Executing the notebooks is nbval's job: ``pytest lessons/`` (--nbval-lax --nbval-current-env, from
+pyproject's addopts; a cell fails only by raising; lessons/conftest.py holds every lesson to its
+time limit). In the suite, conftest.py starts that same command for the collected lessons in a
+second pytest process at the start of the session (tests/background.py), on CI's second core
+while the other tests run; test_lesson_runs_under_nbval, one per lesson, fails with nbval's
+report of any cell that raised.
 """
 import importlib.util
 import re
@@ -12,6 +19,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+
+import background
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = sorted((ROOT / "lessons").glob("*.ipynb"))
@@ -100,3 +109,33 @@ def test_cleaner_finds_and_removes_what_jupyter_adds():
     cleaned = cleaner.clean(dirty)
     assert cleaner.problems(cleaned) == []
     assert cleaner.canonical_text(cleaned) == cleaner.canonical_text(nb)
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_lesson_runs_under_nbval(path, request):
+    background.check_lesson(lesson_run(request.config, [path]), f"lessons/{path.name}")
+
+
+def test_lessons_keep_their_time_limit(request):
+    """lessons/conftest.py's own items (lesson_time_limit: every lesson under its limit) pass."""
+    outcome = lesson_run(request.config, LESSONS)
+    assert outcome["rc"] in (0, 1), outcome["log"]
+    others = {nodeid: item for nodeid, item in outcome["items"].items()
+              if not nodeid.partition("::")[0].endswith(".ipynb")}
+    assert any(nodeid.endswith("::lesson_time_limit") for nodeid in others), outcome["log"]
+    bad = [f"{nodeid}: {text}" for nodeid, (status, text, _) in others.items()
+           if status in ("failure", "error")]
+    assert not bad, "\n".join(bad)
+
+
+def lesson_run(config, paths):
+    """The background lesson run's outcome (tests/background.py), or, if the session did not
+    start one, nbval run now on ``paths``."""
+    import tempfile
+
+    if config.stash.get(background.JOBS, None) is not None and background.LESSON_JOB in \
+            config.stash[background.JOBS]:
+        return config.stash[background.JOBS].result(background.LESSON_JOB)
+    with tempfile.TemporaryDirectory(prefix="flashlib-lessons-") as folder:
+        return background.run_lessons(paths, folder)
+
