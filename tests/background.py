@@ -18,6 +18,7 @@ spawned, not forked: the parent has imported torch and Triton.
 """
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -131,6 +132,7 @@ def run_lessons(notebooks, folder):
             outcome = bad[0].tag if bad else "skipped" if skipped else "passed"
             text = "\n".join(filter(None, [bad[0].get("message", ""), bad[0].text or ""])) \
                 if bad else ""
+            text = re.sub(r"#x1B\[[0-9;]*m", "", text)       # the colours, as JUnit escapes them
             items[nodeid] = (outcome, text, float(case.get("time", 0) or 0))
     tail = log.read_text(errors="replace").splitlines()[-60:] if log.is_file() else []
     return {"rc": rc, "seconds": seconds, "items": items, "log": "\n".join(tail)}
