@@ -92,7 +92,8 @@ def reads_background(item):
 def pytest_collection_modifyitems(config, items):
     """Mark the quick tier. The tests that read background work (tests/background.py) go last,
     the rest keeping their order. A lesson collected by nbval itself (``pytest tests lessons``)
-    is not run a second time by test_lesson_runs_under_nbval. Tests marked ``gpu`` need a CUDA
+    is not run a second time by test_lesson_runs_under_nbval (nor is the time limit's test,
+    lessons/conftest.py's own item then being in the session). Tests marked ``gpu`` need a CUDA
     GPU: skip them, saying so, on a machine without one."""
     from flashlib import runtime
 
@@ -102,7 +103,9 @@ def pytest_collection_modifyitems(config, items):
     run_by_nbval = {item.nodeid.partition("::")[0] for item in items if ".ipynb::" in item.nodeid}
     if run_by_nbval:
         twice = [item for item in items
-                 if getattr(item, "originalname", None) in background.EXECUTION_TESTS]
+                 if getattr(item, "originalname", None) == "test_lessons_keep_their_time_limit"
+                 or getattr(item, "originalname", None) == "test_lesson_runs_under_nbval"
+                 and f"lessons/{item.callspec.params['path'].name}" in run_by_nbval]
         config.hook.pytest_deselected(items=twice)
         items[:] = [item for item in items if item not in twice]
     items.sort(key=reads_background)  # stable
