@@ -113,7 +113,9 @@ def run_lessons(notebooks, folder):
                *map(str, notebooks)]
     start = time.perf_counter()
     with open(log, "w") as out:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}   # e.g. -m, --impl
+        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                   env=env)
         (folder / "lessons.pid").write_text(str(process.pid))
         try:
             rc = process.wait()
