@@ -122,7 +122,9 @@ def test_lessons_keep_their_time_limit(request):
     assert outcome["rc"] in (0, 1), outcome["log"]
     others = {nodeid: item for nodeid, item in outcome["items"].items()
               if not nodeid.partition("::")[0].endswith(".ipynb")}
-    assert any(nodeid.endswith("::lesson_time_limit") for nodeid in others), outcome["log"]
+    assert any(nodeid.endswith("::lesson_time_limit") for nodeid in others), \
+        "lessons/conftest.py's lesson_time_limit did not run; the lesson run's output ends:\n" + \
+        outcome["log"]
     bad = [f"{nodeid}: {text}" for nodeid, (status, text, _) in others.items()
            if status in ("failure", "error")]
     assert not bad, "\n".join(bad)
