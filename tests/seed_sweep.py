@@ -1,4 +1,4 @@
-"""The 12-seed sweep of tests/test_mutants.py, run in the background from the start of a session.
+"""The seed sweep of tests/test_mutants.py, run in the background from the start of a session.
 
 Every mutant, solution and correct variant goes through its grader: first with the session's
 seed exactly as a learner's file is graded (``grading.run_checks``: the report that
@@ -6,10 +6,12 @@ test_mutant_is_rejected and test_solution_passes assert on), then under the swee
 (SEEDS in all). One job per file (``grade``), handed by conftest to tests/background.py's pool
 as soon as tests are collected, so the grading runs on CI's second core while the main process
 runs the other tests; the tests that read the jobs are moved to the end of the session. About
-4 minutes on one quiet core, most of it the Triton exercises' solutions and variants through the
+3 to 4 minutes on one quiet core, most of it the Triton exercises' solutions and variants through the
 interpreter (every check under every seed); a mutant stops at its first failing check per seed.
 """
 import ast
+import zlib
+from pathlib import Path
 
 from flashlib import course
 from flashlib.course import grading, integrity
@@ -18,7 +20,11 @@ from background import ROOT
 
 MUTANTS = sorted((ROOT / "tests" / "mutants").glob("ex[0-9]*_*.py"))
 VARIANTS = sorted((ROOT / "tests" / "variants").glob("ex[0-9]*_*.py"))
-SEEDS = 12       # 20 until 2026-11-25: the sweep was the suite's long pole on 2 cores
+# 20 until 2026-11-25, 12 until 2026-11-28 (the sweep is a third of the suite's CPU time on 2
+# cores). Each session draws a fresh first seed, and since 2026-11-28 every file has its own other
+# seeds (``seeds``): a grader's input generator sees 8 x (its solution, variants and mutants)
+# distinct seeds a run, where 12 seeds were shared by all of an exercise's files.
+SEEDS = 8
 TEST = "test_verdicts_do_not_depend_on_the_seed"
 GRADED = ("test_mutant_is_rejected_with_its_hint", "test_solution_passes")   # read grade()'s report
 
@@ -33,8 +39,12 @@ def files(exercise):
             *mine(MUTANTS, exercise)]
 
 
-def seeds(first_seed, sweep=True):
-    return [first_seed + 7919 * i for i in range(SEEDS if sweep else 1)]
+def seeds(first_seed, path, sweep=True):
+    """The session's seed (the graded report's), then, if ``sweep``, SEEDS - 1 more of the file's
+    own: derived from the session's seed and the file's name, so FLASHLIB_SEED replays them."""
+    own = zlib.crc32(Path(path).name.encode())
+    return [first_seed] + [(first_seed + 7919 * i + own) % 2**31
+                           for i in range(1, SEEDS if sweep else 1)]
 
 
 def grade(exercise, path, seeds):
@@ -116,7 +126,7 @@ def submit(jobs, items, first_seed):
         wanted.setdefault(path, (exercise, False))
     for path, (exercise, sweep) in sorted(wanted.items(),
                                           key=lambda kv: kv[0].parent.name == "mutants"):
-        jobs.submit(("grade", path), grade, exercise, path, seeds(first_seed, sweep))
+        jobs.submit(("grade", path), grade, exercise, path, seeds(first_seed, path, sweep))
 
 
 def result(config, exercise, path, first_seed, sweep=False):
@@ -125,4 +135,4 @@ def result(config, exercise, path, first_seed, sweep=False):
     import background
 
     return background.result(config, ("grade", path), grade, exercise, path,
-                             seeds(first_seed, sweep))
+                             seeds(first_seed, path, sweep))
