@@ -6,7 +6,7 @@ test_mutant_is_rejected and test_solution_passes assert on), then under the swee
 (SEEDS in all). One job per file (``grade``), handed by conftest to tests/background.py's pool
 as soon as tests are collected, so the grading runs on CI's second core while the main process
 runs the other tests; the tests that read the jobs are moved to the end of the session. About
-3 to 4 minutes on one quiet core, most of it the Triton exercises' solutions and variants through the
+3 minutes on one quiet core, most of it the Triton exercises' solutions and variants through the
 interpreter (every check under every seed); a mutant stops at its first failing check per seed.
 """
 import ast

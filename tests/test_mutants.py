@@ -1,8 +1,9 @@
 """The graders are proven: every mutant (a plausible wrong answer in tests/mutants/) is rejected
 by its exercise's grader with a report containing the words it declares in EXPECTED_HINT, every
 reference solution passes, and every exercise has at least four mutants. Verdicts do not depend
-on the seed: under seed_sweep.SEEDS seeds (tests/seed_sweep.py) every mutant is rejected and every reference solution and correct
-variant (tests/variants/: the same answer written another way) passes every check.
+on the seed: under seed_sweep.SEEDS seeds (tests/seed_sweep.py) every mutant is rejected and every
+reference solution and correct variant (tests/variants/: the same answer written another way)
+passes every check.
 
 The grading itself (``grading.run_checks`` with the session's seed, then the other seeds) runs in
 the background from the start of the session (tests/seed_sweep.py, tests/background.py); the
