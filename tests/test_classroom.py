@@ -45,10 +45,10 @@ VANDAL_TRACES = [ROOT / "vandal_was_here.txt", Path("/tmp/flashlib_vandal_was_he
 
 # (student, exercise): (a regular expression the row's status matches, points; None: all)
 EXPECTED = {
-    ("forger", "ex01"): (r"failed$", 1),                  # only "input unchanged" passes
+    ("forger", "ex01"): (r"failed$", 0),
     ("garbler", "ex01"): (r"crashed \(garbled reply", 0),
     ("patcher", "ex01"): (r"not accepted: changes numpy\.", 0),
-    ("sneaky_patcher", "ex01"): (r"failed$", 1),          # the patch misses the grader's process
+    ("sneaky_patcher", "ex01"): (r"failed$", 0),          # the patch misses the grader's process
     ("vandal", "ex01"): (r"not accepted: tried to write ", 0),
     ("exiter", "ex00"): (r"crashed \(exit code 0\)", 0),
     ("exiter", "ex01"): (r"crashed \(exit code 7\)", 0),
@@ -234,7 +234,7 @@ def test_hostile_class(tmp_path, grader_seed, capsys):
         assert "PRIVATE KEY" not in saved + printed
     for (student, ex), row in got.items():           # printer, absent, exiter's ex03 are honest
         if student in attackers:
-            assert row["passed"] == 0 or student in ("forger", "sneaky_patcher"), row
+            assert row["passed"] == 0, row
     assert f"graded {len({r['student'] for r in rows})} students" in printed
     assert f"{MEMORY:g} GB of memory for its processes together" in printed
     assert "not prevented: " in printed

@@ -1,5 +1,5 @@
 """Hostile: prints a forged result line (the old `flashlib grade` parsed the grade from stdout)
-and returns zeros. Expected: failed, only the "input unchanged" check passes (1/5)."""
+and returns zeros. Expected: failed, no check passes."""
 import sys
 
 import numpy as np

@@ -1,6 +1,6 @@
 """Hostile: patches numpy where the student process does not look (a private submodule's
 isclose, which numpy's own comparisons call), then returns a wrong answer. The comparisons run in
-the grader's process, so the patch changes nothing. Expected: failed, 1/5 (input unchanged)."""
+the grader's process, so the patch changes nothing. Expected: failed, no check passes."""
 import numpy as np
 
 core = getattr(np, "_core", None) or np.core
