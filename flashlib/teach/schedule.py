@@ -2,10 +2,11 @@
 
 FlashAttention-3 (Shah et al., 2024) keeps an H100's tensor cores busy by running the softmax's
 exponentials, which go through the SM's slow multi-function units, while matmuls run. Its tools:
-warp specialisation, a producer warp filling a ring of shared-memory buffers that consumer
-warpgroups drain (section 3.1); ping-pong scheduling of two consumer warpgroups, one's softmax
-under the other's GEMMs (section 3.1); and intra-warpgroup pipelining, the next block's
-S = Q K^T issued before this block's softmax (section 3.2). This module models one SM computing
+warp specialisation, a producer warpgroup filling a ring of shared-memory buffers that consumer
+warpgroups drain (section 3.1); ping-pong scheduling of two consumer warpgroups, barriers making
+one's GEMMs run while the other computes its softmax (section 3.1, Figure 1); and intra-warpgroup
+pipelining (section 3.2, Algorithm 2): iteration j issues S_j = Q K_j^T, then the deferred
+O += P_{j-1} V_{j-1}, and runs softmax_j while that second GEMM runs. This module models one SM computing
 one query tile against ``n_blocks`` key blocks, so the policies can be drawn and compared.
 
 Resources, each running one task at a time: "copy" (the TMA copy engine: K_j and V_j into shared
@@ -52,7 +53,7 @@ POLICIES = {   # producer: a producer warp loads (else the consumer, in line); c
     "sequential": dict(producer=False, consumers=1, pingpong=False, pipelined=False),
     "specialised": dict(producer=True, consumers=1, pingpong=False, pipelined=False),
     "pingpong": dict(producer=True, consumers=2, pingpong=True, pipelined=False),
-    "intra": dict(producer=True, consumers=1, pingpong=False, pipelined=True),
+    "intra": dict(producer=True, consumers=1, pingpong=False, pipelined=True),   # Algorithm 2
     "pingpong+intra": dict(producer=True, consumers=2, pingpong=True, pipelined=True),
 }
 
@@ -103,27 +104,37 @@ def tasks(policy="sequential", n_blocks=8, dur=None, *, stages=2) -> list:
             for kind, reader in (("load_k", "gemm0"), ("load_v", "gemm1")):
                 last = loaded[kind, j] = add(kind, "producer", j, last, *of(reader, j - stages))
     issued = {w: [] for w in wgs}                     # each consumer's own tasks, issue order
-    for j in range(-1 if p["pipelined"] else 0, n_blocks):     # pipelined: j = -1 issues S_0
-        for w in wgs:
-            mine = issued[w]
-            if not p["producer"]:
-                loaded["load_k", j] = add("load_k", w, j, *mine[-1:])
-                loaded["load_v", j] = add("load_v", w, j, loaded["load_k", j])
-                mine += [loaded["load_k", j], loaded["load_v", j]]
-            if not p["pipelined"]:                    # wait for each result before going on
+    last_gemm = dict.fromkeys(wgs, "")                # a warpgroup's wgmmas run in issue order
+    if p["pipelined"]:
+        # FA3's Algorithm 2 (section 3.2): the prologue computes S_0 and softmax_0; iteration j
+        # issues S_j, then the deferred PV_{j-1}, and runs softmax_j while PV_{j-1} runs; the
+        # epilogue issues the last PV. softmax_j waits only for S_j and the running max; S_j is
+        # issued after softmax_{j-1} and after PV_{j-2} (two score tiles in registers: S_next,
+        # and P_{j-1} until PV_{j-1} has read it)
+        for j in range(n_blocks + 1):
+            for w in wgs:
+                mine = issued[w]
+                if j < n_blocks:
+                    last_gemm[w] = add("gemm0", w, j, loaded["load_k", j], last_gemm[w],
+                                       *of("softmax", j - 1, w))
+                    mine.append(last_gemm[w])
+                if j >= 1:
+                    last_gemm[w] = add("gemm1", w, j - 1, f"{w}.softmax[{j - 1}]",
+                                       loaded["load_v", j - 1], last_gemm[w])
+                    mine.append(last_gemm[w])
+                if j < n_blocks:
+                    mine.append(add("softmax", w, j, f"{w}.gemm0[{j}]", *of("softmax", j - 1, w)))
+    else:                                             # FA2's order: wait for each result
+        for j in range(n_blocks):
+            for w in wgs:
+                mine = issued[w]
+                if not p["producer"]:
+                    loaded["load_k", j] = add("load_k", w, j, *mine[-1:])
+                    loaded["load_v", j] = add("load_v", w, j, loaded["load_k", j])
+                    mine += [loaded["load_k", j], loaded["load_v", j]]
                 mine.append(add("gemm0", w, j, loaded["load_k", j], *mine[-1:]))
                 mine.append(add("softmax", w, j, mine[-1]))
                 mine.append(add("gemm1", w, j, mine[-1], loaded["load_v", j]))
-                continue
-            # pipelined: S_{j+1} = Q K_{j+1}^T is issued before softmax_j, and each task waits
-            # only for its data (two score tiles live in registers: S_{j+1} after softmax_{j-1})
-            if j + 1 < n_blocks:
-                mine.append(add("gemm0", w, j + 1, loaded["load_k", j + 1],
-                                *of("softmax", j - 1, w)))
-            if j >= 0:
-                mine.append(add("softmax", w, j, *of("gemm0", j, w), *of("softmax", j - 1, w)))
-                mine.append(add("gemm1", w, j, mine[-1], loaded["load_v", j],
-                                *of("gemm1", j - 1, w)))
     if p["pingpong"]:                                 # barriers: the GEMMs between two softmaxes
         phases = {w: [[]] for w in wgs}               # of wg1, then those of wg2, then wg1's ...
         for w in wgs:
