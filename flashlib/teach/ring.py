@@ -8,6 +8,10 @@ module is what the lesson, exercise 14 and its grader need around it:
   counting the (query, key) pairs it is asked to compute;
 - ``ring_step`` (one step of one rank, exercise 14's contract, from ``flashlib.distributed``'s
   pieces) and ``simulate`` (W ranks in one process, step by step, no communication);
+- ``ring_loop`` (one rank's whole forward over a gloo or NCCL group: the double-buffered
+  ``batch_isend_irecv`` loop of exercise 14) and ``fork_ring`` (W gloo processes forked on this
+  machine, each running a function of the caller's: exercise 14's grader and the lesson run a
+  learner's loop in them);
 - ``schedule`` and ``plot_schedule``: which rank computes each (query, key) pair at which step, in
   the contiguous and the zigzag layout, and each rank's work per step;
 - ``spawn_demo``: W gloo processes on this machine (``torch.multiprocessing``, spawned, so it runs
@@ -62,10 +66,11 @@ class CountingAttention:
         return flash_attention(q, k, v, causal=causal, scale=self.scale, return_lse=True)
 
 
-def ring_step(q, k_blk, v_blk, out, lse, *, step, rank, world, causal, zigzag, attend):
+def ring_step(q, k_blk, v_blk, out, lse, *, step, rank, world, causal, zigzag, attend,
+              merge=distributed.merge):
     """One step of one rank (exercise 14's contract): attend to the part of the held K/V block
-    that some query may see and merge it into (out, lse). flashlib's own answer, from
-    ``flashlib.distributed``'s block rule and merge."""
+    that some query may see and merge it into (out, lse) with ``merge`` (lesson 03's, given).
+    flashlib's own answer, from ``flashlib.distributed``'s block rule."""
     layout = "zigzag" if zigzag else "contiguous"
     part = distributed._block(rank, (rank - step) % world, q.shape[-2], causal, layout)
     if part is None:                                   # wholly in the future: skipped
@@ -73,7 +78,35 @@ def ring_step(q, k_blk, v_blk, out, lse, *, step, rank, world, causal, zigzag, a
     rows, cols, part_causal = part
     o, l = attend(q[:, :, rows], k_blk[:, :, cols], v_blk[:, :, cols], causal=part_causal)
     out, lse = out.clone(), lse.clone()
-    out[:, :, rows], lse[:, :, rows] = distributed.merge(out[:, :, rows], lse[:, :, rows], o, l)
+    out[:, :, rows], lse[:, :, rows] = merge(out[:, :, rows], lse[:, :, rows], o, l)
+    return out, lse
+
+
+def ring_loop(q, k, v, *, causal, zigzag, attend, merge=distributed.merge, step_fn=None):
+    """One rank's ring attention forward over the default process group (exercise 14's contract):
+    the W steps, each starting the transfer of the held K/V block to rank + 1 and the receipt of
+    the next one from rank - 1 (``batch_isend_irecv``) before computing on the held block
+    (``step_fn``, default ``ring_step``), and waiting after. Returns (out, lse) float32."""
+    import torch.distributed as dist
+
+    step_fn = ring_step if step_fn is None else step_fn
+    rank, world = dist.get_rank(), dist.get_world_size()
+    B, Hq, n, D = q.shape
+    out = torch.zeros(B, Hq, n, D, dtype=torch.float32, device=q.device)
+    lse = torch.full((B, Hq, n), -math.inf, dtype=torch.float32, device=q.device)
+    kv = torch.stack((k, v))                                   # (2, B, Hkv, n, D): one transfer
+    for step in range(world):
+        if step + 1 < world:                                   # the next block, during the compute
+            arriving = torch.empty_like(kv)
+            requests = dist.batch_isend_irecv([
+                dist.P2POp(dist.isend, kv, (rank + 1) % world),
+                dist.P2POp(dist.irecv, arriving, (rank - 1) % world)])
+        out, lse = step_fn(q, kv[0], kv[1], out, lse, step=step, rank=rank, world=world,
+                           causal=causal, zigzag=zigzag, attend=attend, merge=merge)
+        if step + 1 < world:
+            for request in requests:
+                request.wait()
+            kv = arriving
     return out, lse
 
 
@@ -100,7 +133,8 @@ def simulate(q, k, v, world, *, causal=False, layout="contiguous", step_fn=None,
             src = (r - t) % world                      # the block rank r holds at step t
             before = int(attend.pairs)
             state[r] = step_fn(qs[r], ks[src], vs[src], *state[r], step=t, rank=r, world=world,
-                               causal=causal, zigzag=layout == "zigzag", attend=attend)
+                               causal=causal, zigzag=layout == "zigzag", attend=attend,
+                               merge=distributed.merge)
             pairs[r, t] = int(attend.pairs) - before
     out = distributed.unshard([s[0] for s in state], layout=layout)
     lse = distributed.unshard([s[1] for s in state], layout=layout)
@@ -269,3 +303,101 @@ def spawn_demo(world, cases, *, timeout=120.0):
                 per_rank.append(json.load(f))
     return [{name: (max(rank[i][name][0] for rank in per_rank), per_rank[0][i][name][1])
              for name in per_rank[0][i]} for i in range(len(cases))]
+
+
+# ------------------------------------------------------------------------------------------------
+# a caller's function in W forked gloo processes
+
+def _forked(rank, world, store_path, worker, conn, timeout):
+    """One forked process: join the gloo group, run ``worker(rank, world)``, send back its result
+    (or the traceback of what it raised)."""
+    import datetime
+    import traceback
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=timeout))
+        try:
+            reply = ("ok", worker(rank, world))
+        finally:
+            dist.destroy_process_group()
+    except BaseException as error:                 # the caller says what went wrong, and where
+        reply = ("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}")
+    conn.send(reply)
+    conn.close()
+
+
+def fork_ring(world, worker, *, timeout=30.0):
+    """Run ``worker(rank, world)`` in ``world`` processes forked from this one, joined in a gloo
+    group (CPU tensors, ``torch.distributed``'s default group); returns their results in rank
+    order, each ``("ok", result)`` or ``("error", traceback text)``; a rank that has not answered
+    within ``timeout`` seconds (a transfer nobody sends) gives ``("timeout", "")``, and every
+    process is killed. Forked, not spawned: a child starts in milliseconds with this process's
+    imports and objects (``worker`` may be any function, a learner's included), where a spawned one
+    imports torch again (seconds). The children must not use CUDA (a forked CUDA context breaks).
+    Linux and macOS only (fork)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    with tempfile.TemporaryDirectory() as folder:
+        store = os.path.join(folder, "store")
+        pipes, processes = [], []
+        for rank in range(world):
+            parent, child = ctx.Pipe(duplex=False)
+            process = ctx.Process(target=_forked, args=(rank, world, store, worker, child, timeout),
+                                  daemon=True)
+            process.start()
+            child.close()
+            pipes.append(parent)
+            processes.append(process)
+        deadline, results = time.monotonic() + timeout, [None] * world
+        try:
+            for rank, pipe in enumerate(pipes):
+                try:
+                    if pipe.poll(max(0.0, deadline - time.monotonic())):
+                        results[rank] = pipe.recv()
+                except EOFError:                   # died without a word (killed, out of memory)
+                    pass
+                if results[rank] is None:
+                    results[rank] = ("timeout", "") if time.monotonic() >= deadline else \
+                        ("error", f"rank {rank}'s process ended without a result")
+        finally:
+            for process in processes:
+                process.join(timeout=max(0.1, deadline - time.monotonic()))
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+    return results
+
+
+def run_loop(world, loop_fn, cases, *, timeout=60.0):
+    """Run ``loop_fn`` (``ring_loop``'s contract: exercise 14's ``ring_attention``) on ``world``
+    forked gloo processes for each case (dicts: seed, B, Hq, Hkv, N, D, causal, zigzag), with
+    flashlib's kernel as ``attend``; returns per case the largest error over the ranks of out
+    and of lse against one process's float64 attention over the whole sequence. Raises with the
+    failing rank's traceback."""
+    def worker(rank, _):
+        errors = []
+        for case in cases:
+            g = torch.Generator().manual_seed(case["seed"])
+            B, Hq, Hkv, N, D = (case[x] for x in ("B", "Hq", "Hkv", "N", "D"))
+            q, k, v = (torch.randn(s, generator=g) for s in ((B, Hq, N, D), (B, Hkv, N, D),
+                                                            (B, Hkv, N, D)))
+            layout = "zigzag" if case["zigzag"] else "contiguous"
+            mine = [distributed.shard(x, rank, world, layout=layout) for x in (q, k, v)]
+            out, lse = loop_fn(*mine, causal=case["causal"], zigzag=case["zigzag"],
+                               attend=CountingAttention(), merge=distributed.merge)
+            ref, ref_lse = (distributed.shard(t, rank, world, layout=layout)
+                            for t in attention_ref(q, k, v, causal=case["causal"]))
+            errors.append((float((out.double() - ref).abs().max()),
+                           float((lse.double() - ref_lse).abs().max())))
+        return errors
+    replies = fork_ring(world, worker, timeout=timeout)
+    for rank, (status, reply) in enumerate(replies):
+        if status != "ok":
+            raise RuntimeError(f"rank {rank} of {world}: {status}\n{reply}")
+    return [tuple(max(reply[i][j] for _, reply in replies) for j in range(2))
+            for i in range(len(cases))]

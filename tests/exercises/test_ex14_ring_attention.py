@@ -1,27 +1,41 @@
-"""Grader of exercise 14 (lesson 14): merge, ring_step and zigzag_shard, ring attention's pieces.
+"""Grader of exercise 14 (lesson 14): ring_attention (the ring's communication loop), ring_step
+and zigzag_shard.
 
-merge is compared with the float64 merge of the same inputs (blocks of real attention over uneven
-key splits, lse in the thousands and near -30000, empty parts and rows) under flashlib.testing's
-rule (baselines: the textbook merge and the merge through logaddexp, in float32). ring_step is
-driven through a simulated ring of W = 1 to 4 ranks in one process (no communication): at step t
-rank r gets the K/V block of rank (r - t) mod W and a flashlib.teach.ring.CountingAttention (the
-float64 oracle rounded to q's dtype, counting the (query, key) pairs asked for), so every step is
-held to the exact work it needs (no masked block computed, no visible key skipped) and to the
-float64 attention over the keys seen so far; the final shards to attention_ref over the whole
-sequence. Contiguous and zigzag layouts, causal and not, 4 query heads over 2 K/V heads, float32,
-float16 and bfloat16 blocks, scores in the hundreds. Probes name the mistake: no max subtracted,
-NaN on empty rows, lse not merged, plain average, float16 accumulation, the wrong source rank,
-future blocks computed, the diagonal not causal, the zigzag halves.
+ring_step is driven through a simulated ring of W = 1 to 4 ranks in one process (no
+communication): at step t rank r gets the K/V block of rank (r - t) mod W, a
+flashlib.teach.ring.CountingAttention (the float64 oracle rounded to q's dtype, counting the
+(query, key) pairs asked for) and lesson 03's merge (flashlib's, given), so every step is held to
+the exact work it needs (no masked block computed, no visible key skipped) and to the float64
+attention over the keys seen so far; the final shards to attention_ref over the whole sequence.
+Contiguous and zigzag layouts, causal and not, grouped heads, float32, float16 and bfloat16
+blocks, scores in the hundreds.
+
+ring_attention runs for real: flashlib.teach.ring.fork_ring forks a gloo group of 2 processes and
+one of 3 (milliseconds each: forked, not spawned), and every rank calls the learner's function on
+its shard of the same sequence, for every case of the check, in one group. In each process the
+grader records, by wrapping torch.distributed's batch_isend_irecv, send and recv, the learner's
+ring_step and the requests' wait(): what every transfer sends and receives and to whom, which
+transfers are still in flight when each step computes, and which block each step is given
+(recognised by its values among every rank's shards). So the hints name the mistake: blocking
+send/recv, the wrong neighbour, waiting before computing (no overlap), computing on a block
+before its transfer is waited for, receiving into the block being sent, sending the wrong block,
+the received block never used, a block dropped or a transfer too many, the wrong step. Under
+``flashlib grade`` this check is left out (not_under_grade): the learner's code would run in
+processes outside the sandbox.
 """
+import importlib
 import math
+import sys
+import traceback
 
 import numpy as np
 import pytest
 import torch
 
-from flashlib.course import checks, grading
+from flashlib import distributed
+from flashlib.course import checks, grading, integrity
 from flashlib.reference import attention_naive, attention_ref
-from flashlib.teach.ring import CountingAttention, simulate
+from flashlib.teach.ring import CountingAttention, fork_ring, simulate
 from flashlib.testing import attention_magnitudes
 
 pytestmark = pytest.mark.ex14
@@ -29,23 +43,14 @@ pytestmark = pytest.mark.ex14
 # "not accepted: write it yourself" (flashlib.course.integrity.borrowed)
 FLASHLIB_ALLOWED = ()
 # flashlib's own answers: calling one while graded is "not accepted" too, however it is reached
-# (flashlib.course.integrity.tripwire)
-FLASHLIB_ANSWERS = ("flashlib.distributed.merge", "flashlib.distributed.shard",
-                    "flashlib.distributed.positions", "flashlib.distributed._block",
-                    "flashlib.teach.ring.ring_step", "flashlib.teach.ring.simulate")
+# (flashlib.course.integrity.tripwire); merge is given to the learner, not an answer
+FLASHLIB_ANSWERS = ("flashlib.distributed.shard", "flashlib.distributed.positions",
+                    "flashlib.distributed._block", "flashlib.teach.ring.ring_step",
+                    "flashlib.teach.ring.ring_loop", "flashlib.teach.ring.simulate")
+merge = distributed.merge                   # what the learner is given, lesson 03's merge
 
-HINT_OVERFLOW = ("exp(lse) overflows: lse can be in the hundreds or thousands (88.7 is float32's "
-                 "limit). Subtract the larger of the two lse first, so that both exponents are <= 0")
-HINT_EMPTY = ("a row empty on both sides (lse = lse_blk = -inf) must give out 0 and lse -inf, not "
-              "NaN: -inf - (-inf) is NaN, so use 0 as the reference where the larger lse is -inf")
-HINT_LSE = ("return the merged lse = log(exp(lse) + exp(lse_blk)), the log-sum-exp over both parts' "
-            "keys, not one of the two: the next merge weighs the running result by it")
-HINT_WEIGHTS = ("weigh each part by its share of the softmax's mass: out = exp(lse - lse_new) out "
-                "+ exp(lse_blk - lse_new) out_blk, weights that sum to 1 (a plain average, or "
-                "weights exp(lse) not divided by their sum, is wrong)")
-HINT_FLOAT32 = ("accumulate in float32: upcast the block's output (out_blk.float()) and keep the "
-                "running out and lse float32; rounding them to the block's float16 or bfloat16 "
-                "at every step loses bits the next steps need")
+HINT_FLOAT32 = ("keep the running out and lse float32 (merge returns float32): never round them to "
+                "q's float16 or bfloat16 between steps, the next steps need the bits")
 HINT_SOURCE = ("at step t rank r holds the K/V block that rank (rank - step) mod world started "
                "with: every step each block moves on to the next rank, r + 1")
 HINT_FUTURE = ("a block whose keys all lie after this rank's queries is wholly in the future under "
@@ -88,160 +93,6 @@ def _pair(name, result, out, lse, where, why):
                     f"{where}; expected {tuple(out.shape)} and {tuple(lse.shape)}: {why}")
     return new_out, new_lse
 
-
-def _merge_call(impl, out, lse, out_blk, lse_blk):
-    """The learner's merge on copies; checks the pair returned (float32, shapes)."""
-    fn = checks.function(impl, "merge")
-    result = fn(out.clone(), lse.clone(), out_blk.clone(), lse_blk.clone())
-    new_out, new_lse = _pair("merge", result, out, lse, "", "like its out and lse")
-    if new_out.dtype != torch.float32 or new_lse.dtype != torch.float32:
-        checks.fail(f"merge returned out {new_out.dtype} and lse {new_lse.dtype} (out_blk "
-                    f"{out_blk.dtype}); both must be float32", HINT_FLOAT32)
-    return new_out, new_lse
-
-
-def _merge64(out, lse, out_blk, lse_blk):
-    """The oracle: the same merge in float64 (empty rows: 0 and -inf)."""
-    o = torch.stack([out.double(), out_blk.double()])                     # (2, ..., n, D)
-    l = torch.stack([lse.double(), lse_blk.double()])                     # (2, ..., n)
-    new = torch.logsumexp(l, dim=0)
-    w = torch.exp(l - torch.where(torch.isneginf(new), 0.0, new))         # 0 where empty
-    return (w[..., None] * o).sum(0), new
-
-
-def _textbook(out, lse, out_blk, lse_blk):
-    """The merge in float32 with the max subtracted: a tolerance baseline."""
-    m = torch.maximum(lse, lse_blk)
-    m = torch.where(torch.isneginf(m), 0.0, m)
-    a, b = torch.exp(lse - m), torch.exp(lse_blk - m)
-    s = torch.where(a + b == 0, 1.0, a + b)
-    return (a[..., None] * out + b[..., None] * out_blk.float()) / s[..., None], \
-        torch.where(a + b == 0, -math.inf, m + torch.log(s))
-
-
-def _log_space(out, lse, out_blk, lse_blk):
-    """The merge in float32 through logaddexp (weights exp(lse_part - lse)): a second baseline,
-    whose rounding follows |lse|."""
-    new = torch.logaddexp(lse, lse_blk)
-    ref = torch.where(torch.isneginf(new), 0.0, new)
-    return (torch.exp(lse - ref)[..., None] * out
-            + torch.exp(lse_blk - ref)[..., None] * out_blk.float()), new
-
-
-def _probe(impl, lse_pair, outs=None, dtype=torch.float32):
-    """merge of two one-row parts (D = 2) with the given lse; None if the learner's merge fails."""
-    outs = np.eye(2) if outs is None else outs
-    args = (_tensor(outs[0]).reshape(1, 1, 1, 2), _tensor([lse_pair[0]]).reshape(1, 1, 1),
-            _tensor(outs[1], dtype).reshape(1, 1, 1, 2), _tensor([lse_pair[1]]).reshape(1, 1, 1))
-    try:
-        out, lse = checks.function(impl, "merge")(*args)
-        return out.double().reshape(2).numpy(), float(lse.double().reshape(()))
-    except Exception:
-        return None
-
-
-def _diagnose_merge(impl):
-    """The first hint whose mistake the learner's merge makes on small probes, or None."""
-    got = _probe(impl, [0.0, math.log(3.0)])            # the block holds 3x the mass
-    if got is None:
-        return None
-    out, lse = got
-    if not np.allclose(out, [0.25, 0.75], rtol=1e-5):
-        if np.allclose(out, [0.5, 0.5], rtol=1e-5) or np.allclose(out, [1.0, 3.0], rtol=1e-5):
-            return HINT_WEIGHTS
-        return None
-    if not math.isclose(lse, math.log(4.0), rel_tol=1e-5):
-        return HINT_LSE
-    got = _probe(impl, [300.0, 300.0 + math.log(3.0)])
-    if got is not None and not (np.all(np.isfinite(got[0])) and math.isfinite(got[1])):
-        return HINT_OVERFLOW
-    got = _probe(impl, [-math.inf, -math.inf], outs=np.zeros((2, 2)))
-    if got is not None and (np.isnan(got[0]).any() or not math.isinf(got[1])):
-        return HINT_EMPTY
-    fine = 1.0 + 2.0 ** -20                             # a float32 value float16 cannot hold
-    got = _probe(impl, [0.5, -math.inf], outs=np.array([[fine, -fine], [0.0, 0.0]]),
-                 dtype=torch.float16)
-    if got is not None and not np.allclose(got[0], [fine, -fine], rtol=2.0 ** -22, atol=0):
-        return HINT_FLOAT32
-    return None
-
-
-def _expect_merge(impl, out, lse, out_blk, lse_blk, what, default_hint, magnitude=None):
-    new_out, new_lse = _merge_call(impl, out, lse, out_blk, lse_blk)
-    ref_out, ref_lse = _merge64(out, lse, out_blk, lse_blk)
-    hint = lambda: _diagnose_merge(impl) or default_hint  # noqa: E731
-    what = f"{what} (out_blk {out_blk.dtype})"
-    if torch.isnan(new_out).any() or torch.isnan(new_lse).any():
-        checks.fail(f"merge returned NaN for {what}", hint())
-    if not torch.equal(torch.isneginf(new_lse), torch.isneginf(ref_lse)):
-        checks.fail(f"merge's lse is -inf in the wrong rows for {what}: exactly the rows empty on "
-                    "both sides have seen no key", hint())
-    bases = list(zip(_textbook(out, lse, out_blk, lse_blk), _log_space(out, lse, out_blk, lse_blk)))
-    mags = magnitude or {}
-    checks.expect_close(new_out, ref_out, baseline=bases[0], dtype=torch.float32,
-                        name=f"out for {what}", hint=hint, magnitude=mags.get("out"))
-    checks.expect_close(new_lse, ref_lse, baseline=bases[1], dtype=torch.float32,
-                        name=f"lse for {what}", hint=hint, magnitude=mags.get("lse"))
-
-
-def check_merge_real_parts(impl, rng):
-    """merge: two parts of real attention (an uneven split of the keys, one part a single key)
-    give attention over all the keys, for float32, float16 and bfloat16 blocks"""
-    q, k, v = (_tensor(rng.standard_normal(s), torch.float64)
-               for s in ((2, 3, 17, 24), (2, 3, 41, 24), (2, 3, 41, 24)))
-    for dtype, cut in ((torch.float32, int(rng.integers(2, 40))), (torch.float16, 1),
-                       (torch.bfloat16, 40)):
-        out, lse = attention_ref(q, k[:, :, :cut], v[:, :, :cut])
-        out_b, lse_b = attention_ref(q, k[:, :, cut:], v[:, :, cut:])
-        _expect_merge(impl, out.float(), lse.float(), out_b.to(dtype), lse_b.float(),
-                      f"keys [0, {cut}) and [{cut}, 41)",
-                      "out = exp(lse - lse_new) out + exp(lse_blk - lse_new) out_blk")
-
-
-def check_merge_large_and_far(impl, rng):
-    """merge: lse in the hundreds and thousands (past exp's range), far apart, and far below zero
-    (near -30000) stay finite and right"""
-    for base in (300.0, 3000.0, -3e4):
-        lse = rng.uniform(base, base + 3, (2, 2, 9))
-        lse_blk = rng.uniform(base - 2, base + 2, (2, 2, 9))
-        lse_blk[0, :, :3] = base + 150.0                    # the block dominates these rows
-        lse[1, :, :3] = base + 150.0                         # the running result these
-        out, out_blk = rng.standard_normal((2, 2, 2, 9, 16))
-        w = np.exp(np.stack([lse, lse_blk]) - np.logaddexp(lse, lse_blk))   # the weights
-        mags = {"out": float((w[..., None] * (1 + np.abs(np.stack([lse, lse_blk])))[..., None]
-                              * np.abs(np.stack([out, out_blk]))).sum(0).max()),
-                "lse": abs(base) + 160.0}
-        _expect_merge(impl, _tensor(out), _tensor(lse), _tensor(out_blk), _tensor(lse_blk),
-                      f"lse around {base:g}", "subtract the larger lse before exponentiating",
-                      magnitude=mags)
-
-
-def check_merge_empty(impl, rng):
-    """merge: an empty part (lse -inf, out 0) leaves the other exactly as it was (float32 to the
-    last bit), the first merge into (0, -inf) gives the block, a block of zero values counts with
-    its weight, and a row empty on both sides gives out 0 and lse -inf, never NaN"""
-    out = rng.standard_normal((1, 2, 8, 16)) * (1 + 2.0 ** -20)    # bits float16 cannot hold
-    lse = rng.normal(0, 3, (1, 2, 8))
-    out_blk = rng.standard_normal((1, 2, 8, 16))
-    lse_blk = rng.normal(0, 3, (1, 2, 8))
-    lse_blk[:, :, :3] = -np.inf                                     # the block is empty here
-    out_blk[:, :, :3] = 0.0
-    lse[:, :, 3:5] = -np.inf                                        # the running result here
-    out[:, :, 3:5] = 0.0
-    lse[:, :, 5] = lse_blk[:, :, 5] = -np.inf                       # both empty
-    out[:, :, 5] = out_blk[:, :, 5] = 0.0
-    out_blk[:, :, 6] = 0.0                                          # values 0, lse finite
-    for dtype in (torch.float32, torch.float16):
-        _expect_merge(impl, _tensor(out), _tensor(lse), _tensor(out_blk, dtype), _tensor(lse_blk),
-                      "empty rows (-inf) on one side, the other or both",
-                      "a part with lse -inf has weight exp(-inf) = 0; both empty: out 0, lse -inf")
-        new_out, _ = _merge_call(impl, _tensor(out), _tensor(lse), _tensor(out_blk, dtype),
-                                 _tensor(lse_blk))
-        kept = _tensor(out)[:, :, :3]
-        if not torch.allclose(new_out[:, :, :3], kept, rtol=2.0 ** -22, atol=0.0):
-            checks.fail(f"merging an empty block (lse_blk -inf, out_blk {dtype}) changed the "
-                        "running out: it must stay as it was, to float32's last bit",
-                        _diagnose_merge(impl) or HINT_FLOAT32)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -354,7 +205,8 @@ def _ring(impl, q, k, v, world, *, causal, zigzag, what):
             src = (r - t) % world
             attend = CountingAttention(oracle=True)
             where = f"{what}, rank {r} at step {t}, holding {_kind(r, src, world, causal, zigzag)}"
-            kwargs = dict(step=t, rank=r, world=world, causal=causal, zigzag=zigzag, attend=attend)
+            kwargs = dict(step=t, rank=r, world=world, causal=causal, zigzag=zigzag, attend=attend,
+                          merge=merge)
             args = (shards[0][r], shards[1][src], shards[2][src], *state[r])
             state[r] = _step(impl, args, kwargs, where)
             needed = int(_visible(pos[r], pos[src], causal).sum())
@@ -376,8 +228,7 @@ def _ring(impl, q, k, v, world, *, causal, zigzag, what):
             if bad or float((out.double() - ref_out).abs().max()) > loose * scale_out or \
                     float((lse.double() - ref_lse).nan_to_num(0.0).abs().max()) > loose * scale_lse:
                 checks.fail(f"{where}: the running (out, lse) is not attention over the keys seen "
-                            f"so far", _diagnose_merge(impl) or
-                            _hint_for(r, src, causal, zigzag, needed, needed))
+                            f"so far", _hint_for(r, src, causal, zigzag, needed, needed))
     return [s for s in state], pos
 
 
@@ -394,10 +245,10 @@ def _expect_ring(impl, q, k, v, world, *, causal, zigzag, what):
         p = pos[r]
         checks.expect_close(out, ref[:, :, p], baseline=(naive[:, :, p], ring_out[:, :, p]),
                             dtype=q.dtype, name=f"rank {r}'s out ({what})",
-                            hint=lambda: _diagnose_merge(impl) or HINT_FLOAT32,
+                            hint=HINT_FLOAT32,
                             magnitude=mags["out"])
         checks.expect_close(lse, ref_lse[:, :, p], baseline=ring_lse[:, :, p], dtype=torch.float32,
-                            name=f"rank {r}'s lse ({what})", hint=lambda: _diagnose_merge(impl),
+                            name=f"rank {r}'s lse ({what})", hint=HINT_FLOAT32,
                             magnitude=mags["lse"])
 
 
@@ -438,9 +289,282 @@ def check_ring_low_precision_large_scores(impl, rng):
         _expect_ring(impl, q, k, v, world, causal=True, zigzag=zigzag, what=f"{dtype}, large scores")
 
 
-CHECKS = [check_merge_real_parts, check_merge_large_and_far, check_merge_empty, check_zigzag_shard,
-          check_ring_not_causal, check_ring_causal_contiguous, check_ring_causal_zigzag,
-          check_ring_low_precision_large_scores]
+
+
+# ------------------------------------------------------------------------------------------------
+# ring_attention, in real processes (gloo)
+
+HINT_BLOCKING = ("start both transfers with torch.distributed.batch_isend_irecv (an isend to the next "
+                 "rank, an irecv from the previous one) and compute while they run; a blocking "
+                 "send or recv finishes its transfer before the compute starts, so nothing overlaps")
+HINT_NEIGHBOUR = ("send to rank (rank + 1) % world and receive from rank (rank - 1) % world: the "
+                  "blocks travel one way round the ring, so that at step t you hold the block of "
+                  "rank (rank - t) % world")
+HINT_OVERLAP = ("double buffering: start the transfer (batch_isend_irecv) before the step computes "
+                "and wait for it after ring_step returns; waiting first makes the link and the "
+                "compute take turns")
+HINT_WAIT_FIRST = ("wait for the transfer (.wait() on every request batch_isend_irecv returned) "
+                   "before you use the received block: until then its buffer may still be filling")
+HINT_FRESH_BUFFER = ("receive into a new buffer (torch.empty_like), not into the block you are "
+                     "sending and computing with: both transfers are in flight while the step "
+                     "reads it")
+HINT_SEND_HELD = ("send on the block you hold at this step (the one received last), not your own "
+                  "first block: every block must travel all the way round the ring")
+HINT_USE_RECEIVED = ("after the wait, the received block is the one for the next step: hold it "
+                     "(kv = received) instead of computing your own block again")
+HINT_STEPS = ("W steps: call ring_step once per step, step = 0, 1, ..., W - 1, the last one on the "
+              "block received last")
+HINT_EXTRA_SEND = ("W - 1 transfers: the block held at the last step has visited every rank, so "
+                   "do not send it on (that is a wasted transfer of a whole block)")
+HINT_STEP_ARGS = ("pass ring_step this step's number (0, 1, ..., W - 1), your rank and the world "
+                  "size from torch.distributed, and causal and zigzag as you were given them")
+HINT_START = ("start from out 0 and lse -inf (float32: no key seen yet), return what ring_step "
+              "returned after the last step, and make ring_step pass its own checks first")
+RING_TIMEOUT = 10.0                         # seconds for a group's every case; the solution: ~0.1
+
+
+def _case_tensors(case):
+    """The whole sequence's q, k, v of a case, the same on every rank (its own generator)."""
+    g = torch.Generator().manual_seed(case["seed"])
+    B, Hq, Hkv, N, D = (case[x] for x in ("B", "Hq", "Hkv", "N", "D"))
+    return [torch.randn(shape, generator=g).to(case["dtype"])
+            for shape in ((B, Hq, N, D), (B, Hkv, N, D), (B, Hkv, N, D))]
+
+
+def _recorded_run(impl, cases):
+    """The function each forked rank runs: every case through the learner's ring_attention, with
+    torch.distributed's transfers and the learner's ring_step recorded. Returns, per case, the
+    events, the transfers, and out and lse (NumPy, float64) or the error raised."""
+    import torch.distributed as dist
+
+    def run(rank, world):
+        real = {name: getattr(dist, name) for name in ("batch_isend_irecv", "send", "recv")}
+        real_step = impl.ring_step
+        now = {}                                        # the case being run
+        storage = lambda t: t.untyped_storage().data_ptr()          # noqa: E731
+
+        def source_of(t):
+            """Which rank's K/V shard ``t`` holds (K, V, or both stacked), -1 if none."""
+            for src, (ks, vs) in enumerate(now["shards"]):
+                if tuple(t.shape) == tuple(ks.shape) and (torch.equal(t, ks) or torch.equal(t, vs)):
+                    return src
+                if tuple(t.shape) == (2, *ks.shape) and torch.equal(t[0], ks) and torch.equal(t[1], vs):
+                    return src
+            return -1
+
+        class Request:
+            """A request of batch_isend_irecv whose wait() is recorded."""
+            def __init__(self, work, batch):
+                self.work, self.batch = work, batch
+
+            def wait(self, *args, **kwargs):
+                self.batch["waited"] += 1
+                return self.work.wait(*args, **kwargs)
+
+            def __getattr__(self, name):
+                return getattr(self.work, name)
+
+        def batch_isend_irecv(ops):
+            ops = list(ops)
+            batch = dict(sends=[], recvs=[], waited=0)
+            for op in ops:
+                kind = "sends" if op.op is dist.isend else "recvs"
+                batch[kind].append((int(op.peer), storage(op.tensor),
+                                    source_of(op.tensor) if kind == "sends" else None))
+            works = real["batch_isend_irecv"](ops)
+            batch["requests"] = len(works)
+            now["batches"].append(batch)
+            return [Request(w, batch) for w in works]
+
+        def blocking(name):
+            def call(*args, **kwargs):
+                now["blocking"].append(name)
+                return real[name](*args, **kwargs)
+            return call
+
+        def ring_step(q, k_blk, v_blk, out, lse, **kwargs):
+            pending = [b for b in now["batches"] if b["waited"] < b["requests"]]
+            now["steps"].append(dict(
+                args={x: kwargs.get(x) for x in ("step", "rank", "world", "causal", "zigzag")},
+                source=source_of(k_blk), pending=len(pending),
+                unwaited=any(storage(k_blk) == r[1] or storage(v_blk) == r[1]
+                             for b in pending for r in b["recvs"])))
+            return real_step(q, k_blk, v_blk, out, lse, **kwargs)
+
+        def watched(module, name):
+            """flashlib's answer ``name``, recording a call made from the learner's file (the
+            tripwire of ``flashlib check`` records in the grader's process, not in this one)."""
+            original = getattr(module, name)
+
+            def call(*args, **kwargs):
+                frame = sys._getframe(1)
+                while frame is not None:
+                    if frame.f_code.co_filename == getattr(impl, "__file__", None):
+                        now["answers"].append(f"{module.__name__}.{name}")
+                        break
+                    frame = frame.f_back
+                return original(*args, **kwargs)
+            return call
+
+        for dotted in FLASHLIB_ANSWERS:
+            module_name, name = dotted.rsplit(".", 1)
+            module = importlib.import_module(module_name)
+            setattr(module, name, watched(module, name))
+        dist.batch_isend_irecv, dist.send, dist.recv = (batch_isend_irecv, blocking("send"),
+                                                         blocking("recv"))
+        impl.ring_step = ring_step                      # this forked copy of the module only
+        fn = checks.function(impl, "ring_attention")
+        results = []
+        for case in cases:
+            q, k, v = _case_tensors(case)
+            pos = [_positions(case["N"], r, world, case["zigzag"]) for r in range(world)]
+            now.update(shards=[(k[:, :, p], v[:, :, p]) for p in pos], steps=[], batches=[],
+                       blocking=[], answers=[])
+            result = dict(error=None, not_done=None)
+            try:
+                got = fn(q[:, :, pos[rank]].clone(), k[:, :, pos[rank]].clone(),
+                         v[:, :, pos[rank]].clone(), causal=case["causal"], zigzag=case["zigzag"],
+                         attend=CountingAttention(oracle=True), merge=merge)
+                result["reply"] = [(str(t.dtype), tuple(t.shape), t.detach().double().numpy())
+                                   if isinstance(t, torch.Tensor) else (type(t).__name__, None, None)
+                                   for t in (got if isinstance(got, (tuple, list)) else [got])]
+            except NotImplementedError as error:        # the stub: "not done", as in one process
+                result["not_done"] = str(error)
+            except Exception as error:                  # the learner's, reported with its line
+                frames = [f for f in traceback.extract_tb(error.__traceback__)
+                          if f.filename == getattr(impl, "__file__", None)]
+                where = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
+                result["error"] = f"{type(error).__name__}: {error}{where}"
+            result.update({x: now[x] for x in ("steps", "batches", "blocking", "answers")})
+            results.append(result)
+            dist.barrier()                              # no transfer of one case meets the next's
+        return results
+    return run
+
+
+def _problem(case, rank, world, result):
+    """The first thing wrong with one rank's run of one case, as (message, hint), or None."""
+    where = (f"rank {rank} of {world} ({'causal' if case['causal'] else 'not causal'}, "
+             f"{'zigzag' if case['zigzag'] else 'contiguous'}, {case['N']} positions)")
+    if result["answers"]:
+        return integrity.NOT_ACCEPTED.format(why=f"calls {result['answers'][0]}, flashlib's own "
+                                             "answer"), None
+    if result["error"] is not None:
+        return f"ring_attention raised on {where}: {result['error']}", None
+    if result["blocking"]:
+        return f"{where}: ring_attention called torch.distributed.{result['blocking'][0]}", \
+            HINT_BLOCKING
+    steps, batches = result["steps"], result["batches"]
+    if len(steps) != world:
+        return f"{where}: ring_step was called {len(steps)} times; the ring has {world} steps", \
+            HINT_STEPS
+    for t, step in enumerate(steps):
+        want = dict(step=t, rank=rank, world=world, causal=case["causal"], zigzag=case["zigzag"])
+        if step["args"] != want:
+            return f"{where}: call {t} of ring_step got {step['args']}; expected {want}", \
+                HINT_STEP_ARGS
+    if len(batches) > world - 1:
+        return f"{where}: {len(batches)} transfers for {world} steps", HINT_EXTRA_SEND
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    for i, batch in enumerate(batches):
+        peers = ([p for p, _, _ in batch["sends"]], [p for p, _, _ in batch["recvs"]])
+        if not batch["sends"] or not batch["recvs"] or set(peers[0]) != {nxt} or \
+                set(peers[1]) != {prev}:
+            return (f"{where}: transfer {i} sends to ranks {peers[0]} and receives from "
+                    f"{peers[1]}; expected sends to {nxt} and receives from {prev}"), HINT_NEIGHBOUR
+        if {s for _, s, _ in batch["sends"]} & {s for _, s, _ in batch["recvs"]}:
+            return f"{where}: transfer {i} receives into the tensor it sends", HINT_FRESH_BUFFER
+    for t, step in enumerate(steps):
+        if step["unwaited"]:
+            return (f"{where}: step {t} computed on a block whose transfer had not been waited "
+                    "for"), HINT_WAIT_FIRST
+    for t, step in enumerate(steps[:-1]):
+        if not step["pending"]:
+            return (f"{where}: no transfer was in flight while step {t} computed (the next block "
+                    "had not been started, or was already waited for)"), HINT_OVERLAP
+    for i, batch in enumerate(batches):           # transfer i overlaps step i (checked above)
+        held = (rank - i) % world
+        sent = [src for _, _, src in batch["sends"] if src not in (-1, held)]
+        if sent:
+            return (f"{where}: the transfer started at step {i} sends rank {sent[0]}'s block; the "
+                    f"block held then is rank {held}'s"), HINT_SEND_HELD
+    for t, step in enumerate(steps):
+        src = (rank - t) % world
+        if step["source"] != src:
+            if step["source"] == rank:
+                return (f"{where}: step {t} was given this rank's own block again; it should hold "
+                        f"rank {src}'s"), HINT_USE_RECEIVED
+            got = "no rank's K" if step["source"] < 0 else f"rank {step['source']}'s block"
+            return f"{where}: step {t} was given {got}; at step {t} it holds rank {src}'s", \
+                HINT_NEIGHBOUR if step["source"] == (rank + t) % world else HINT_STEPS
+    if len(batches) < world - 1:
+        return f"{where}: {len(batches)} transfers for {world} steps", HINT_OVERLAP
+    return None
+
+
+def _expect_ring_processes(impl, rng, world, cases):
+    for case in cases:
+        case.update(seed=int(rng.integers(2**31)), B=int(rng.integers(1, 3)),
+                    D=int(rng.choice([8, 12, 16])), N=2 * world * int(rng.integers(1, 4)))
+        case["Hq"], case["Hkv"] = [(4, 2), (2, 2), (3, 1)][int(rng.integers(3))]
+    replies = fork_ring(world, _recorded_run(impl, cases), timeout=RING_TIMEOUT)
+    for rank, (status, reply) in enumerate(replies):
+        if status == "timeout":
+            checks.fail(f"ring_attention did not return on rank {rank} of {world} within "
+                        f"{RING_TIMEOUT:.0f} s: some rank waits for a transfer that no rank makes",
+                        "each rank sends W - 1 times to rank + 1 and receives W - 1 times from "
+                        "rank - 1, in one batch_isend_irecv per step")
+        if status == "error":
+            checks.fail(f"rank {rank} of {world} failed: {reply.strip().splitlines()[-1]}")
+    for results in (reply for _, reply in replies):
+        if results[0]["not_done"] is not None:
+            raise NotImplementedError(results[0]["not_done"])
+    for i, case in enumerate(cases):
+        q, k, v = _case_tensors(case)
+        ref, ref_lse = attention_ref(q, k, v, causal=case["causal"])
+        for rank, (_, results) in enumerate(replies):
+            found = _problem(case, rank, world, results[i])
+            if found is not None:
+                checks.fail(*found)
+            reply = results[i]["reply"]
+            p = _positions(case["N"], rank, world, case["zigzag"])
+            want = (ref[:, :, p], ref_lse[:, :, p])
+            if len(reply) != 2 or any(a[0] != "torch.float32" or a[1] != tuple(w.shape)
+                                      for a, w in zip(reply, want)):
+                checks.fail(f"ring_attention returned {[a[:2] for a in reply]} on rank {rank}; "
+                            f"expected out float32 {tuple(want[0].shape)} and lse float32 "
+                            f"{tuple(want[1].shape)}", HINT_FLOAT32)
+            loose = 1e-4 if case["dtype"] == torch.float32 else 2e-2   # blocks rounded to q's dtype
+            for (_, _, got), w, name in zip(reply, want, ("out", "lse")):
+                got = torch.from_numpy(got)
+                finite = torch.isfinite(w)
+                if not torch.equal(torch.isfinite(got), finite) or \
+                        float((got - w)[finite].abs().max()) > loose * (1 + float(w[finite].abs().max())):
+                    checks.fail(f"rank {rank} of {world}'s {name} is not attention over the whole "
+                                f"sequence ({'causal' if case['causal'] else 'not causal'}, "
+                                f"{'zigzag' if case['zigzag'] else 'contiguous'})", HINT_START)
+
+
+@checks.not_under_grade
+def check_ring_attention_two_processes(impl, rng):
+    """ring_attention in 2 gloo processes: causal and not, both layouts, grouped heads; every
+    transfer double-buffered (in flight while the step computes), out and lse exact"""
+    _expect_ring_processes(impl, rng, 2, [dict(causal=False, zigzag=False, dtype=torch.float32),
+                                          dict(causal=True, zigzag=True, dtype=torch.float32)])
+
+
+@checks.not_under_grade
+def check_ring_attention_three_processes(impl, rng):
+    """ring_attention in 3 gloo processes: blocks go to rank + 1 and come from rank - 1, the block
+    held is sent on, W - 1 transfers each overlapping a step, float16 inputs, out and lse exact"""
+    _expect_ring_processes(impl, rng, 3, [dict(causal=True, zigzag=False, dtype=torch.float32),
+                                          dict(causal=False, zigzag=True, dtype=torch.float16),
+                                          dict(causal=True, zigzag=True, dtype=torch.float32)])
+
+
+CHECKS = [check_zigzag_shard, check_ring_not_causal, check_ring_causal_contiguous,
+          check_ring_causal_zigzag, check_ring_low_precision_large_scores,
+          check_ring_attention_two_processes, check_ring_attention_three_processes]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)

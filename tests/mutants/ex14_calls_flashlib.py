@@ -1,5 +1,5 @@
-"""Mutant of ex14 (cheat): hands in flashlib.distributed's own merge and shard, imported."""
-from flashlib.distributed import merge  # noqa: F401
+"""Mutant of ex14 (cheat): hands in flashlib's own ring step and ring loop, imported."""
+from flashlib.teach.ring import ring_loop as ring_attention  # noqa: F401
 from flashlib.teach.ring import ring_step  # noqa: F401
 
 EXPECTED_HINT = "not accepted: write it yourself"

@@ -1,31 +1,14 @@
-"""Mutant of ex14: (cheat) reaches flashlib.distributed's own merge at run time through
+"""Mutant of ex14: (cheat) reaches flashlib's own ring loop at run time through
 pkgutil.resolve_name and a name built from strings, which no static check sees."""
 import math
 
 import torch
+import torch.distributed as dist
 
-EXPECTED_HINT = "not accepted: write it yourself"
-
-
-def merge(out, lse, out_blk, lse_blk):
-    """Fold one block's attention result into the running result of the same query rows.
-
-    out: (..., n, D) float32, the running output, normalised over the keys seen so far (0 in rows
-    that have seen none); lse: (..., n) float32, natural-log log-sum-exp of their scores (-inf in
-    rows that have seen none). out_blk, lse_blk: the same for one block of other keys; out_blk may
-    be in a lower precision (float16, bfloat16: the block attention's output in q's dtype), lse_blk
-    is float32 and may be -inf (a row that sees no key of the block).
-    Returns (out, lse), float32, over the union of the keys: the merge above, computed so that lse
-    values in the thousands, or far below zero, stay finite and exact, and a row empty on both
-    sides gives out 0 and lse -inf, never NaN. Accumulate in float32 (never in out_blk's dtype).
-    """
-    import pkgutil
-    library = pkgutil.resolve_name("flash" + "lib.distri" + "buted:me" + "rge")
-    new_out, new_lse = library(out, lse, out_blk, lse_blk)
-    return new_out, new_lse
+EXPECTED_HINT = 'not accepted: write it yourself'
 
 
-def ring_step(q, k_blk, v_blk, out, lse, *, step, rank, world, causal, zigzag, attend):
+def ring_step(q, k_blk, v_blk, out, lse, *, step, rank, world, causal, zigzag, attend, merge):
     """One step of ring attention on one rank: attend to the K/V block held, merge into (out, lse).
 
     q: (B, Hq, n, D), this rank's queries (its shard, in the layout ``zigzag`` says); k_blk, v_blk:
@@ -36,7 +19,8 @@ def ring_step(q, k_blk, v_blk, out, lse, *, step, rank, world, causal, zigzag, a
     (flashlib.flash_attention with return_lse=True, the scale set): out in q's dtype, lse float32;
     ``causal=True`` is causal within the call, bottom-right (row i of nq sees key j of nk iff
     j <= i + nk - nq). Pass it slices of q, k_blk, v_blk along the positions (dim -2) to compute
-    part of a block.
+    part of a block. merge(out, lse, out_blk, lse_blk) -> (out, lse): folds attend's result for
+    some rows into the running result of the same rows (given: lesson 03's merge, in float32).
     Returns the new (out, lse), float32 (B, Hq, n, D) and (B, Hq, n). Skip every part of the block
     that no query of that part may see (see the module docstring); q, k_blk and v_blk must not
     change (they are being sent on to the next rank meanwhile).
@@ -70,3 +54,26 @@ def zigzag_shard(x, rank, world):
     first, last = rank, 2 * world - 1 - rank
     return torch.cat([x[..., first * c:(first + 1) * c, :], x[..., last * c:(last + 1) * c, :]],
                      dim=-2)
+
+
+def ring_attention(q, k, v, *, causal, zigzag, attend, merge):
+    """This rank's ring attention forward: the W steps of the ring, with communication.
+
+    Runs on every rank of torch.distributed's default process group (already initialised: gloo on
+    CPU tensors, NCCL on GPUs); ``dist.get_rank()`` and ``dist.get_world_size()`` say which rank
+    this is and how many there are. q: (B, Hq, n, D), k, v: (B, Hkv, n, D), this rank's shard in
+    the layout ``zigzag`` says; causal, zigzag, attend, merge: as for ``ring_step``, which does the
+    compute of each step (call yours, once per step, in order).
+    Returns (out, lse), float32 (B, Hq, n, D) and (B, Hq, n): this rank's rows of attention over
+    the whole sequence (start from out 0 and lse -inf: no key seen).
+
+    The communication: before step t computes, start sending the block held at step t to rank
+    (rank + 1) mod W and receiving the block of step t + 1 from rank (rank - 1) mod W, both in one
+    ``dist.batch_isend_irecv([dist.P2POp(dist.isend, ...), dist.P2POp(dist.irecv, ...)])``, so that
+    the transfer runs while the step computes (double buffering: the held block and the arriving
+    one are two different tensors); then wait for the requests it returned (``.wait()``) before the
+    received block is used. The block held at the last step has been everywhere: do not send it.
+    """
+    import pkgutil
+    library = pkgutil.resolve_name("flash" + "lib.teach.ri" + "ng:ring_" + "loop")
+    return library(q, k, v, causal=causal, zigzag=zigzag, attend=attend, merge=merge)

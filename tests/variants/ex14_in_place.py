@@ -3,32 +3,10 @@ slice, and returns them; zigzag_shard by index_select of the positions."""
 import math
 
 import torch
+import torch.distributed as dist
 
 
-def merge(out, lse, out_blk, lse_blk):
-    """Fold one block's attention result into the running result of the same query rows.
-
-    out: (..., n, D) float32, the running output, normalised over the keys seen so far (0 in rows
-    that have seen none); lse: (..., n) float32, natural-log log-sum-exp of their scores (-inf in
-    rows that have seen none). out_blk, lse_blk: the same for one block of other keys; out_blk may
-    be in a lower precision (float16, bfloat16: the block attention's output in q's dtype), lse_blk
-    is float32 and may be -inf (a row that sees no key of the block).
-    Returns (out, lse), float32, over the union of the keys: the merge above, computed so that lse
-    values in the thousands, or far below zero, stay finite and exact, and a row empty on both
-    sides gives out 0 and lse -inf, never NaN. Accumulate in float32 (never in out_blk's dtype).
-    """
-    m = torch.maximum(lse, lse_blk)                          # (..., n) the larger lse
-    m = torch.where(torch.isneginf(m), 0.0, m)               # both empty: any finite reference
-    w, w_blk = torch.exp(lse - m), torch.exp(lse_blk - m)    # (..., n) in [0, 1], 0 where empty
-    total = w + w_blk                                        # >= 1 unless both are empty
-    empty = total == 0.0
-    safe = torch.where(empty, 1.0, total)
-    new_out = (w[..., None] * out + w_blk[..., None] * out_blk.float()) / safe[..., None]
-    new_lse = torch.where(empty, -math.inf, m + torch.log(safe))
-    return new_out, new_lse
-
-
-def ring_step(q, k_blk, v_blk, out, lse, *, step, rank, world, causal, zigzag, attend):
+def ring_step(q, k_blk, v_blk, out, lse, *, step, rank, world, causal, zigzag, attend, merge):
     """One step of ring attention on one rank: attend to the K/V block held, merge into (out, lse).
 
     q: (B, Hq, n, D), this rank's queries (its shard, in the layout ``zigzag`` says); k_blk, v_blk:
@@ -73,3 +51,41 @@ def zigzag_shard(x, rank, world):
     where = torch.cat([torch.arange(rank * c, (rank + 1) * c),
                        torch.arange((2 * world - 1 - rank) * c, (2 * world - rank) * c)])
     return x.index_select(-2, where.to(x.device))
+
+
+def ring_attention(q, k, v, *, causal, zigzag, attend, merge):
+    """This rank's ring attention forward: the W steps of the ring, with communication.
+
+    Runs on every rank of torch.distributed's default process group (already initialised: gloo on
+    CPU tensors, NCCL on GPUs); ``dist.get_rank()`` and ``dist.get_world_size()`` say which rank
+    this is and how many there are. q: (B, Hq, n, D), k, v: (B, Hkv, n, D), this rank's shard in
+    the layout ``zigzag`` says; causal, zigzag, attend, merge: as for ``ring_step``, which does the
+    compute of each step (call yours, once per step, in order).
+    Returns (out, lse), float32 (B, Hq, n, D) and (B, Hq, n): this rank's rows of attention over
+    the whole sequence (start from out 0 and lse -inf: no key seen).
+
+    The communication: before step t computes, start sending the block held at step t to rank
+    (rank + 1) mod W and receiving the block of step t + 1 from rank (rank - 1) mod W, both in one
+    ``dist.batch_isend_irecv([dist.P2POp(dist.isend, ...), dist.P2POp(dist.irecv, ...)])``, so that
+    the transfer runs while the step computes (double buffering: the held block and the arriving
+    one are two different tensors); then wait for the requests it returned (``.wait()``) before the
+    received block is used. The block held at the last step has been everywhere: do not send it.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    B, Hq, n, D = q.shape
+    out = torch.zeros(B, Hq, n, D, dtype=torch.float32, device=q.device)
+    lse = torch.full((B, Hq, n), -math.inf, dtype=torch.float32, device=q.device)
+    kv = torch.stack([k, v])                       # (2, B, Hkv, n, D): one send, one receive
+    for step in range(world):
+        last = step == world - 1
+        if not last:                               # in flight while this step computes
+            arriving = torch.empty_like(kv)
+            requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % world),
+                                               dist.P2POp(dist.irecv, arriving, (rank - 1) % world)])
+        out, lse = ring_step(q, kv[0], kv[1], out, lse, step=step, rank=rank, world=world,
+                             causal=causal, zigzag=zigzag, attend=attend, merge=merge)
+        if not last:
+            for request in requests:
+                request.wait()
+            kv = arriving                          # the block of the next step
+    return out, lse
