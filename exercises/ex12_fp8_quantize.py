@@ -4,7 +4,7 @@ Hopper's tensor cores multiply FP8 at twice the fp16 rate. FlashAttention-3 (sec
 attention accurate in FP8 with two tricks: block quantization (one scale per block of rows, not
 one per tensor) and incoherent processing (q and k multiplied by the same random orthogonal
 matrix M first, which leaves q k^T unchanged, since M M^T = I, and spreads an outlier feature
-over every column). Write the four steps, each on float64 NumPy arrays, returning float64.
+over every column). Write the five steps, each on float64 NumPy arrays, returning float64.
 
 (a) ``round_e4m3(x)``: every entry rounded to the nearest e4m3 value (torch.float8_e4m3fn's
     format: a sign, 4 exponent bits with bias 7, 3 mantissa bits). Its values >= 0 are
@@ -38,6 +38,15 @@ over every column). Write the four steps, each on float64 NumPy arrays, returnin
     S[i, j] = (q_q k_q^T)[i, j] * descale_q[i // block] * descale_k[j // block].
     q (..., Nq, d), k (..., Nk, d); returns (..., Nq, Nk).
 
+(e) ``fp8_attention(q, k, v, block, signs=None)``: attention's output O as an FP8 forward computes
+    it, the quantity whose error FA3 reports (section 4.3, Table 3). q (..., Nq, d), k and v
+    (..., Nk, d). The scores are (d)'s (q and k rotated when signs is given; v is never rotated)
+    times 1/sqrt(d); v is quantized in blocks of ``block`` rows like q and k (its descales scale
+    its rows back); P = exp(S - the row's max), each entry in [0, 1], and l = P's row sums, taken
+    before P is rounded (a kernel keeps them in float32); then P goes to e4m3 scaled so that 1
+    maps to 448: P_8 = round_e4m3(448 P) / 448. Returns O = P_8 @ v_dequantized / l, (..., Nq, d).
+    With ``block`` = N (one descale per tensor) and no signs it is FA3's FP8 baseline.
+
 Check it: ``flashlib check ex12``.
 """
 import numpy as np
@@ -66,4 +75,10 @@ def hadamard_rotate(x, signs):
 def fp8_scores(q, k, block, signs=None):
     """q k^T through FP8: rotated (if signs), quantized per block of rows, descaled."""
     q, k = np.asarray(q, dtype=np.float64), np.asarray(k, dtype=np.float64)
+    raise NotImplementedError('ex12: your code goes here, then run `flashlib check ex12`')
+
+
+def fp8_attention(q, k, v, block, signs=None):
+    """softmax(q k^T / sqrt(d)) v as an FP8 forward computes it: q, k, v and P through e4m3."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     raise NotImplementedError('ex12: your code goes here, then run `flashlib check ex12`')

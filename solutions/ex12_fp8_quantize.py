@@ -4,7 +4,7 @@ Hopper's tensor cores multiply FP8 at twice the fp16 rate. FlashAttention-3 (sec
 attention accurate in FP8 with two tricks: block quantization (one scale per block of rows, not
 one per tensor) and incoherent processing (q and k multiplied by the same random orthogonal
 matrix M first, which leaves q k^T unchanged, since M M^T = I, and spreads an outlier feature
-over every column). Write the four steps, each on float64 NumPy arrays, returning float64.
+over every column). Write the five steps, each on float64 NumPy arrays, returning float64.
 
 (a) ``round_e4m3(x)``: every entry rounded to the nearest e4m3 value (torch.float8_e4m3fn's
     format: a sign, 4 exponent bits with bias 7, 3 mantissa bits). Its values >= 0 are
@@ -37,6 +37,15 @@ over every column). Write the four steps, each on float64 NumPy arrays, returnin
     multiply the FP8 values (exact in float64) and scale by the descales:
     S[i, j] = (q_q k_q^T)[i, j] * descale_q[i // block] * descale_k[j // block].
     q (..., Nq, d), k (..., Nk, d); returns (..., Nq, Nk).
+
+(e) ``fp8_attention(q, k, v, block, signs=None)``: attention's output O as an FP8 forward computes
+    it, the quantity whose error FA3 reports (section 4.3, Table 3). q (..., Nq, d), k and v
+    (..., Nk, d). The scores are (d)'s (q and k rotated when signs is given; v is never rotated)
+    times 1/sqrt(d); v is quantized in blocks of ``block`` rows like q and k (its descales scale
+    its rows back); P = exp(S - the row's max), each entry in [0, 1], and l = P's row sums, taken
+    before P is rounded (a kernel keeps them in float32); then P goes to e4m3 scaled so that 1
+    maps to 448: P_8 = round_e4m3(448 P) / 448. Returns O = P_8 @ v_dequantized / l, (..., Nq, d).
+    With ``block`` = N (one descale per tensor) and no signs it is FA3's FP8 baseline.
 
 Check it: ``flashlib check ex12``.
 """
@@ -100,4 +109,17 @@ def fp8_scores(q, k, block, signs=None):
     cols = np.repeat(dk, block, axis=-1)[..., :k.shape[-2]]             # (..., Nk)
     s = q_q @ np.swapaxes(k_q, -1, -2)                                  # (..., Nq, Nk) exact
     return s * rows[..., :, None] * cols[..., None, :]
+    # END SOLUTION
+
+
+def fp8_attention(q, k, v, block, signs=None):
+    """softmax(q k^T / sqrt(d)) v as an FP8 forward computes it: q, k, v and P through e4m3."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    # BEGIN SOLUTION
+    s = fp8_scores(q, k, block, signs) / np.sqrt(q.shape[-1])          # (..., Nq, Nk)
+    v_q, dv = quantize_e4m3(v, block)                                  # (..., Nk, d)
+    v_back = v_q * np.repeat(dv, block, axis=-1)[..., :v.shape[-2], None]
+    p = np.exp(s - s.max(axis=-1, keepdims=True))                      # (..., Nq, Nk) in [0, 1]
+    l = p.sum(axis=-1, keepdims=True)                                  # before rounding
+    return round_e4m3(E4M3_MAX * p) / E4M3_MAX @ v_back / l            # (..., Nq, d)
     # END SOLUTION

@@ -12,7 +12,12 @@ rounds through float32; x * (448 / amax) may differ from x / descale in the last
 hadamard_rotate is compared with x @ diag(signs) @ H / sqrt(d), Sylvester's H applied as its
 Kronecker factors H_2, for d = 1 to 2048; norms and q k^T must be preserved; at d = 2048 its
 memory must stay far below one d x d matrix. fp8_scores is compared with the same steps done here
-in float64, or with the learner's own rotate and quantize put together. Probes name the mistake: round
+in float64, or with the learner's own rotate and quantize put together. fp8_attention (the output O
+with q, k, v and P in e4m3, the quantity of FA3's Table 3) is compared with the same steps done
+here, or with the learner's own fp8_scores, quantize_e4m3 and round_e4m3 put together, on inputs
+with rare large entries (Table 3's kind) and outlier channels; probes name P left unrounded or
+rounded unscaled, v not quantized or rotated, the scale 1/sqrt(d) missing and the row sums taken
+after rounding. Probes name the mistake: round
 toward zero, ties away from zero, subnormals flushed or too fine, 4 mantissa bits, the wrong
 maximum (240, 57344) or none, per-tensor scale, descale inverted, zero blocks giving NaN, blocks of
 columns, the last block dropped, x / descale not rounded, no 1/sqrt(d) or 1/d, signs after the
@@ -27,6 +32,9 @@ pytestmark = pytest.mark.ex12
 # what a learner's file may use of flashlib (the stub imports none of it); anything else is
 # "not accepted: write it yourself" (flashlib.course.integrity.borrowed)
 FLASHLIB_ALLOWED = ()
+# flashlib's own answers (lesson 12's measurement uses them until the exercise is solved)
+FLASHLIB_ANSWERS = ("flashlib.teach.fp8_error.round_e4m3", "flashlib.teach.fp8_error.quantize_blocks",
+                    "flashlib.teach.fp8_error.hadamard_rotate", "flashlib.teach.fp8_error.fp8_attention")
 
 MAX = 448.0
 SLACK = 2.0 ** -23
@@ -72,6 +80,19 @@ HINT_BOTH = ("rotate both q and k by the same M (hadamard_rotate with the same s
 HINT_DESCALES = ("scale the FP8 product by both descales: row i by descale_q[i // block] and "
                  "column j by descale_k[j // block]")
 HINT_PARTS = "fp8_scores builds on quantize_e4m3 and hadamard_rotate: make those pass first"
+HINT_P_ROUND = ("P goes through e4m3 too, as the second matmul reads it in FP8: P_8 = "
+                "round_e4m3(448 * P) / 448")
+HINT_P_SCALE = ("scale P by 448 before rounding and divide by 448 after: P's entries are at most 1, "
+                "and unscaled they would use only e4m3's lowest values (below 2**-6, 2**-9 apart)")
+HINT_V = ("quantize v in blocks of rows like q and k (quantize_e4m3) and scale its rows back by "
+          "their descales: the second matmul reads V in FP8")
+HINT_V_ROTATED = ("rotate q and k only: (q M)(k M)^T = q k^T, but v M would come out in O as O M, "
+                  "a different output")
+HINT_SCALE = "the scores are multiplied by 1/sqrt(d) before the softmax, as in any attention"
+HINT_SUM = ("take the row sums l from P before it is rounded (a kernel sums the float32 P), then "
+            "divide P_8 @ v by them")
+HINT_ATT_PARTS = ("fp8_attention builds on fp8_scores, quantize_e4m3 and round_e4m3: make those "
+                  "pass first")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -471,10 +492,99 @@ def check_scores(impl, rng):
                             "multiply, then scale row i by descale_q and column j by descale_k"))
 
 
+# ---------------------------------------------------------------------------------------------
+# (e) fp8_attention
+
+def _attention_from(scores, v_back, rnd, d, *, rotate_v=None, scale=True, p_scale=MAX,
+                    round_p=True, sum_after=False):
+    """O from given FP8 scores and dequantized v, the steps (or one of them changed) of (e)."""
+    s = scores / np.sqrt(d) if scale else scores
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p8 = rnd(p_scale * p) / p_scale if round_p else p
+    l = (p8 if sum_after else p).sum(axis=-1, keepdims=True)
+    return p8 @ v_back / l
+
+
+def _dequantized(x, block, quantize):
+    x_q, descale = quantize(x, block)
+    return x_q * np.repeat(descale, block, axis=-1)[..., :x.shape[-2], None]
+
+
+def _learner_parts(impl, q, k, v, block, signs):
+    """(S, dequantized v, round) from the learner's own fp8_scores, quantize_e4m3 and
+    round_e4m3, or None if they cannot give them."""
+    try:
+        scores = _call(impl, "fp8_scores", q, k, block, signs)
+        v_back = _dequantized(v, block, lambda x, b: _call(impl, "quantize_e4m3", x, b, returns=2))
+        rnd = lambda x: _call(impl, "round_e4m3", x)  # noqa: E731
+        rnd(np.array([0.5]))
+        return scores, v_back, rnd
+    except Exception:      # a part not done, or failing in its own checks
+        return None
+
+
+def _attention_hint(impl, q, k, v, block, signs, got):
+    d = q.shape[-1]
+    sources = [(_scores(q, k, block, signs), _dequantized(v, block, lambda x, b: _quantize(x, b)[:2]),
+                _round)]
+    mine = _learner_parts(impl, q, k, v, block, signs)
+    if mine is not None:
+        sources.append(mine)
+    for scores, v_back, rnd in sources:
+        guesses = [(HINT_P_ROUND, dict(round_p=False)), (HINT_P_SCALE, dict(p_scale=1.0)),
+                   (HINT_SCALE, dict(scale=False)), (HINT_SUM, dict(sum_after=True))]
+        for hint, change in guesses:
+            if _close(got, _attention_from(scores, v_back, rnd, d, **change)):
+                return hint
+        if _close(got, _attention_from(scores, v, rnd, d)):
+            return HINT_V
+        if signs is not None:
+            v_rot = _dequantized(_rotate(v, signs), block, lambda x, b: _quantize(x, b)[:2])
+            if _close(got, _attention_from(scores, v_rot, rnd, d)):
+                return HINT_V_ROTATED
+    if mine is None or not _close(mine[0], sources[0][0]):
+        return HINT_ATT_PARTS
+    return None
+
+
+def check_attention(impl, rng):
+    """fp8_attention: O with q, k, v and P through e4m3 matches the same steps in float64, with
+    and without the rotation, inputs with rare large entries and with outlier channels, leading
+    dims, short last blocks, one descale per tensor"""
+    for lead, Nq, Nk, d, block, rotate, kind in (((), 45, 70, 64, 16, True, "entries"),
+                                                 ((2,), 30, 19, 32, 8, False, "channels"),
+                                                 ((2,), 33, 40, 32, 40, True, "channels"),
+                                                 ((3,), 20, 64, 16, 64, False, "entries")):
+        q, k, v = (rng.standard_normal((*lead, n, d)) for n in (Nq, Nk, Nk))
+        if kind == "entries":                      # rare large entries anywhere (Table 3's kind)
+            for x in (q, k, v):
+                hit = rng.random(x.shape) < 0.01
+                x[hit] += 10.0 * rng.standard_normal(int(hit.sum()))
+        else:                                      # outlier channels shared by q and k
+            q[..., 1] *= 30.0
+            k[..., 1] *= 30.0
+        signs = rng.choice([-1.0, 1.0], d) if rotate else None
+        got = _call(impl, "fp8_attention", q, k, v, block, signs)
+        scores = _scores(q, k, block, signs)
+        want = _attention_from(scores, _dequantized(v, block, lambda x, b: _quantize(x, b)[:2]),
+                               _round, d)
+        what = f"fp8_attention of q {q.shape}, k and v {k.shape}, blocks of {block}, " + \
+            ("rotated" if rotate else "signs=None")
+        if got.shape != want.shape:
+            checks.fail(f"{what}: shape {got.shape}, expected {want.shape}")
+        mine = _learner_parts(impl, q, k, v, block, signs)
+        if not (_close(got, want) or (mine is not None and _close(got, _attention_from(*mine, d)))):
+            checks.fail(f"{what}: off by up to {np.abs(got - want).max():.3g} (O up to "
+                        f"{np.abs(want).max():.3g})", _attention_hint(impl, q, k, v, block, signs, got)
+                        or ("S from fp8_scores times 1/sqrt(d), P = exp(S - row max), l its row "
+                            "sums, then P_8 = round_e4m3(448 P) / 448 and O = P_8 @ v / l with v "
+                            "quantized in blocks"))
+
+
 CHECKS = [check_round_grid, check_round_nearest, check_round_ties, check_round_subnormals,
           check_round_saturates, check_quantize, check_quantize_zero_blocks,
           check_quantize_extremes, check_rotate, check_rotate_orthogonal, check_rotate_fast,
-          check_scores]
+          check_scores, check_attention]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)

@@ -54,3 +54,14 @@ def fp8_scores(q, k, block, signs=None):
     cols = np.repeat(dk, block, axis=-1)[..., :k.shape[-2]]             # (..., Nk)
     s = q_q @ np.swapaxes(k_q, -1, -2)                                  # (..., Nq, Nk) exact
     return s * rows[..., :, None] * cols[..., None, :]
+
+
+def fp8_attention(q, k, v, block, signs=None):
+    """softmax(q k^T / sqrt(d)) v as an FP8 forward computes it: q, k, v and P through e4m3."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    s = fp8_scores(q, k, block, signs) / np.sqrt(q.shape[-1])          # (..., Nq, Nk)
+    v_q, dv = quantize_e4m3(v, block)                                  # (..., Nk, d)
+    v_back = v_q * np.repeat(dv, block, axis=-1)[..., :v.shape[-2], None]
+    p = np.exp(s - s.max(axis=-1, keepdims=True))                      # (..., Nq, Nk) in [0, 1]
+    l = p.sum(axis=-1, keepdims=True)                                  # before rounding
+    return round_e4m3(448.0 * p) / 448.0 @ v_back / l                  # (..., Nq, d)

@@ -47,3 +47,15 @@ def fp8_scores(q, k, block, signs=None):
     s = np.matmul(q_q, np.swapaxes(k_q, -1, -2))
     s = s * np.repeat(dq, block, axis=-1)[..., :Nq, None]
     return s * np.repeat(dk, block, axis=-1)[..., None, :Nk]
+
+
+def fp8_attention(q, k, v, block, signs=None):
+    """exp2 with log2(e) folded in, the descales of v applied after the matmul per key block
+    (a column scale of P_8), the output transposed: (v^T P_8^T)^T."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    s = fp8_scores(q, k, block, signs) * (np.log2(np.e) / np.sqrt(q.shape[-1]))   # base 2
+    p = np.exp2(s - s.max(axis=-1, keepdims=True))
+    v_q, dv = quantize_e4m3(v, block)
+    p8 = round_e4m3(448.0 * p) / 448.0 * np.repeat(dv, block, axis=-1)[..., None, :v.shape[-2]]
+    out_t = np.swapaxes(v_q, -1, -2) @ np.swapaxes(p8, -1, -2)                     # (..., d, Nq)
+    return np.swapaxes(out_t, -1, -2) / p.sum(axis=-1, keepdims=True)

@@ -43,3 +43,14 @@ def fp8_scores(q, k, block, signs=None):
     q_back = q_q * np.repeat(dq, block, axis=-1)[..., :q.shape[-2], None]
     k_back = k_q * np.repeat(dk, block, axis=-1)[..., :k.shape[-2], None]
     return np.einsum("...id,...jd->...ij", q_back, k_back)
+
+
+def fp8_attention(q, k, v, block, signs=None):
+    d = np.shape(q)[-1]
+    scores = fp8_scores(q, k, block, signs) * (1.0 / np.sqrt(d))
+    v = np.asarray(v, dtype=np.float64)
+    v_q, dv = quantize_e4m3(v, block)
+    v_back = np.einsum("...nd,...n->...nd", v_q, np.repeat(dv, block, axis=-1)[..., :v.shape[-2]])
+    p = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    p8 = round_e4m3(p * 448.0) / 448.0
+    return np.einsum("...ij,...jd->...id", p8 / p.sum(axis=-1, keepdims=True), v_back)
