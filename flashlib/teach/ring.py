@@ -361,9 +361,10 @@ def fork_ring(world, worker, *, timeout=30.0):
                         results[rank] = pipe.recv()
                 except EOFError:                   # died without a word (killed, out of memory)
                     pass
-                if results[rank] is None:
-                    results[rank] = ("timeout", "") if time.monotonic() >= deadline else \
-                        ("error", f"rank {rank}'s process ended without a result")
+                if results[rank] is None and time.monotonic() >= deadline:
+                    results[rank] = ("timeout", "")
+                elif results[rank] is None:
+                    results[rank] = ("error", f"rank {rank}'s process ended without a result")
         finally:
             for process in processes:
                 process.join(timeout=max(0.1, deadline - time.monotonic()))

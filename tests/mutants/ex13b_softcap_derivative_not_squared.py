@@ -1,0 +1,27 @@
+"""Mutant of ex13b: softcap's derivative 1 - tanh instead of 1 - tanh^2."""
+import torch
+
+EXPECTED_HINT = '1 - tanh(x)^2 (squared)'
+
+
+def softcap(s, q_pos, k_pos, head, *, cap):
+    """Gemma 2's softcap: (cap * tanh(s / cap), its derivative with respect to s)."""
+    t = torch.tanh(s / cap)                       # (B, H, bm, bn) in (-1, 1): no overflow
+    return cap * t, 1.0 - t
+
+
+def temperature_alibi(s, q_pos, k_pos, head, *, temperature, slopes):
+    """s / temperature[h] - slopes[h] * |q_pos - k_pos|, and its derivative with respect to s."""
+    temp = temperature.to(s)[head][None, :, None, None]                 # (1, H, 1, 1)
+    slope = slopes.to(s)[head][None, :, None, None]                     # (1, H, 1, 1)
+    distance = (q_pos[:, None] - k_pos[None, :]).abs().to(s)            # (bm, bn)
+    return s / temp - slope * distance, 1.0 / temp                      # derivative per head
+
+
+def chain(first, second):
+    """The modifier ``second`` after ``first``: values composed, derivatives multiplied."""
+    def mod(s, q_pos, k_pos, head):
+        s1, d1 = first(s, q_pos, k_pos, head)
+        s2, d2 = second(s1, q_pos, k_pos, head)   # second's derivative at first's output
+        return s2, d2 * d1                        # the chain rule
+    return mod
