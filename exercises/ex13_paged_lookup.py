@@ -1,7 +1,7 @@
-"""Exercise 13 (lesson 13): where a key lives in a paged KV cache, and how a ragged batch is packed.
+"""Exercise 13 (lesson 13): a paged KV cache's bookkeeping and lookup, and how a ragged batch is packed.
 
-Part (a), in Triton: the page lookup of a paged decode kernel. A paged cache (vLLM's
-PagedAttention layout, ``flashlib.PagedKVCache``) keeps keys in a pool of pages
+Part (a), in Triton: the page lookup of a paged decode kernel. A paged cache (the idea of vLLM's
+PagedAttention; flashlib's axes, ``flashlib.PagedKVCache``) keeps keys in a pool of pages
 ``k_pages (num_pages, Hkv, PAGE, D)``; a sequence's block table ``pages`` (int32, one row of
 ``block_table``) lists its pages in order, anywhere in the pool and in any order. Key position
 ``j`` of the sequence is row ``j % PAGE`` of page ``pages[j // PAGE]``::
@@ -24,7 +24,15 @@ around it adds the head's offset and the head-dim lanes, and loads K and V there
 flashlib's decode kernel does this in ``attend_tile`` (flashlib/kernels/fa2_fwd.py, its PAGE
 branch): try first. The grader runs your function inside a small decode kernel of its own.
 
-Part (b), on the host: pack a ragged batch for ``flashlib.flash_attention_varlen``. Sequences of
+Part (b), on the host: ``append_pages``, the cache's bookkeeping. New keys and values go after each
+sequence's last position; a sequence takes a page from the free list only when a position falls
+at the start of a page it does not have yet (position 0 of an empty sequence included), writes
+that page's number into its row of the block table, and writes each new position p into row
+``p % PAGE`` of the page ``block_table[b, p // PAGE]``. The free list is a stack: take pages with
+``pop()`` (from its end), sequence 0 first, each sequence's pages in position order. If the free
+list holds fewer pages than the batch needs, raise ValueError before changing anything.
+
+Part (c), on the host: pack a ragged batch for ``flashlib.flash_attention_varlen``. Sequences of
 lengths ``[3, 0, 5]`` are laid one after another in one tensor of 8 rows, and the kernel finds
 sequence ``b`` at rows ``cu_seqlens[b] : cu_seqlens[b + 1]``::
 
@@ -48,6 +56,19 @@ def page_rows(pages, cols, Nk, stride_page, stride_row, PAGE: tl.constexpr):
     Nk: the sequence's length (positions >= Nk must not read the table: use page 0 there);
     stride_page, stride_row: the pool's strides (elements) between pages and between rows of a
     page; PAGE: rows per page (a power of two). Returns page * stride_page + row * stride_row.
+    """
+    raise NotImplementedError('ex13: your code goes here, then run `flashlib check ex13`')
+
+
+def append_pages(k_pages, v_pages, block_table, lengths, free, k_new, v_new):
+    """Append k_new, v_new (B, Hkv, n, D) after each sequence's ``lengths[b]`` positions.
+
+    k_pages, v_pages: the pools (num_pages, Hkv, PAGE, D), written in place; block_table: int32
+    (B, max_pages), sequence b's pages in order, written in place where a sequence takes a page
+    (other entries left as they are); lengths: B ints, the positions each sequence holds; free:
+    the free pages, a list of ints used as a stack (``pop()``), not changed (work on a copy).
+    Returns (new lengths, the free pages left): two lists of ints. Raises ValueError, changing
+    nothing, when ``free`` has fewer pages than the batch needs.
     """
     raise NotImplementedError('ex13: your code goes here, then run `flashlib check ex13`')
 

@@ -1,5 +1,12 @@
 """Grader of exercise 13 (lesson 13): the Triton page_rows(pages, cols, Nk, stride_page,
-stride_row, PAGE) of a paged KV cache, and the host-side pack(lengths) of a varlen batch.
+stride_row, PAGE) of a paged KV cache, the host-side append_pages (the cache's bookkeeping) and
+pack(lengths) of a varlen batch.
+
+append_pages is run on copies of a used pool (stale values), a block table and a shuffled free
+list holding ragged lengths (empty, on a page boundary, inside a page), for appends of one
+position and of several pages; the table, both pools, the lengths and free pages returned and the
+free list given are compared exactly with the grader's own rule, and a free list one page short
+must raise ValueError with nothing written.
 
 page_rows runs inside small kernels this grader owns: one stores the offsets it returns for
 every position of a few key blocks (64 wide), compared with the offsets computed in Python on a
@@ -48,6 +55,20 @@ HINT_MASK = ("keys past the sequence's end (cols >= Nk) read the block table pas
 HINT_INT64 = ("your offsets wrap around past 2**31: convert the page to int64 before multiplying "
               "(tl.load(...).to(tl.int64)), since a pool of many pages has more than 2**31 "
               "elements")
+HINT_APPEND_PAGE = ("take a page from the free list only when a position is the first of a page "
+                    "(p % PAGE == 0, position 0 of an empty sequence included): one page per PAGE "
+                    "positions, never one per token or one per call")
+HINT_APPEND_ROW = ("position p of sequence b goes to row p % PAGE of page block_table[b, p // PAGE], "
+                   "and the new key k_new[b, :, p - lengths[b]] is the one that goes there")
+HINT_APPEND_ORDER = ("take pages with free.pop() (the end of the list), sequence 0 first, each "
+                     "sequence's new pages in position order, and write each into block_table[b, "
+                     "p // PAGE]")
+HINT_APPEND_ATOMIC = ("count the pages the whole batch needs first (ceil((length + n) / PAGE) - "
+                      "ceil(length / PAGE) per sequence) and raise ValueError before writing "
+                      "anything when the free list is shorter")
+HINT_APPEND_RETURN = ("return (new lengths, free pages left): every length grows by n, and the free "
+                      "list loses exactly the pages taken; leave the free list you were given as "
+                      "it was (pop from a copy)")
 HINT_PACK_ZERO = ("cu_seqlens starts with 0 and has B + 1 entries: sequence b is rows "
                   "cu_seqlens[b] : cu_seqlens[b + 1] (an inclusive cumulative sum after a 0)")
 HINT_PACK_EMPTY = ("an empty sequence keeps its place: its two offsets are equal "
@@ -352,8 +373,107 @@ def check_pack_varlen(impl, rng):
         start += n
 
 
-CHECKS = [check_offsets, check_past_the_end, check_int64, check_decode, check_pack,
-          check_pack_varlen]
+def _append_one(k_pages, v_pages, table, b, start, free, k_seq, v_seq):
+    """The docstring's rule for one sequence: k_seq, v_seq (Hkv, n, D) after ``start`` positions."""
+    PAGE = k_pages.shape[2]
+    for i in range(k_seq.shape[1]):
+        p = start + i
+        if p % PAGE == 0:                                        # a page's first position
+            table[b, p // PAGE] = free.pop()
+        k_pages[int(table[b, p // PAGE]), :, p % PAGE] = k_seq[:, i]
+        v_pages[int(table[b, p // PAGE]), :, p % PAGE] = v_seq[:, i]
+
+
+def _append_reference(k_pages, v_pages, table, lengths, free, k_new, v_new):
+    """The grader's own append, in place on the copies it is given."""
+    for b, start in enumerate(lengths):
+        _append_one(k_pages, v_pages, table, b, start, free, k_new[b], v_new[b])
+    return [start + k_new.shape[2] for start in lengths], free
+
+
+def _append_state(rng, PAGE, lengths, spare):
+    """A used pool (stale values, never zeros), block table (-1: no page) and free list (in any
+    order) holding ``lengths`` positions, written by the reference."""
+    Hkv, D, max_pages = 2, 3, 8
+    num_pages = sum(-(-n // PAGE) for n in lengths) + spare
+    k_pages, v_pages = (torch.from_numpy(rng.standard_normal((num_pages, Hkv, PAGE, D))).float()
+                        for _ in range(2))
+    table = torch.full((len(lengths), max_pages), -1, dtype=torch.int32)
+    free = [int(x) for x in rng.permutation(num_pages)]
+    for b, n in enumerate(lengths):
+        seq = torch.from_numpy(rng.standard_normal((Hkv, n, D))).float()
+        _append_one(k_pages, v_pages, table, b, 0, free, seq, -seq)
+    return k_pages, v_pages, table, free
+
+
+def _expect_append(impl, rng, PAGE, lengths, n, where):
+    needed = sum(-(-(start + n) // PAGE) - -(-start // PAGE) for start in lengths)
+    k_pages, v_pages, table, free = _append_state(rng, PAGE, lengths,
+                                                  spare=needed + int(rng.integers(1, 5)))
+    B, Hkv, D = len(lengths), k_pages.shape[1], k_pages.shape[3]
+    k_new, v_new = (torch.from_numpy(rng.standard_normal((B, Hkv, n, D))).float() for _ in range(2))
+    want = [t.clone() for t in (k_pages, v_pages, table)]
+    want_lengths, want_free = _append_reference(*want, list(lengths), list(free), k_new, v_new)
+    got = [t.clone() for t in (k_pages, v_pages, table)]
+    free_given = list(free)
+    result = checks.function(impl, "append_pages")(*got, list(lengths), free_given, k_new.clone(),
+                                                   v_new.clone())
+    what = f"append_pages of {n} positions to lengths {list(lengths)} (PAGE {PAGE}){where}"
+    if not torch.equal(got[2], want[2]):
+        taken = [int(x) for x in got[2][got[2] != table]]
+        due = [int(x) for x in want[2][want[2] != table]]
+        hint = HINT_APPEND_PAGE if len(taken) != len(due) else HINT_APPEND_ORDER
+        checks.fail(f"{what}: the block table is {got[2].tolist()}, expected {want[2].tolist()} "
+                    f"(pages taken {taken}, expected {due})", hint)
+    for name, g, w in (("k_pages", got[0], want[0]), ("v_pages", got[1], want[1])):
+        if not torch.equal(g, w):
+            page, head, row = (int(i) for i in (g != w).nonzero()[0][:3])
+            checks.fail(f"{what}: {name}[{page}, {head}, {row}] is wrong after the append", HINT_APPEND_ROW)
+    if not isinstance(result, (tuple, list)) or len(result) != 2 or \
+            [int(x) for x in result[0]] != want_lengths or [int(x) for x in result[1]] != want_free:
+        checks.fail(f"{what}: returned {result!r}; expected ({want_lengths}, {want_free})",
+                    HINT_APPEND_RETURN)
+    if free_given != list(free):
+        checks.fail(f"{what}: the free list given was changed", HINT_APPEND_RETURN)
+
+
+def check_append_pages(impl, rng):
+    """append_pages: pages taken only at a page's first position (empty sequences, lengths on a page
+    boundary, appends of 1 and of several pages), from the free list's end in sequence order;
+    every new key and value in its page's row; other pages and table entries untouched"""
+    for PAGE in (4, 8):
+        lengths = [0, PAGE, int(rng.integers(1, PAGE)), int(rng.integers(PAGE + 1, 3 * PAGE))]
+        for n in (1, int(rng.integers(2 * PAGE + 1, 3 * PAGE))):
+            _expect_append(impl, rng, PAGE, lengths, n, "")
+
+
+def check_append_out_of_pages(impl, rng):
+    """append_pages raises ValueError, changing nothing, when the free list is short of the pages
+    the batch needs (the first sequences' pages would fit)"""
+    PAGE, lengths, n = 4, [0, 3, 5], 6
+    k_pages, v_pages, table, free = _append_state(rng, PAGE, lengths, spare=0)
+    needed = sum(-(-(s + n) // PAGE) - -(-s // PAGE) for s in lengths)
+    free = free + list(range(k_pages.shape[0], k_pages.shape[0] + needed - 1))   # one short
+    pool = [torch.cat([t, torch.from_numpy(rng.standard_normal((needed, *t.shape[1:]))).float()])
+            for t in (k_pages, v_pages)]                       # pages for the free list's ids
+    got = [t.clone() for t in (*pool, table)]
+    fn = checks.function(impl, "append_pages")
+    k_new = torch.from_numpy(rng.standard_normal((3, 2, n, 3))).float()
+    try:
+        fn(*got, list(lengths), list(free), k_new, k_new.clone())
+    except ValueError:
+        pass
+    else:
+        checks.fail(f"append_pages of {n} positions to lengths {lengths} (PAGE {PAGE}) with "
+                    f"{len(free)} free pages for {needed} needed did not raise ValueError",
+                    HINT_APPEND_ATOMIC)
+    if not all(torch.equal(g, w) for g, w in zip(got, (*pool, table))):
+        checks.fail("append_pages raised, but changed the pool or the block table first",
+                    HINT_APPEND_ATOMIC)
+
+
+CHECKS = [check_offsets, check_past_the_end, check_int64, check_decode, check_append_pages,
+          check_append_out_of_pages, check_pack, check_pack_varlen]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=grading.check_id)
