@@ -1,5 +1,5 @@
-"""Mutant of ex13: append_pages writes position p at row p of its page... modulo nothing: row
-p - (p // PAGE) * PAGE computed from the append's start instead (p - start) % PAGE."""
+"""Mutant of ex13: append_pages writes position p at row (p - start) % PAGE, counted from the
+append's start instead of the sequence's."""
 import flashlib  # noqa: F401  (first: on a machine without a GPU it turns Triton's interpreter on)
 import torch
 import triton
