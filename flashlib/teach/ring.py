@@ -377,9 +377,11 @@ def fork_ring(world, worker, *, timeout=30.0):
 def run_loop(world, loop_fn, cases, *, timeout=60.0):
     """Run ``loop_fn`` (``ring_loop``'s contract: exercise 14's ``ring_attention``) on ``world``
     forked gloo processes for each case (dicts: seed, B, Hq, Hkv, N, D, causal, zigzag), with
-    flashlib's kernel as ``attend``; returns per case the largest error over the ranks of out
-    and of lse against one process's float64 attention over the whole sequence. Raises with the
-    failing rank's traceback."""
+    flashlib's kernel as ``attend`` (through Triton's interpreter; on a GPU box, whose kernels
+    this process compiled for the GPU, the forked CPU processes attend with the float64 oracle);
+    returns per case the largest error over the ranks of out and of lse against one process's
+    float64 attention over the whole sequence. Raises with the failing rank's traceback."""
+    oracle = torch.cuda.is_available()
     def worker(rank, _):
         errors = []
         for case in cases:
@@ -390,7 +392,7 @@ def run_loop(world, loop_fn, cases, *, timeout=60.0):
             layout = "zigzag" if case["zigzag"] else "contiguous"
             mine = [distributed.shard(x, rank, world, layout=layout) for x in (q, k, v)]
             out, lse = loop_fn(*mine, causal=case["causal"], zigzag=case["zigzag"],
-                               attend=CountingAttention(), merge=distributed.merge)
+                               attend=CountingAttention(oracle=oracle), merge=distributed.merge)
             ref, ref_lse = (distributed.shard(t, rank, world, layout=layout)
                             for t in attention_ref(q, k, v, causal=case["causal"]))
             errors.append((float((out.double() - ref).abs().max()),
