@@ -3,9 +3,11 @@
 Follows Liu, Zaharia and Abbeel, "Ring Attention with Blockwise Transformers for Near-Infinite
 Context" (2023), section 3: W ranks each hold a shard of the queries, keys and values; the K/V
 shards travel around a ring, one hop per step, while every rank attends its queries to the block
-it holds (flashlib's FA2 kernel) and merges the block's (out, lse) into its running result, the
-merge of lesson 03. After W steps each query has met every key; the transfer of the next block
-overlaps the compute of this one. The backward keeps the global out and lse, sends K/V around
+it holds and merges the block's (out, lse) into its running result, the merge of lesson 03. Each
+block runs on the kernel version ``flash_attention`` would pick for it (``kernels/dispatch.py``:
+FlashAttention-3's on Hopper where it wins, FlashAttention-2's elsewhere and through the CPU's
+interpreter), forward and backward. After W steps each query has met every key; the transfer of
+the next block overlaps the compute and the merge of this one. The backward keeps the global out and lse, sends K/V around
 again and sends the dK/dV accumulators with them, so they arrive home after W hops.
 
 Layouts (``layout=``), for a global sequence of N = W * n positions:
@@ -22,14 +24,20 @@ Limits: every rank must pass q, k, v of one shape, dtype and device (only local 
 a mismatch across ranks fails inside torch.distributed), and every rank must call backward when
 one does. lse has no gradient (as in ``flash_attention``). Each block's out is rounded to q's dtype
 by the kernel before the float32 merge: in float16 that costs about one ulp more than one kernel.
+The first call compiles the kernels (and, with autotuning on, tunes FA2's) on every rank;
+``warm_up`` does it before the ring starts, one rank first so that the others read Triton's
+disk cache.
 """
 import torch
 
+from . import runtime
 from .inputs import check_inputs
+from .kernels import dispatch
+from .kernels.score_mod import IDENTITY
 
 LAYOUTS = ("contiguous", "zigzag")
-__all__ = ["LAYOUTS", "Ring", "RingAttention", "merge", "positions", "ring_attention", "shard",
-           "unshard"]
+__all__ = ["LAYOUTS", "Ring", "RingAttention", "merge", "positions", "ring_attention", "schedule",
+           "shard", "step_backward", "step_forward", "unshard", "warm_up"]
 
 
 def merge(out_a, lse_a, out_b, lse_b):
@@ -103,6 +111,13 @@ def _block(rank, src, n, causal, layout):
     return (whole, half[0], False) if src < rank else (half[1], whole, False)
 
 
+def schedule(rank, world, n, *, causal, layout):
+    """What ``rank`` of a ring of ``world`` computes at each step, for shards of n positions: a list
+    of W parts (rows, cols, causal within the part) of the local shards, None where it skips the
+    block. Step t holds the block of rank (rank - t) mod W; step 0, the diagonal, has every row."""
+    return [_block(rank, (rank - step) % world, n, causal, layout) for step in range(world)]
+
+
 class Ring:
     """The ring of a process group: sends to rank + 1 and receives from rank - 1 (modulo W).
 
@@ -159,67 +174,95 @@ class Ring:
         return wait
 
 
-def ring_forward(q, k, v, ring, *, causal, scale, layout):
-    """The forward's W steps; returns (out like q, lse (B, Hq, n) float32). Inputs checked."""
-    from .kernels.fa2_fwd import fa2_forward
+def step_forward(q, kv, part, state=None, *, scale, options):
+    """One forward step of this rank: the query rows of ``part`` against the key columns of the
+    held block, by the kernel version ``flash_attention`` would run for them (``kernels/dispatch.py``),
+    merged in float32 into ``state``.
 
-    B, Hq, n, D = q.shape
-    out = torch.zeros(B, Hq, n, D, dtype=torch.float32, device=q.device)
-    lse = torch.full((B, Hq, n), float("-inf"), dtype=torch.float32, device=q.device)
+    q: (B, Hq, n, D), this rank's shard; kv: (2, B, Hkv, n, D), the held block's K and V; part:
+    (rows, cols, causal within the part), slices of the shards (``schedule``); state: (out, lse) of
+    the blocks before, None for none. Returns the new (out (B, Hq, n, D), lse (B, Hq, n) float32):
+    the first block over every row is returned as the kernel gave it (out in q's dtype, no merge).
+    """
+    rows, cols, causal = part
+    o, l = dispatch.forward(q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], causal, scale,
+                            IDENTITY, options)                    # (B, Hq, m, D), (B, Hq, m)
+    if state is None:
+        if o.shape == q.shape:
+            return o, l
+        state = (torch.zeros(q.shape, dtype=torch.float32, device=q.device),
+                 torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device))
+    out, lse = state
+    merged = merge(out[:, :, rows], lse[:, :, rows], o, l)
+    if merged[0].shape == out.shape:       # every row: the merge's own tensors are the state
+        return merged
+    out = out.float()                      # a copy only while out is still a kernel's
+    out[:, :, rows], lse[:, :, rows] = merged
+    return out, lse
+
+
+def step_backward(q, kv, out, lse, dout, part, *, scale, options):
+    """One backward step of this rank: the held block's share of the gradients, (dq of ``part``'s
+    rows, dk and dv of its columns) in q's dtype, by the kernel version ``flash_attention``'s
+    backward would run. out, lse, dout: this rank's GLOBAL out (B, Hq, n, D), lse (B, Hq, n) and
+    out's gradient; given them, the kernels give exactly this block's contribution. q, kv, part:
+    as ``step_forward``'s."""
+    rows, cols, causal = part
+    return dispatch.backward(q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], out[:, :, rows],
+                             lse[:, :, rows], dout[:, :, rows], causal, scale, IDENTITY, options)
+
+
+def ring_forward(q, k, v, ring, *, causal, scale, layout, options):
+    """The forward's W steps; returns (out like q, lse (B, Hq, n) float32). Inputs checked;
+    options: a ``runtime.KernelOptions``. The merge of step j runs while block j + 1 is in flight."""
+    n = q.shape[2]
+    state = None
     kv = torch.stack((k, v))                                              # (2, B, Hkv, n, D)
-    for step in range(ring.world):
+    for step, part in enumerate(schedule(ring.rank, ring.world, n, causal=causal, layout=layout)):
         pending = ring.start(kv) if step + 1 < ring.world else None      # overlaps the compute
-        part = _block(ring.rank, (ring.rank - step) % ring.world, n, causal, layout)
         if part is not None:
-            rows, cols, part_causal = part
-            o, l = fa2_forward(q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols],
-                               causal=part_causal, scale=scale)          # (B, Hq, m, D), (B, Hq, m)
-            out[:, :, rows], lse[:, :, rows] = merge(out[:, :, rows], lse[:, :, rows], o, l)
+            state = step_forward(q, kv, part, state, scale=scale, options=options)
         if pending is not None:
             kv = pending()
+    out, lse = state
     return out.to(q.dtype), lse
 
 
-def ring_backward(q, k, v, out, lse, dout, ring, *, causal, scale, layout):
+def ring_backward(q, k, v, out, lse, dout, ring, *, causal, scale, layout, options):
     """The backward's W steps from the global out and lse; returns (dq, dk, dv) of this rank's
     shards. dK/dV accumulate in float32 and travel with their K/V block, home after W hops."""
-    from .kernels.fa2_bwd import fa2_backward
-
     n = q.shape[2]
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)      # (B, Hq, n, D)
     kv = torch.stack((k, v))                                              # (2, B, Hkv, n, D)
     dkv_pending = None
-    for step in range(ring.world):
+    for step, part in enumerate(schedule(ring.rank, ring.world, n, causal=causal, layout=layout)):
         kv_pending = ring.start(kv) if step + 1 < ring.world else None
-        part = _block(ring.rank, (ring.rank - step) % ring.world, n, causal, layout)
         if part is not None:
-            rows, cols, part_causal = part
-            # given the GLOBAL out and lse, the kernels give exactly this block's contribution
-            dq_b, dk_b, dv_b = fa2_backward(q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols],
-                                            out[:, :, rows], lse[:, :, rows], dout[:, :, rows],
-                                            causal=part_causal, scale=scale)
-            dq[:, :, rows] += dq_b
+            dq_b, dk_b, dv_b = step_backward(q, kv, out, lse, dout, part, scale=scale, options=options)
+            dq[:, :, part[0]] += dq_b
         # the accumulators of the block now held: the previous rank's, or zeros at the start
         dkv = (dkv_pending() if dkv_pending is not None
                else torch.zeros(kv.shape, dtype=torch.float32, device=q.device))  # (2, B, Hkv, n, D)
         if part is not None:
-            dkv[0][:, :, cols] += dk_b
-            dkv[1][:, :, cols] += dv_b
+            dkv[0][:, :, part[1]] += dk_b
+            dkv[1][:, :, part[1]] += dv_b
         dkv_pending = ring.start(dkv, tag=1)   # on to the next rank; the W-th hop brings it home
         if kv_pending is not None:
             kv = kv_pending()
+    dq = dq.to(q.dtype)                        # queued before the wait: under the last hop
     dkv = dkv_pending()
-    return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+    return dq, dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 
 class RingAttention(torch.autograd.Function):
     """Ring attention as one autograd node; saves this rank's q, k, v, out and lse."""
 
     @staticmethod
-    def forward(ctx, q, k, v, ring, causal, scale, layout):
-        out, lse = ring_forward(q, k, v, ring, causal=causal, scale=scale, layout=layout)
+    def forward(ctx, q, k, v, ring, causal, scale, layout, options):
+        out, lse = ring_forward(q, k, v, ring, causal=causal, scale=scale, layout=layout,
+                                options=options)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.ring, ctx.causal, ctx.scale, ctx.layout = ring, causal, scale, layout
+        ctx.ring, ctx.causal, ctx.scale, ctx.layout, ctx.options = ring, causal, scale, layout, options
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -228,12 +271,25 @@ class RingAttention(torch.autograd.Function):
         # gradients materialise as zeros: every rank must take part in the ring, used or not
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = ring_backward(q, k, v, out, lse, dout, ctx.ring, causal=ctx.causal,
-                                   scale=ctx.scale, layout=ctx.layout)
-        return dq, dk, dv, None, None, None, None
+                                   scale=ctx.scale, layout=ctx.layout, options=ctx.options)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def _check_shards(q, k, v, causal, scale, layout):
+    """ring_attention's checks (and warm_up's); returns the resolved scale."""
+    scale = check_inputs(q, k, v, scale=scale, causal=causal)
+    _check_layout(layout)
+    n = q.shape[2]
+    if k.shape[2] != n:
+        raise ValueError(f"q has {n} positions but k and v have {k.shape[2]}: ring_attention "
+                         "needs every shard of q, k and v to be the same length")
+    if layout == "zigzag" and n % 2:
+        raise ValueError(f"the zigzag layout needs an even shard length (two chunks), got n={n}")
+    return scale
 
 
 def ring_attention(q, k, v, *, group=None, causal=False, scale=None, return_lse=False,
-                   layout="contiguous"):
+                   layout="contiguous", kernel_options=None):
     """This rank's shard of exact attention over a sequence sharded across ``group``'s ranks.
 
     q: (batch, heads_q, n, headdim); k, v: (batch, heads_kv, n, headdim), heads_q % heads_kv == 0:
@@ -245,18 +301,52 @@ def ring_attention(q, k, v, *, group=None, causal=False, scale=None, return_lse=
     for CPU tensors (kernels through Triton's interpreter) or nccl for CUDA tensors.
     causal: query at global position i sees keys j <= i. scale: defaults to 1/sqrt(headdim).
     return_lse: also return lse (batch, heads_q, n), float32, natural log, over the whole sequence.
+    kernel_options: as ``flash_attention``'s, for every step (forward and backward).
     Returns out (like q) or (out, lse). Differentiable: every rank's gradients are those of the
     sum of all ranks' losses with respect to its own shards (every rank must call backward).
     """
-    scale = check_inputs(q, k, v, scale=scale, causal=causal)
-    _check_layout(layout)
-    n = q.shape[2]
-    if k.shape[2] != n:
-        raise ValueError(f"q has {n} positions but k and v have {k.shape[2]}: ring_attention "
-                         "needs every shard of q, k and v to be the same length")
-    if layout == "zigzag" and n % 2:
-        raise ValueError(f"the zigzag layout needs an even shard length (two chunks), got n={n}")
+    options = runtime.options(kernel_options)
+    scale = _check_shards(q, k, v, causal, scale, layout)
     ring = Ring(group)
     ring.check_device(q)
-    out, lse = RingAttention.apply(q, k, v, ring, causal, scale, layout)
+    out, lse = RingAttention.apply(q, k, v, ring, causal, scale, layout, options)
     return (out, lse) if return_lse else out
+
+
+def warm_up(q, k, v, *, group=None, causal=False, scale=None, layout="contiguous", kernel_options=None):
+    """Compile (and, with autotuning on, tune) every kernel the ring will run on shards like q, k, v,
+    forward and backward, before the ring runs: rank 0 of ``group`` first, alone, then the others.
+
+    Arguments as ``ring_attention``'s; every rank of ``group`` must call it. Every kind of block any
+    rank computes (each a different shape or mask) runs once on this rank's own tensors, without
+    communication. The others start after rank 0 has finished, so they load its compiled kernels
+    from Triton's disk cache instead of compiling them, and, where the environment has
+    ``TRITON_CACHE_AUTOTUNING=1`` when flashlib is imported, its autotuned configs too: every rank
+    then runs the configs picked once, by rank 0.
+    """
+    import torch.distributed as dist
+
+    options = runtime.options(kernel_options)
+    scale = _check_shards(q, k, v, causal, scale, layout)
+    ring = Ring(group)
+    ring.check_device(q)
+    n, world = q.shape[2], ring.world
+    parts = {}                                   # one of each kind: (rows, cols) bounds, causal
+    for rank in range(world):
+        for part in filter(None, schedule(rank, world, n, causal=causal, layout=layout)):
+            rows, cols, part_causal = part
+            parts[(rows.start, rows.stop, cols.start, cols.stop, part_causal)] = part
+    kv = torch.stack((k, v))                     # (2, B, Hkv, n, D), as the ring holds it
+    lse = torch.zeros(q.shape[:3], dtype=torch.float32, device=q.device)
+
+    @torch.no_grad()
+    def run():
+        for part in parts.values():
+            step_forward(q, kv, part, scale=scale, options=options)
+            step_backward(q, kv, q, lse, q, part, scale=scale, options=options)  # values: any
+    if ring.rank == 0:
+        run()
+    if world > 1:
+        dist.barrier(group)
+        if ring.rank != 0:
+            run()

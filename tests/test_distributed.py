@@ -5,7 +5,12 @@ list of cases (the kernels through Triton's interpreter), and every rank checks 
 out, lse and the gradients of a global loss sum(out * g) against ``attention_ref`` on the full
 sequence, with the one tolerance rule (baseline: naive attention in the same dtype). The 3-process
 group also runs subgroups (ranks [1, 2], a ring whose ranks are not the global ones, and [0], a
-ring of one). A ``gpu`` test does the same with NCCL on two GPUs at larger sizes.
+ring of one). A ``gpu`` test does the same with NCCL on 2 and on 4 GPUs.
+
+The ring's steps (``step_forward``, ``step_backward``, in ``schedule``'s order) are also run for
+every rank in this one process, without a process group (``simulate``): on the CPU at small
+irregular shapes, and in a ``gpu`` test on one GPU at a real size, where every block must run on
+the kernel version ``flash_attention`` picks (FA3's on Hopper).
 """
 import datetime
 import os
@@ -26,9 +31,9 @@ DEV = runtime.DEVICE
 
 
 def case(Hq=4, Hkv=2, n=16, D=16, causal=True, layout="contiguous", dtype=torch.float32, B=1,
-         scale=None, group=None):
+         scale=None, group=None, kernel_options=None):
     return dict(B=B, Hq=Hq, Hkv=Hkv, n=n, D=D, causal=causal, layout=layout, dtype=dtype,
-                scale=scale, group=group)
+                scale=scale, group=group, kernel_options=kernel_options)
 
 
 CASES = {   # world size -> cases run in one group of that many gloo processes
@@ -61,14 +66,27 @@ def full_inputs(c, world, device, seed):
 def check_case(c, rank, world, device, seed, group=None):
     """Run one case on this rank and check its shards; ``world`` is the ring's size."""
     q, k, v, g = full_inputs(c, world, device, seed)
-    causal, scale, layout, dtype = c["causal"], c["scale"], c["layout"], c["dtype"]
+    causal, scale, layout = c["causal"], c["scale"], c["layout"]
     part = lambda t: fd.shard(t, rank, world, layout=layout)   # noqa: E731  this rank's shard
     leaves = [part(t).requires_grad_() for t in (q, k, v)]
+    fd.warm_up(*leaves, group=group, causal=causal, scale=scale, layout=layout,
+               kernel_options=c["kernel_options"])
     out, lse = fd.ring_attention(*leaves, group=group, causal=causal, scale=scale, return_lse=True,
-                                 layout=layout)
+                                 layout=layout, kernel_options=c["kernel_options"])
     grads = torch.autograd.grad(out, leaves, part(g))          # d sum(out * g) / d own shards
-    assert out.dtype == dtype and out.shape == leaves[0].shape and lse.dtype == torch.float32
+    for got, leaf in zip((out, *grads), (leaves[0], *leaves)):
+        assert got.dtype == leaf.dtype and got.shape == leaf.shape
+    assert_matches_oracle((out, lse, *grads), q, k, v, g, causal=causal, scale=scale, select=part,
+                          tag=f"rank {rank}/{world} {c}")
 
+
+def assert_matches_oracle(got, q, k, v, g, *, causal, scale, select=lambda t: t, tag=""):
+    """got: (out, lse, dq, dk, dv) of the positions ``select`` takes from the whole sequence's,
+    checked against ``attention_ref`` on the whole sequence (float64; the gradients of sum(out * g))
+    with the one tolerance rule, the baseline naive attention in q's dtype."""
+    dtype = q.dtype
+    out, lse, *grads = got
+    assert out.dtype == dtype and lse.dtype == torch.float32
     ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
     ref, ref_lse = attention_ref(*ref_leaves, causal=causal, scale=scale)
     ref_grads = torch.autograd.grad(ref, ref_leaves, g.double())
@@ -76,15 +94,14 @@ def check_case(c, rank, world, device, seed, group=None):
     base = attention_naive(*base_leaves, causal=causal, scale=scale)
     base_grads = torch.autograd.grad(base, base_leaves, g)
     mags = attention_magnitudes(q, k, v, g, causal=causal, scale=scale)
-    tag = f"rank {rank}/{world} {c}"
-    assert_close(out, part(ref), baseline=part(base), dtype=dtype, name=f"out, {tag}",
+    assert_close(out, select(ref), baseline=select(base), dtype=dtype, name=f"out, {tag}",
                  magnitude=mags["out"])
     assert torch.isfinite(lse).all(), f"lse, {tag}: not finite"
-    assert_close(lse, part(ref_lse), baseline=part(ref_lse).float(), dtype=torch.float32,
+    assert_close(lse, select(ref_lse), baseline=select(ref_lse).float(), dtype=torch.float32,
                  name=f"lse, {tag}", magnitude=mags["lse"])
-    for name, got, r, b in zip(("dq", "dk", "dv"), grads, ref_grads, base_grads):
-        assert got.dtype == dtype and got.shape == leaves[("dq", "dk", "dv").index(name)].shape
-        assert_close(got, part(r), baseline=part(b), dtype=dtype, name=f"{name}, {tag}",
+    for name, got_grad, r, b in zip(("dq", "dk", "dv"), grads, ref_grads, base_grads):
+        assert got_grad.dtype == dtype
+        assert_close(got_grad, select(r), baseline=select(b), dtype=dtype, name=f"{name}, {tag}",
                      magnitude=mags[name])
 
 
@@ -135,16 +152,20 @@ def test_ring_attention_matches_the_oracle_forward_and_backward(world):
 
 
 @pytest.mark.gpu
-def test_nccl_on_two_gpus():
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 CUDA GPUs")
-    cases = [case(Hq=8, Hkv=2, n=n, D=D, causal=causal, layout=layout, dtype=dtype)
-             for n, D, causal, layout, dtype in [
-                 (1024, 128, True, "contiguous", torch.float16),
-                 (1024, 128, True, "zigzag", torch.bfloat16),
-                 (777, 80, False, "contiguous", torch.float16),
-                 (2048, 64, True, "zigzag", torch.float32)]]
-    spawn(2, cases, backend="nccl")
+@pytest.mark.parametrize("world", [2, 4])
+def test_nccl(world):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} CUDA GPUs")
+    hopper = {"fa3_from_flops": 0}   # every block to FA3's kernels where they run (Hopper)
+    cases = [case(Hq=8, Hkv=2, n=n, D=D, causal=causal, layout=layout, dtype=dtype, kernel_options=opts)
+             for n, D, causal, layout, dtype, opts in [
+                 (1024, 128, True, "contiguous", torch.float16, None),
+                 (1024, 128, True, "zigzag", torch.bfloat16, None),
+                 (777, 80, False, "contiguous", torch.float16, None),
+                 (2048, 64, True, "zigzag", torch.float32, None),
+                 (1000, 64, True, "zigzag", torch.bfloat16, hopper),
+                 (999, 128, False, "contiguous", torch.float16, hopper)]]
+    spawn(world, cases, backend="nccl")
 
 
 @pytest.mark.skipif(DEV.type == "cuda", reason="--smoke is the CPU's gloo run")
@@ -162,6 +183,119 @@ def test_smoke_benchmark_runs_on_cpu(tmp_path, group_of_one):
 
 
 # ---- the pieces, in this process ----
+
+def simulate(q, k, v, dout, world, *, causal, layout, scale=None, kernel_options=None):
+    """The ring's steps for every rank of a ring of ``world``, one rank after another in this
+    process: each rank's ``step_forward`` over its ``schedule`` (step t holds rank (r - t) mod W's
+    block), then ``step_backward`` from its global out and lse, each block's dK/dV added in
+    float32 to that block's accumulators as they travel. Returns the whole sequence's
+    (out, lse, dq, dk, dv)."""
+    options = runtime.options(kernel_options)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    n = q.shape[2] // world
+    shards = lambda t: [fd.shard(t, r, world, layout=layout) for r in range(world)]  # noqa: E731
+    qs, dos = shards(q), shards(dout)
+    kvs = [torch.stack(pair) for pair in zip(shards(k), shards(v))]       # (2, B, Hkv, n, D) each
+    steps = [fd.schedule(r, world, n, causal=causal, layout=layout) for r in range(world)]
+    outs, lses = [], []
+    for r in range(world):
+        state = None
+        for t, part in enumerate(steps[r]):
+            if part is not None:
+                state = fd.step_forward(qs[r], kvs[(r - t) % world], part, state, scale=scale,
+                                        options=options)
+        outs.append(state[0].to(q.dtype))
+        lses.append(state[1])
+    dqs = [torch.zeros(x.shape, dtype=torch.float32, device=x.device) for x in qs]
+    dkvs = [torch.zeros(x.shape, dtype=torch.float32, device=x.device) for x in kvs]
+    for r in range(world):
+        for t, part in enumerate(steps[r]):
+            if part is not None:
+                src = (r - t) % world
+                dq, dk, dv = fd.step_backward(qs[r], kvs[src], outs[r], lses[r], dos[r], part,
+                                              scale=scale, options=options)
+                rows, cols, _ = part
+                dqs[r][:, :, rows] += dq
+                dkvs[src][0][:, :, cols] += dk
+                dkvs[src][1][:, :, cols] += dv
+    whole = lambda parts, dtype=None: fd.unshard(parts, layout=layout).to(dtype or parts[0].dtype)  # noqa: E731
+    return (whole(outs), whole(lses), whole(dqs, q.dtype), whole([d[0] for d in dkvs], k.dtype),
+            whole([d[1] for d in dkvs], v.dtype))
+
+
+@pytest.fixture
+def versions_run(monkeypatch):
+    """The numbers of the kernel versions the dispatcher runs, forward and backward, in order."""
+    from flashlib.kernels import dispatch
+    calls = []
+    for number in dispatch.DISPATCH_ORDER:
+        version = dispatch.VERSIONS[number]
+
+        def spy(real, tag):
+            def run(*args, **kwargs):
+                calls.append(tag)
+                return real(*args, **kwargs)
+            return run
+        monkeypatch.setitem(dispatch.VERSIONS, number, version._replace(
+            forward=spy(version.forward, ("fwd", number)), backward=spy(version.backward, ("bwd", number))))
+    return calls
+
+
+def check_steps(B, Hq, Hkv, n, D, world, causal, layout, dtype, calls, *, version, kernel_options=None):
+    """simulate() against the oracle; every block forward and backward on kernel ``version``."""
+    g = torch.Generator(device="cpu").manual_seed(n * world + Hq)
+    q, g_out = (torch.randn(B, Hq, n * world, D, generator=g).to(DEV, dtype) for _ in range(2))
+    k, v = (torch.randn(B, Hkv, n * world, D, generator=g).to(DEV, dtype) for _ in range(2))
+    got = simulate(q, k, v, g_out, world, causal=causal, layout=layout, kernel_options=kernel_options)
+    assert_matches_oracle(got, q, k, v, g_out, causal=causal, scale=None,
+                          tag=f"simulated ring of {world}, {layout}, causal={causal}, {dtype}")
+    blocks = sum(part is not None for r in range(world)
+                 for part in fd.schedule(r, world, n, causal=causal, layout=layout))
+    assert calls == [("fwd", version)] * blocks + [("bwd", version)] * blocks
+
+
+STEP_CASES = [  # (B, Hq, Hkv, n, D, world, causal, layout, dtype)
+    (1, 4, 2, 17, 24, 2, True, "contiguous", torch.float32),    # odd shard, grouped heads
+    (2, 3, 1, 18, 40, 3, True, "zigzag", torch.float32),        # zigzag halves of 9 rows
+    (1, 2, 2, 10, 16, 2, False, "zigzag", torch.float16),
+    (1, 9, 3, 9, 80, 4, True, "contiguous", torch.float32),     # head dim 80, 9 heads
+]
+
+
+@pytest.mark.skipif(DEV.type == "cuda", reason="the gpu test below runs the steps on the GPU")
+@pytest.mark.parametrize("B, Hq, Hkv, n, D, world, causal, layout, dtype", STEP_CASES)
+def test_the_ring_steps_through_the_dispatcher_match_the_oracle(B, Hq, Hkv, n, D, world, causal,
+                                                                layout, dtype, versions_run):
+    check_steps(B, Hq, Hkv, n, D, world, causal, layout, dtype, versions_run, version=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, Hq, Hkv, n, D, world, causal, layout, dtype, hopper", [
+    # every block (whole, causal diagonal, zigzag halves) of at least fa3_from_flops FLOPs: FA3
+    (1, 16, 4, 4096, 128, 2, False, "contiguous", torch.float16, True),
+    (1, 16, 4, 4096, 128, 2, True, "contiguous", torch.bfloat16, True),
+    (1, 16, 16, 4096, 128, 2, True, "zigzag", torch.float16, True),
+    # irregular shapes on FA3 by option (no size threshold); float32 is FA2's everywhere
+    (2, 6, 2, 1000, 64, 3, True, "zigzag", torch.bfloat16, {"fa3_from_flops": 0}),
+    (1, 4, 2, 777, 80, 2, True, "contiguous", torch.float32, False),
+])
+def test_the_ring_steps_on_one_gpu_run_flash_attentions_kernels(B, Hq, Hkv, n, D, world, causal,
+                                                                layout, dtype, hopper, versions_run):
+    if DEV.type != "cuda":
+        pytest.skip("needs a CUDA GPU")
+    kernel_options = hopper if isinstance(hopper, dict) else None
+    fa3 = (bool(hopper) and runtime.options(kernel_options).fa3
+           and runtime.capability(torch.device("cuda"))[0] == 9)
+    check_steps(B, Hq, Hkv, n, D, world, causal, layout, dtype, versions_run, version=3 if fa3 else 2,
+                kernel_options=kernel_options)
+
+
+def test_warm_up_runs_the_rings_blocks_before_it(group_of_one, versions_run):
+    q, k, v = (torch.randn(1, h, 20, 16, device=DEV) for h in (4, 2, 2))
+    fd.warm_up(q, k, v, causal=True, layout="zigzag")
+    assert versions_run == [("fwd", 2), ("bwd", 2)]           # a ring of one: the diagonal
+    out = fd.ring_attention(q, k, v, causal=True, layout="zigzag")
+    assert torch.equal(out, flash_attention(q, k, v, causal=True))
 
 def test_merge_is_exact_for_empty_parts_and_large_logits():
     out = torch.randn(2, 3, 5, 8)

@@ -149,13 +149,13 @@ def bench_seqlen(N, causal, args, device, log):
                               layout=None, speedup_vs_1gpu=1.0))
         log(records[-1])
     del one
-    scale = D ** -0.5
+    scale, options = D ** -0.5, runtime.options()
     for layout in ("contiguous", "zigzag") if causal else ("contiguous",):
         qs, ks, vs, ds = (shard(t, rank, world, layout=layout).contiguous() for t in (q, k, v, dout))
         ring = fwd_and_fwd_bwd(lambda *t: ring_attention(*t, causal=causal, layout=layout),
                                qs, ks, vs, ds)
         alone = fwd_and_fwd_bwd(lambda *t: RingAttention.apply(*t, Ring(transfer=False), causal,
-                                                               scale, layout)[0], qs, ks, vs, ds)
+                                                               scale, layout, options)[0], qs, ks, vs, ds)
         comm = transfers(ks, vs)
         for op in ("fwd", "fwd_bwd"):
             ms, peak = timed(ring[op], reps=args.reps, device=device)
