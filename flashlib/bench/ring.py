@@ -1,13 +1,14 @@
 """Ring attention across GPUs: checked at a real size, then timed against one GPU.
 
-    torchrun --nproc_per_node=2 -m flashlib.bench.ring --out DIR     (NCCL, one GPU per process)
     python -m flashlib.bench.ring --nproc 2 --out DIR                (spawns its own processes)
+    TRITON_CACHE_AUTOTUNING=1 torchrun --nproc_per_node=2 -m flashlib.bench.ring --out DIR
     python -m flashlib.bench.ring --smoke --out DIR                  (CPU, gloo, tiny: it runs)
 
 1. Check: every rank's shard of ``ring_attention`` (out and the gradients of sum(out * g)) against
    ``flash_attention`` on the whole sequence in float32 (the stand-in for the float64 oracle at a
-   size where float64 would take too long), with the tolerance rule of ``flashlib.testing``
-   (baseline: ``flash_attention`` on one GPU in the same dtype); each layout, causal and not.
+   size where float64 would take too long; FA2's first fitting configs, untuned, since only its
+   values count), with the tolerance rule of ``flashlib.testing`` (baseline: ``flash_attention``
+   on one GPU in the same dtype); each layout, causal and not.
 2. Time, for each sequence length N and causal flag: one GPU (``flash_attention`` on the whole
    sequence, every rank at once on its own GPU) and the ring over W GPUs (each layout; zigzag only
    for causal, where it changes the work), forward and forward+backward; for the ring also the
@@ -15,6 +16,12 @@
    (comm only). The fraction of the transfers hidden behind compute is
    (compute + comm - ring) / comm, clipped to [0, 1]. Times are the slowest rank's mean of
    ``--reps`` runs after a warm-up run.
+
+Default settings work as they are: before the ring runs at a new shape, ``distributed.warm_up``
+compiles its kernels on rank 0 alone, then on the others, which read Triton's disk cache; with
+``TRITON_CACHE_AUTOTUNING=1`` (set for the processes ``--nproc`` spawns; torchrun users set it)
+rank 0's autotuned configs are read from there too, so every rank runs the configs picked once.
+Rank 0 prints a progress line, with the seconds since the start, before each stage.
 
 Records go to ``DIR/ring_<dtype>.json`` in the format of ``flashlib.bench.harness`` (env and
 records; op "fwd" or "fwd_bwd", impl "flashlib" on one GPU, "ring_contiguous" and "ring_zigzag";
@@ -35,7 +42,7 @@ import torch.distributed as dist
 
 from .. import runtime
 from . import harness
-from ..distributed import Ring, RingAttention, ring_attention, shard
+from ..distributed import Ring, RingAttention, ring_attention, shard, warm_up
 from ..kernels.dispatch import attention_flops
 from ..ops import flash_attention
 from ..testing import max_error, tolerance
@@ -51,26 +58,37 @@ def make_inputs(B, Hq, Hkv, N, D, dtype, device, seed=0):
     return [torch.randn(s, generator=g, device=device, dtype=dtype) for s in shapes]
 
 
-def check(B, Hq, Hkv, N, D, dtype, device, *, causal, layout):
-    """Max error of this rank's out, dq, dk, dv over its tolerance (<= 1 passes); all ranks'."""
+def check(B, Hq, Hkv, N, D, dtype, device, *, causal, layouts, stage):
+    """Per layout, the max error of this rank's out, dq, dk, dv over its tolerance (<= 1 passes),
+    the worst over all ranks."""
     rank, world = dist.get_rank(), dist.get_world_size()
     q, k, v, g = make_inputs(B, Hq, Hkv, N, D, dtype, device)
-    part = lambda t: shard(t, rank, world, layout=layout)   # noqa: E731
 
     def run(fn, tensors, weights):   # [out, dq, dk, dv]
         leaves = [t.detach().clone().requires_grad_() for t in tensors]
         out = fn(*leaves)
         return [out.detach(), *torch.autograd.grad(out, leaves, weights.to(out.dtype))]
 
-    full = lambda *t: flash_attention(*t, causal=causal)     # noqa: E731
-    ring = run(lambda *t: ring_attention(*t, causal=causal, layout=layout),
-               [part(t) for t in (q, k, v)], part(g))
-    expected = [part(t) for t in run(full, [t.float() for t in (q, k, v)], g)]
-    baseline = [part(t) for t in run(full, (q, k, v), g)]
-    ratios = torch.tensor([max_error(r, e) / tolerance(e, b, dtype)
-                           for r, e, b in zip(ring, expected, baseline)], device=device)
-    dist.all_reduce(ratios, op=dist.ReduceOp.MAX)
-    return dict(zip(("out", "dq", "dk", "dv"), ratios.tolist()))
+    # the whole sequence on each GPU, once for every layout. The float32 run gives the expected
+    # values and its speed does not matter: FA2's first fitting configs, no tuning
+    stage(f"check N={N} Hq={Hq} causal={causal}: the whole sequence on each GPU, float32 and "
+          f"{str(dtype).removeprefix('torch.')}")
+    expected = run(lambda *t: flash_attention(*t, causal=causal, kernel_options={"autotune": False}),
+                   [t.float() for t in (q, k, v)], g)
+    baseline = run(lambda *t: flash_attention(*t, causal=causal), (q, k, v), g)
+    results = {}
+    for layout in layouts:
+        part = lambda t: shard(t, rank, world, layout=layout)   # noqa: E731
+        shards = [part(t) for t in (q, k, v)]
+        stage(f"check N={N} causal={causal} {layout}: compiling the ring's kernels, rank 0 first")
+        warm_up(*shards, causal=causal, layout=layout)
+        stage(f"check N={N} causal={causal} {layout}: the ring, forward and backward")
+        ring = run(lambda *t: ring_attention(*t, causal=causal, layout=layout), shards, part(g))
+        ratios = torch.tensor([max_error(r, part(e)) / tolerance(part(e), part(b), dtype)
+                               for r, e, b in zip(ring, expected, baseline)], device=device)
+        dist.all_reduce(ratios, op=dist.ReduceOp.MAX)
+        results[layout] = dict(zip(("out", "dq", "dk", "dv"), ratios.tolist()))
+    return results
 
 
 def timed(fn, *, reps, device):
@@ -134,7 +152,7 @@ def record(op, impl, dtype, B, Hq, Hkv, N, D, causal, ms, peak, **extra):
                 tokens_per_s=B * N / ms * 1e3, **extra)
 
 
-def bench_seqlen(N, causal, args, device, log):
+def bench_seqlen(N, causal, args, device, log, stage):
     """Records for one (N, causal): one GPU, then the ring in each layout."""
     rank, world = dist.get_rank(), dist.get_world_size()
     B, Hq, Hkv, D, dtype = args.batch, args.heads, args.heads_kv, args.headdim, args.dtype_t
@@ -144,6 +162,7 @@ def bench_seqlen(N, causal, args, device, log):
     one = fwd_and_fwd_bwd(lambda *t: flash_attention(*t, causal=causal), q, k, v, dout)
     single = {}
     for op, fn in one.items():
+        stage(f"N={N} causal={causal}: {op} on one GPU (each rank on its own)")
         single[op], peak = timed(fn, reps=args.reps, device=device)
         records.append(record(op, "flashlib", dtype, *shape, causal, single[op], peak, world=1,
                               layout=None, speedup_vs_1gpu=1.0))
@@ -152,12 +171,16 @@ def bench_seqlen(N, causal, args, device, log):
     scale, options = D ** -0.5, runtime.options()
     for layout in ("contiguous", "zigzag") if causal else ("contiguous",):
         qs, ks, vs, ds = (shard(t, rank, world, layout=layout).contiguous() for t in (q, k, v, dout))
+        stage(f"N={N} causal={causal} {layout}: compiling the ring's kernels, rank 0 first")
+        warm_up(qs, ks, vs, causal=causal, layout=layout)
         ring = fwd_and_fwd_bwd(lambda *t: ring_attention(*t, causal=causal, layout=layout),
                                qs, ks, vs, ds)
         alone = fwd_and_fwd_bwd(lambda *t: RingAttention.apply(*t, Ring(transfer=False), causal,
                                                                scale, layout, options)[0], qs, ks, vs, ds)
         comm = transfers(ks, vs)
         for op in ("fwd", "fwd_bwd"):
+            stage(f"N={N} causal={causal} {layout}: {op} of the ring, of its compute alone, of its "
+                  "transfers alone")
             ms, peak = timed(ring[op], reps=args.reps, device=device)
             compute, _ = timed(alone[op], reps=args.reps, device=device)
             comm_ms, _ = timed(comm[op], reps=args.reps, device=device)
@@ -221,16 +244,22 @@ def main_worker(args):
             if records:
                 (out_dir / f"{name}.json").write_text(json.dumps(dict(env=env, records=records), indent=1))
 
+    started = time.perf_counter()
+
+    def stage(text):   # before each stage: at real sizes compiling and timing are long and silent
+        if rank == 0:
+            print(f"[{time.perf_counter() - started:7.1f} s] {text}", flush=True)
+
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
     log(f"ring attention, {world} ranks ({args.backend}), {env['gpu']}, torch {env['torch']}, "
         f"triton {env['triton']}, {env['date']}; {args.dtype}, B={args.batch} Hq={args.heads} "
         f"Hkv={args.heads_kv} D={args.headdim}, {args.reps} reps after a warm-up")
     for causal in (False, True):
-        for layout in ("contiguous", "zigzag") if causal else ("contiguous",):
-            ratios = check(args.batch, args.check_heads, max(1, args.check_heads // 4),
-                           args.check_seqlen, args.headdim, args.dtype_t, device, causal=causal,
-                           layout=layout)
+        checked = check(args.batch, args.check_heads, max(1, args.check_heads // 4), args.check_seqlen,
+                        args.headdim, args.dtype_t, device, causal=causal, stage=stage,
+                        layouts=("contiguous", "zigzag") if causal else ("contiguous",))
+        for layout, ratios in checked.items():
             verdict = "ok" if max(ratios.values()) <= 1 else "WRONG"
             worst = ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
             log(f"check N={args.check_seqlen} Hq={args.check_heads} causal={causal} {layout}: "
@@ -239,7 +268,7 @@ def main_worker(args):
                 raise SystemExit(f"ring attention is wrong at N={args.check_seqlen}: not timed")
     for N in args.seqlens:
         for causal in (False, True):
-            for r in bench_seqlen(N, causal, args, device, log):
+            for r in bench_seqlen(N, causal, args, device, log, stage):
                 records.append(r)
             log(f"-- N={N} causal={causal} done")
     if rank == 0:
@@ -311,6 +340,9 @@ def main(argv=None):
                      f"{torch.cuda.device_count()}")
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"                     # the children's kernels: CPU
+    # read when the children import flashlib: rank 0's autotuned configs go to Triton's disk
+    # cache during warm_up, and the other ranks take them from there (configs picked once)
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
