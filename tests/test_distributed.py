@@ -36,6 +36,9 @@ def case(Hq=4, Hkv=2, n=16, D=16, causal=True, layout="contiguous", dtype=torch.
                 scale=scale, group=group, kernel_options=kernel_options)
 
 
+NO_THRESHOLD = {"fa3_from_flops": 0}   # FA3 takes every block it can run, however small
+
+
 CASES = {   # world size -> cases run in one group of that many gloo processes
     2: [case(causal=False, Hq=3, Hkv=3, n=17),            # odd shard, no grouped heads
         case(),                                           # grouped heads, causal
@@ -156,15 +159,14 @@ def test_ring_attention_matches_the_oracle_forward_and_backward(world):
 def test_nccl(world):
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} CUDA GPUs")
-    hopper = {"fa3_from_flops": 0}   # every block to FA3's kernels where they run (Hopper)
     cases = [case(Hq=8, Hkv=2, n=n, D=D, causal=causal, layout=layout, dtype=dtype, kernel_options=opts)
              for n, D, causal, layout, dtype, opts in [
                  (1024, 128, True, "contiguous", torch.float16, None),
                  (1024, 128, True, "zigzag", torch.bfloat16, None),
                  (777, 80, False, "contiguous", torch.float16, None),
                  (2048, 64, True, "zigzag", torch.float32, None),
-                 (1000, 64, True, "zigzag", torch.bfloat16, hopper),
-                 (999, 128, False, "contiguous", torch.float16, hopper)]]
+                 (1000, 64, True, "zigzag", torch.bfloat16, NO_THRESHOLD),   # FA3 on Hopper
+                 (999, 128, False, "contiguous", torch.float16, NO_THRESHOLD)]]
     spawn(world, cases, backend="nccl")
 
 
@@ -270,24 +272,23 @@ def test_the_ring_steps_through_the_dispatcher_match_the_oracle(B, Hq, Hkv, n, D
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B, Hq, Hkv, n, D, world, causal, layout, dtype, hopper", [
-    # every block (whole, causal diagonal, zigzag halves) of at least fa3_from_flops FLOPs: FA3
-    (1, 16, 4, 4096, 128, 2, False, "contiguous", torch.float16, True),
-    (1, 16, 4, 4096, 128, 2, True, "contiguous", torch.bfloat16, True),
-    (1, 16, 16, 4096, 128, 2, True, "zigzag", torch.float16, True),
-    # irregular shapes on FA3 by option (no size threshold); float32 is FA2's everywhere
-    (2, 6, 2, 1000, 64, 3, True, "zigzag", torch.bfloat16, {"fa3_from_flops": 0}),
-    (1, 4, 2, 777, 80, 2, True, "contiguous", torch.float32, False),
+@pytest.mark.parametrize("B, Hq, Hkv, n, D, world, causal, layout, dtype, kernel_options, fa3", [
+    # real sizes, default options: every block (whole, causal diagonal, zigzag halves) has at
+    # least fa3_from_flops FLOPs, so on Hopper every one must run FA3's kernels
+    (1, 16, 4, 4096, 128, 2, False, "contiguous", torch.float16, None, True),
+    (1, 16, 4, 4096, 128, 2, True, "contiguous", torch.bfloat16, None, True),
+    (1, 16, 16, 4096, 128, 2, True, "zigzag", torch.float16, None, True),
+    # irregular shapes on FA3's kernels; float32 is FA2's on every GPU
+    (2, 6, 2, 1000, 64, 3, True, "zigzag", torch.bfloat16, NO_THRESHOLD, True),
+    (1, 4, 2, 777, 80, 2, True, "contiguous", torch.float32, None, False),
 ])
-def test_the_ring_steps_on_one_gpu_run_flash_attentions_kernels(B, Hq, Hkv, n, D, world, causal,
-                                                                layout, dtype, hopper, versions_run):
+def test_the_ring_steps_on_one_gpu_run_flash_attentions_kernels(B, Hq, Hkv, n, D, world, causal, layout,
+                                                                dtype, kernel_options, fa3, versions_run):
     if DEV.type != "cuda":
         pytest.skip("needs a CUDA GPU")
-    kernel_options = hopper if isinstance(hopper, dict) else None
-    fa3 = (bool(hopper) and runtime.options(kernel_options).fa3
-           and runtime.capability(torch.device("cuda"))[0] == 9)
-    check_steps(B, Hq, Hkv, n, D, world, causal, layout, dtype, versions_run, version=3 if fa3 else 2,
-                kernel_options=kernel_options)
+    hopper = runtime.capability(torch.device("cuda"))[0] == 9 and runtime.options(kernel_options).fa3
+    check_steps(B, Hq, Hkv, n, D, world, causal, layout, dtype, versions_run,
+                version=3 if fa3 and hopper else 2, kernel_options=kernel_options)
 
 
 def test_warm_up_runs_the_rings_blocks_before_it(group_of_one, versions_run):
