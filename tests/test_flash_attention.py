@@ -476,7 +476,7 @@ def test_launch_helpers_match_triton():
     assert [padded_headdim(d) for d in (1, 16, 17, 80, 128, 200)] == [16, 16, 32, 128, 128, 256]
 
 
-def test_small_problems_are_not_autotuned(monkeypatch):
+def test_small_and_float32_problems_are_not_autotuned(monkeypatch):
     # autotuning compiles every config per shape: only problems of TUNE_FROM_SCORES scores or
     # more are tuned; smaller ones take the first config that fits, as with autotuning off
     import triton
@@ -491,6 +491,9 @@ def test_small_problems_are_not_autotuned(monkeypatch):
         kernel, launch_kwargs = choose(64, 2, config.TUNE_FROM_SCORES, autotune=True)
         assert isinstance(kernel, triton.runtime.Autotuner) and launch_kwargs == {}
         assert choose(64, 2, config.TUNE_FROM_SCORES, autotune=False)[0] is fa2_fwd._fa2_fwd_kernel
+        # float32's exact dots compile slowly per config: never swept, whatever the size
+        kernel, launch_kwargs = choose(64, 4, 64 * config.TUNE_FROM_SCORES, autotune=True)
+        assert kernel is fa2_fwd._fa2_fwd_kernel and "BLOCK_M" in launch_kwargs
 
 
 def test_torch_compile_traces_the_whole_call_and_matches_eager():

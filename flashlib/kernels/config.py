@@ -1,9 +1,11 @@
 """Block configs: autotuned on a GPU, one fixed config otherwise, always sized to fit SRAM.
 
 Autotuning compiles and times every config once per key (problem size bucket, head dim, causal,
-precision, score modifier, packed or dense), so it runs only on a GPU with the ``autotune`` option on (``runtime.KernelOptions``),
-and only for problems of at least ``TUNE_FROM_SCORES`` scores; otherwise (and with
-FLASHLIB_AUTOTUNE=0) kernels take the first config that fits. Through the interpreter (no GPU)
+precision, score modifier, packed or dense), so it runs only on a GPU with the ``autotune`` option
+on (``runtime.KernelOptions``), only for 16-bit inputs and only for problems of at least
+``TUNE_FROM_SCORES`` scores; otherwise (and with FLASHLIB_AUTOTUNE=0) kernels take the first
+config that fits. float32 is the checking path, not the fast one: its exact dots are FMA loops
+whose compile time grows with the tile, so a sweep of configs would take minutes. Through the interpreter (no GPU)
 kernels use 64x64 blocks: the interpreter's cost is per program per loop step, whatever the
 tile size.
 
@@ -121,7 +123,7 @@ def tuned(kernel, configs, footprint, elem_arg="Q", key=KEY, prefer=None):
     (the best fixed config differs between head dims: measured, not guessed).
     footprint(BLOCK_M, BLOCK_N) -> (resident_rows, streamed_rows_per_stage), see module docstring.
     scores: the problem's size, batch x heads_q x seqlen_q x seqlen_k; under ``TUNE_FROM_SCORES``
-    the first config is used even when autotuning. Blocks above ``max_block`` are dropped
+    (or for float32 inputs) the first config is used even when autotuning. Blocks above ``max_block`` are dropped
     (block-sparse tiles must fit inside one mask block; there the kernel's SPARSE_BLOCK argument
     sets the limit when autotuning).
     """
@@ -156,7 +158,7 @@ def tuned(kernel, configs, footprint, elem_arg="Q", key=KEY, prefer=None):
     def choose(block_d, elem_bytes, scores, max_block=None, autotune=None):
         """autotune: None for the options in force (``runtime.autotuning``)."""
         autotune = runtime.autotuning(runtime.OPTIONS) if autotune is None else autotune
-        if not autotune or scores < TUNE_FROM_SCORES:
+        if not autotune or scores < TUNE_FROM_SCORES or elem_bytes > 2:
             return kernel, first_fitting(block_d, elem_bytes, max_block, None if runtime.INTERPRET else target())
         return autotuner, {}
     return choose

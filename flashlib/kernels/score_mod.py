@@ -108,10 +108,8 @@ def alibi_slope(bh, args):
 
 @triton.jit
 def alibi_bias(s, q_pos, k_pos, bh, args):
-    """ALiBi: s - slope * |q_pos - k_pos|; d/ds = 1. The slope in column 1.
-    The distance as an int tile, converted per score: the positions made float per row and per
-    column first (two instructions fewer per score in the backward's SASS) measured slower at d64
-    (benchmarks/probes/production_probe.py fold, NOTES.md)."""
+    """ALiBi: s - slope * |q_pos - k_pos|; d/ds = 1. The slope in column 1. The distance stays an
+    int tile until it is scaled (why not floats per row and column: benchmarks/probes/NOTES.md)."""
     slope = alibi_slope(bh, args)
     return s - slope * tl.abs(q_pos - k_pos).to(tl.float32), 1.0
 
