@@ -6,9 +6,9 @@
 
 1. Check: every rank's shard of ``ring_attention`` (out and the gradients of sum(out * g)) against
    ``flash_attention`` on the whole sequence in float32 (the stand-in for the float64 oracle at a
-   size where float64 would take too long; FA2's first fitting configs, untuned, since only its
-   values count), with the tolerance rule of ``flashlib.testing`` (baseline: ``flash_attention``
-   on one GPU in the same dtype); each layout, causal and not.
+   size where float64 would take too long; float32 is never autotuned, ``kernels/config.py``),
+   with the tolerance rule of ``flashlib.testing`` (baseline: ``flash_attention`` on one GPU in
+   the same dtype), computed once for all layouts; each layout, causal and not.
 2. Time, for each sequence length N and causal flag: one GPU (``flash_attention`` on the whole
    sequence, every rank at once on its own GPU) and the ring over W GPUs (each layout; zigzag only
    for causal, where it changes the work), forward and forward+backward; for the ring also the
@@ -69,13 +69,13 @@ def check(B, Hq, Hkv, N, D, dtype, device, *, causal, layouts, stage):
         out = fn(*leaves)
         return [out.detach(), *torch.autograd.grad(out, leaves, weights.to(out.dtype))]
 
-    # the whole sequence on each GPU, once for every layout. The float32 run gives the expected
-    # values and its speed does not matter: FA2's first fitting configs, no tuning
+    # the whole sequence on each GPU, once for every layout: float32 (the expected values) and
+    # q's dtype (the baseline)
     stage(f"check N={N} Hq={Hq} causal={causal}: the whole sequence on each GPU, float32 and "
           f"{str(dtype).removeprefix('torch.')}")
-    expected = run(lambda *t: flash_attention(*t, causal=causal, kernel_options={"autotune": False}),
-                   [t.float() for t in (q, k, v)], g)
-    baseline = run(lambda *t: flash_attention(*t, causal=causal), (q, k, v), g)
+    full = lambda *t: flash_attention(*t, causal=causal)     # noqa: E731
+    expected = run(full, [t.float() for t in (q, k, v)], g)
+    baseline = run(full, (q, k, v), g)
     results = {}
     for layout in layouts:
         part = lambda t: shard(t, rank, world, layout=layout)   # noqa: E731
