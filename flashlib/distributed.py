@@ -320,9 +320,8 @@ def warm_up(q, k, v, *, group=None, causal=False, scale=None, layout="contiguous
     Arguments as ``ring_attention``'s; every rank of ``group`` must call it. Every kind of block any
     rank computes (each a different shape or mask) runs once on this rank's own tensors, without
     communication. The others start after rank 0 has finished, so they load its compiled kernels
-    from Triton's disk cache instead of compiling them, and, where the environment has
-    ``TRITON_CACHE_AUTOTUNING=1`` when flashlib is imported, its autotuned configs too: every rank
-    then runs the configs picked once, by rank 0.
+    from Triton's disk cache instead of compiling them, and its autotuned configs from flashlib's
+    (``kernels.config.SavedChoices``): every rank then runs the configs picked once, by rank 0.
     """
     import torch.distributed as dist
 

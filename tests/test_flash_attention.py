@@ -496,6 +496,35 @@ def test_small_and_float32_problems_are_not_autotuned(monkeypatch):
         assert kernel is fa2_fwd._fa2_fwd_kernel and "BLOCK_M" in launch_kwargs
 
 
+def test_autotuned_choices_are_saved_for_the_next_process(monkeypatch, tmp_path):
+    # a second process (a fresh SavedChoices on the same kernel) finds the first's choice on disk
+    # instead of timing every config again; keys holding jit functions are stored by name
+    import types
+
+    import triton
+    from flashlib.kernels import config, fa2_fwd, tile
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path))
+    monkeypatch.setattr(config.torch.cuda, "current_device", lambda: 0)
+
+    def on_gpu(name, capability):
+        monkeypatch.setattr(config.torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(
+            name=name, major=capability[0], minor=capability[1]))
+        return config.SavedChoices(fa2_fwd._fa2_fwd_kernel)
+
+    key = (4096 * 2048 + 64, 64, True, "ieee", tile.tile_update, "torch.float16")
+    first = on_gpu("NVIDIA H200", (9, 0))
+    assert key not in first
+    first[key] = triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3)
+    second = on_gpu("NVIDIA H200", (9, 0))
+    assert key in second and key[:-1] + ("torch.bfloat16",) not in second
+    chosen = second[key]
+    assert (chosen.kwargs, chosen.num_warps, chosen.num_stages) == ({"BLOCK_M": 128, "BLOCK_N": 64}, 8, 3)
+    assert key not in on_gpu("NVIDIA A100", (8, 0))          # another GPU's choices are its own
+    with open(second.path, "w") as f:                          # an unreadable file counts as none
+        f.write("{not json")
+    assert key not in on_gpu("NVIDIA H200", (9, 0))
+
+
 def test_torch_compile_traces_the_whole_call_and_matches_eager():
     # under torch.compile flash_attention is one opaque custom op per direction (fullgraph: no
     # graph break), running the same kernels as eager: outputs and gradients are bit-equal

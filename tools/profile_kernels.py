@@ -25,8 +25,8 @@ N=4096, float16, not causal (lesson 07's roofline shape):
     python tools/profile_kernels.py OUTDIR --cases flashlib_fa2_d64   # others kept from OUTDIR's report
 
 The committed report lives in benchmarks/results/<gpu>/profile/ (h100, else h200), where lessons 05
-and 07 look for it (``flashlib.teach.profile.load_report``). Autotuning results are cached on disk
-(TRITON_CACHE_AUTOTUNING=1) so the ncu child runs the config the parent chose; the report records
+and 07 look for it (``flashlib.teach.profile.load_report``). Autotuning results are kept on disk
+(flashlib's ``kernels.config.SavedChoices``) so the ncu child runs the config the parent chose; the report records
 both configs. Every stage is guarded: a failure is written into the report, not raised.
 """
 import argparse
@@ -429,9 +429,6 @@ def environment():
 
 def main(argv=None):
     args = parse_args(argv)
-    # the ncu child must run the block config the parent's autotuning chose: Triton keeps the
-    # tuning results on disk (set before the first tuning, in this process and its children)
-    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     import torch
     if not torch.cuda.is_available():
         raise SystemExit("profile_kernels.py needs a CUDA GPU (it times and profiles kernels); the "

@@ -1,7 +1,7 @@
 """Ring attention across GPUs: checked at a real size, then timed against one GPU.
 
     python -m flashlib.bench.ring --nproc 2 --out DIR                (spawns its own processes)
-    TRITON_CACHE_AUTOTUNING=1 torchrun --nproc_per_node=2 -m flashlib.bench.ring --out DIR
+    torchrun --nproc_per_node=2 -m flashlib.bench.ring --out DIR
     python -m flashlib.bench.ring --smoke --out DIR                  (CPU, gloo, tiny: it runs)
 
 1. Check: every rank's shard of ``ring_attention`` (out and the gradients of sum(out * g)) against
@@ -18,9 +18,8 @@
    ``--reps`` runs after a warm-up run.
 
 Default settings work as they are: before the ring runs at a new shape, ``distributed.warm_up``
-compiles its kernels on rank 0 alone, then on the others, which read Triton's disk cache; with
-``TRITON_CACHE_AUTOTUNING=1`` (set for the processes ``--nproc`` spawns; torchrun users set it)
-rank 0's autotuned configs are read from there too, so every rank runs the configs picked once.
+compiles its kernels on rank 0 alone, then on the others, which read Triton's disk cache and
+rank 0's autotuned configs (``kernels.config.SavedChoices``): every rank runs the configs picked once.
 Rank 0 prints a progress line, with the seconds since the start, before each stage.
 
 Records go to ``DIR/ring_<dtype>.json`` in the format of ``flashlib.bench.harness`` (env and
@@ -340,9 +339,6 @@ def main(argv=None):
                      f"{torch.cuda.device_count()}")
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"                     # the children's kernels: CPU
-    # read when the children import flashlib: rank 0's autotuned configs go to Triton's disk
-    # cache during warm_up, and the other ranks take them from there (configs picked once)
-    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -4,7 +4,8 @@ Autotuning compiles and times every config once per key (problem size bucket, he
 precision, score modifier, packed or dense), so it runs only on a GPU with the ``autotune`` option
 on (``runtime.KernelOptions``), only for 16-bit inputs and only for problems of at least
 ``TUNE_FROM_SCORES`` scores; otherwise (and with FLASHLIB_AUTOTUNE=0) kernels take the first
-config that fits. float32 is the checking path, not the fast one: its exact dots are FMA loops
+config that fits. The choices are kept on disk (``SavedChoices``): a new process reuses them.
+float32 is the checking path, not the fast one: its exact dots are FMA loops
 whose compile time grows with the tile, so a sweep of configs would take minutes. Through the interpreter (no GPU)
 kernels use 64x64 blocks: the interpreter's cost is per program per loop step, whatever the
 tile size.
@@ -17,6 +18,10 @@ reports); configs over the GPU's per-block limit are dropped before compiling. T
 """
 import contextlib
 import functools
+import hashlib
+import json
+import os
+import tempfile
 from typing import NamedTuple, Optional
 
 import torch
@@ -154,6 +159,7 @@ def tuned(kernel, configs, footprint, elem_arg="Q", key=KEY, prefer=None):
                       for bm, bn, w, s in configs]
     key = [name for name in key if name in kernel.arg_names]   # newer Tritons refuse other names
     autotuner = triton.autotune(triton_configs, key=key, prune_configs_by={"early_config_prune": prune})(kernel)
+    autotuner.cache = SavedChoices(kernel)
 
     def choose(block_d, elem_bytes, scores, max_block=None, autotune=None):
         """autotune: None for the options in force (``runtime.autotuning``)."""
@@ -162,6 +168,69 @@ def tuned(kernel, configs, footprint, elem_arg="Q", key=KEY, prefer=None):
             return kernel, first_fitting(block_d, elem_bytes, max_block, None if runtime.INTERPRET else target())
         return autotuner, {}
     return choose
+
+
+class SavedChoices(dict):
+    """An autotuner's choices (its ``cache``: key -> ``triton.Config``), also kept on disk, so a new
+    process, or another rank of a ring, runs the config tuned before instead of timing them all.
+
+    Triton's own ``cache_results`` cannot store these keys: they hold the score modifier and the
+    tile update, @triton.jit functions that JSON refuses. Here a key is stored as its ``str`` (a jit
+    function prints as its module and name) in one JSON file per kernel, kernel source, Triton
+    version and GPU, under Triton's cache dir (``TRITON_CACHE_DIR``): delete
+    ``flashlib_autotune/`` there to tune again. A file is written whole and renamed into place, so
+    ranks writing at once lose at most a choice, never the file."""
+
+    def __init__(self, kernel):
+        super().__init__()
+        self.kernel = kernel
+        self.path = None         # the file, named on first use: the GPU is known only then
+        self.saved = None        # str(key) -> the Config's fields
+
+    def _load(self):
+        if self.saved is None:
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            source = getattr(self.kernel, "cache_key", "")
+            digest = hashlib.sha256(f"{triton.__version__}|{props.name}|{props.major}.{props.minor}|"
+                                    f"{source}".encode()).hexdigest()[:16]
+            folder = os.path.join(triton.knobs.cache.dir, "flashlib_autotune")
+            self.path = os.path.join(folder, f"{self.kernel.__name__}-{digest}.json")
+            self.saved = _read_choices(self.path)
+        return self.saved
+
+    def __contains__(self, key):
+        if super().__contains__(key):
+            return True
+        fields = self._load().get(str(key))
+        if fields is None:
+            return False
+        super().__setitem__(key, triton.Config(fields["kwargs"], num_warps=fields["num_warps"],
+                                               num_stages=fields["num_stages"]))
+        return True
+
+    def __setitem__(self, key, config):
+        super().__setitem__(key, config)
+        saved = self._load()
+        saved.update(_read_choices(self.path))     # what other processes wrote since
+        saved[str(key)] = {"kwargs": dict(config.kwargs), "num_warps": config.num_warps,
+                           "num_stages": config.num_stages}
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(self.path), delete=False) as f:
+                json.dump(saved, f, indent=0, sort_keys=True)
+            os.replace(f.name, self.path)
+        except OSError:
+            pass    # a read-only cache dir: the choice still holds for this process
+
+
+def _read_choices(path):
+    """A ``SavedChoices`` file's entries; none if it is missing or unreadable."""
+    try:
+        with open(path) as f:
+            entries = json.load(f)
+        return entries if isinstance(entries, dict) else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def prologue(q, *tensors, scale=None, allow_tf32=False):
