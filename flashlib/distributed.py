@@ -7,8 +7,9 @@ it holds and merges the block's (out, lse) into its running result, the merge of
 block runs on the kernel version ``flash_attention`` would pick for it (``kernels/dispatch.py``:
 FlashAttention-3's on Hopper where it wins, FlashAttention-2's elsewhere and through the CPU's
 interpreter), forward and backward. After W steps each query has met every key; the transfer of
-the next block overlaps the compute and the merge of this one. The backward keeps the global out and lse, sends K/V around
-again and sends the dK/dV accumulators with them, so they arrive home after W hops.
+the next block overlaps the compute and the merge of this one. The backward keeps the global out
+and lse, sends K/V around again and sends the dK/dV accumulators with them, so they arrive home
+after W hops.
 
 Layouts (``layout=``), for a global sequence of N = W * n positions:
 
@@ -26,7 +27,7 @@ one does. lse has no gradient (as in ``flash_attention``). Each block's out is r
 by the kernel before the float32 merge: in float16 that costs about one ulp more than one kernel.
 The first call compiles the kernels (and, with autotuning on, tunes FA2's) on every rank;
 ``warm_up`` does it before the ring starts, one rank first so that the others read Triton's
-disk cache.
+disk cache and the tuned configs (``kernels.config.SavedChoices``).
 """
 import torch
 
