@@ -5,8 +5,9 @@ stub's grid and arguments), through Triton's interpreter on a CPU, on ``flashlib
 tables: bottom-right causal with Nq > Nk (an empty visit list, rows with no key: out 0, lse
 -inf), a causal sliding window (partial blocks only, rows whose first tile masks them entirely),
 packed documents, random block patterns that differ per (batch, head); N not a multiple of the
-block, blocks of 16, 32 and 64, head dim 40, 4 query heads over 2 K/V heads, K/V/out laid out
-unlike Q, float32 and float16, scores in the hundreds. Results are compared with
+block, blocks of 16, 32 and 64, head dim 40, groups of 1, 2, 3 and 4 query heads per K/V head
+(4 over 1, 3 over 1, 4 over 2, 2 over 2), K/V/out laid out unlike Q, float32 and float16, scores
+in the hundreds. Results are compared with
 ``attention_ref`` under the mask's dense form by flashlib.testing's rule (baseline: textbook
 attention under the mask in the inputs' dtype; the magnitudes are computed only when the error
 is over the bar without them, which they can only raise). Every random choice a mistake's
@@ -20,8 +21,14 @@ tables wrongly (partial blocks whole, full and partial swapped, past the count, 
 masked, a causal rule or a transposed bitmap, another (batch, head)'s row, the wrong K/V head)
 or finishes wrongly (lse in base 2, exp for exp2, an overflowing lse), simulated in float64 from
 the same tables, and small probes (NaN from rows with no key, keys past Nk, padded head dims;
-once per kernel), so the hint names the mistake. A check takes a fraction of a second.
+once per kernel; one full key block, then several, to tell a tile's arithmetic from the online
+softmax across tiles; the same case with one query head per K/V head), so the hint names the
+mistake. A read whose value never reaches a store (Q rows past Nq, K rows past Nk under a
+bitmap's 0) cannot show in the result: in this process (not under ``flashlib grade``) the
+interpreter's loads are recorded, and every address read must lie inside the views of Q, K, V
+and the tables. A check takes a fraction of a second.
 """
+import contextlib
 import inspect
 import math
 import types
@@ -93,6 +100,19 @@ HINT_HEAD_DIM = ("the padded head dims are read: with D = 24, BLOCK_D = 32 and l
                  "each row. Mask offs_d < D on every load (other=0.0) and on the store")
 HINT_STORE = ("out rows past Nq (or dims past D) or lse past Nq were written: store out with mask "
               "(offs_m[:, None] < Nq) & (offs_d[None, :] < D) and lse with offs_m < Nq")
+HINT_SCALE = ("the scores are not scaled: s = (q @ k^T) * qk_scale (the launcher passes qk_scale = "
+              "softmax scale * log2(e), ready for exp2)")
+HINT_TILE = ("even one full key block (16 queries x 16 keys, no bitmap) is wrong: for a tile, s = "
+             "(q @ k^T) * qk_scale (base 2), m = rowmax(s), p = exp2(s - m[:, None]), l = rowsum(p), "
+             "acc = p @ v; then out = acc / l[:, None] and lse = (m + log2(l)) * ln(2)")
+HINT_ONLINE = ("one key block is right, several are wrong: the online softmax must carry its state "
+               "across the blocks of the list: m_new = max(m_old, rowmax(s)), alpha = exp2(m_old - "
+               "m_new), l = l * alpha + rowsum(p), acc = acc * alpha[:, None] + p @ v, with p = "
+               "exp2(s - m_new[:, None]); divide by l once, after the last block")
+HINT_READS = ("every load must stay inside its tensor, even one whose values never reach a store (a "
+              "Q row past Nq only makes an out row that is not stored; a K row past Nk only a score "
+              "the bitmap sets to -inf): on a GPU such a read can fault or read another tensor. Mask "
+              "Q with rows < Nq and dims < D, K and V with keys < Nk and dims < D")
 HINT_LARGE = ("rows with large scores overflow: subtract the running max before exp2, and keep the "
               "max and the sum apart to the end, lse = (m + log2(l)) * ln(2), never "
               "log(exp2(m) * l), whose exp2 overflows float32 past 128")
@@ -164,9 +184,10 @@ def _launch(kernel, q, k, v, out, lse, count, full, index, bitmap, bitmaps, n_kb
         torch.cuda.synchronize()
 
 
-def _run(kernel, c, *, layouts="bhnd bhnd bhnd bhnd"):
+def _run(kernel, c, *, layouts="bhnd bhnd bhnd bhnd", record=False):
     """Launch on case ``c`` placed in NaN buffers. Returns a namespace with out, lse (float64,
-    CPU), and whether anything was written outside them or the inputs changed."""
+    CPU), whether anything was written outside them or the inputs changed, and with ``record``
+    ``stray``: what the loads read outside the inputs' views (None where loads cannot be seen)."""
     lq, lk, lv, lo = layouts.split()
     bs = c.mask.block_size
     (qv, qb), (kv, kb), (vv, vb) = (_place(t, lay, bs) for t, lay in zip((c.q, c.k, c.v), (lq, lk, lv)))
@@ -178,15 +199,47 @@ def _run(kernel, c, *, layouts="bhnd bhnd bhnd bhnd"):
     ov, ob = _place(torch.full_like(c.q, float("nan")), lo, bs)
     B, Hq, Nq, D = c.q.shape
     lse_view, lse_buf = _flat(torch.full((B, Hq, Nq), float("nan")), bs, float("nan"))
-    _launch(kernel, qv, kv, vv, ov, lse_view, *(v for v, _ in placed), bitmaps_buf[PAD:-PAD],
-            c.mask.shape[3], bs)
+    with checks.loads_recorded() if record else contextlib.nullcontext() as loads:
+        _launch(kernel, qv, kv, vv, ov, lse_view, *(v for v, _ in placed), bitmaps_buf[PAD:-PAD],
+                c.mask.shape[3], bs)
+    stray = None if loads is None else _stray_loads(
+        loads, [("Q", qv, qb, lq), ("K", kv, kb, lk), ("V", vv, vb, lv)],
+        [v for v, _ in placed] + [bitmaps_buf[PAD:-PAD]])
     out, lse = ov.detach().double().cpu(), lse_view.detach().double().cpu()
     ob[tuple(slice(None) if ch in "bh" else slice(0, Nq if ch == "n" else D) for ch in lo)] = float("nan")
     same = lambda a, b: torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())  # noqa: E731
     return types.SimpleNamespace(
-        out=out, lse=lse,
+        out=out, lse=lse, stray=stray,
         wrote_outside=bool((~torch.isnan(ob)).any() or (~torch.isnan(lse_buf[lse_view.numel():])).any()),
         changed_inputs=not all(same(a, b) for a, b in zip(inputs, bufs)))
+
+
+def _stray_loads(loads, tensors, tables):
+    """What the recorded loads read outside the views: phrases such as "K rows past Nk" (tensors:
+    (name, view, buffer, layout) as placed by _place; tables: the views of the mask's tables),
+    empty when every load stayed inside them."""
+    read = np.unique(np.concatenate(loads)) if loads else np.zeros(0, dtype=np.uint64)
+    inside = np.concatenate([checks.element_addresses(view) for _, view, _, _ in tensors]
+                            + [checks.element_addresses(view) for view in tables])
+    stray, found = read[~np.isin(read, inside)], []
+    for name, view, buf, layout in tensors:
+        start, size = buf.data_ptr(), buf.element_size()
+        mine = stray[(stray >= start) & (stray < start + buf.numel() * size)]
+        if mine.size == 0:
+            continue
+        stray = stray[~np.isin(stray, mine)]
+        where = dict(zip(layout, np.unravel_index(((mine - start) // size).astype(np.int64),
+                                                  tuple(buf.shape))))
+        n, d = view.shape[2], view.shape[3]
+        past = "Nq" if name == "Q" else "Nk"
+        if (where["n"] >= n).any():
+            found.append(f"{name} rows past {past} are loaded (rows "
+                         f"{int(where['n'][where['n'] >= n].min())}..{int(where['n'].max())})")
+        if (where["d"] >= d).any():
+            found.append(f"{name} head dims past D are loaded (dims {d}..{int(where['d'].max())})")
+    if stray.size:
+        found.append(f"{stray.size} elements outside Q, K, V and the mask's tables are loaded")
+    return found
 
 
 def _case(rng, mask, shape_q, shape_kv, *, dtype=torch.float32, q_scale=1.0):
@@ -295,7 +348,8 @@ def _diagnose(kernel, c, res):
     own = tuple(h // G for h in range(Hq))
     right = _allowed(c, RIGHT)
     # (allowed, K/V head of each query head, temperature, lse compared too, hint), in order
-    wrong = [(right, own, LOG2E, False, HINT_EXP2)]
+    wrong = [(right, own, LOG2E, False, HINT_EXP2),
+             (right, own, math.sqrt(c.q.shape[3]) * LN2, False, HINT_SCALE)]
     if 1 < Hkv < Hq:
         wrong.append((right, tuple(h % Hkv for h in range(Hq)), 1.0, True, HINT_GQA))
     masked = [(_allowed(c, plan), hint) for plan, hint in PLANS]
@@ -317,6 +371,50 @@ def _diagnose(kernel, c, res):
     for (out, lse), (*_, with_lse, hint) in zip(_attend(c, [w[:3] for w in wrong]), wrong):
         if _close(res.out, out, tol) and (not with_lse or _close(res.lse, lse, tol)):
             return hint
+    if kernel not in _STAGE_PROBES:
+        _STAGE_PROBES[kernel] = _stage_probes(kernel)
+    if _STAGE_PROBES[kernel] is not None:
+        return _STAGE_PROBES[kernel]
+    return _grouped_probe(kernel, c)
+
+
+def _grouped_probe(kernel, c):
+    """HINT_GQA if the kernel is right on case ``c`` with K/V repeated to one head per query head
+    (GROUP = 1) where it is wrong on the grouped case, else None."""
+    Hq, Hkv = c.q.shape[1], c.k.shape[1]
+    if Hq == Hkv:
+        return None
+    one = types.SimpleNamespace(**{**vars(c), "k": c.k.repeat_interleave(Hq // Hkv, 1),
+                                   "v": c.v.repeat_interleave(Hq // Hkv, 1), "memo": {}})
+    alone = _run(kernel, one)
+    tol = 1e-3 if c.dtype == torch.float32 else 1e-2
+    return HINT_GQA if _close(alone.out, c.out, tol) and _close(alone.lse, c.lse, tol) else None
+
+
+_STAGE_PROBES = {}
+
+
+def _full_blocks(n_blocks):
+    """16 queries attending n_blocks full key blocks of 16 (no bitmap); for several blocks the
+    keys grow from block to block, so that the running max moves."""
+    return masks.from_block_tensor(torch.ones(1, 1, 1, n_blocks, dtype=torch.bool, device=DEV), 16,
+                                   16 * n_blocks, block_size=16)
+
+
+def _stage_probes(kernel):
+    """A tile's arithmetic (one full block), then the online softmax across tiles (four full
+    blocks whose keys grow): the first that is wrong names the hint, or None."""
+    for n_blocks, hint in ((1, HINT_TILE), (4, HINT_ONLINE)):
+        c = _case(np.random.default_rng(6), _full_blocks(n_blocks), (1, 1, 16, 16),
+                  (1, 1, 16 * n_blocks, 16))
+        if n_blocks > 1:
+            grow = torch.linspace(0.5, 3, 16 * n_blocks, device=DEV)[None, None, :, None]
+            c.k = c.k * grow.to(c.k.dtype)
+            c.out, c.lse = (t.cpu() for t in attention_ref(c.q, c.k, c.v, mask=c.dense))
+        res = _run(kernel, c)
+        if not (_close(res.out, c.out) and _close(res.lse, c.lse)):
+            right = _attend(c, [(_allowed(c, RIGHT), (0,), math.sqrt(16) * LN2)])[0][0]
+            return HINT_SCALE if _close(res.out, right) else hint
     return None
 
 
@@ -334,7 +432,8 @@ def _diagnose_nan(kernel, c, res):
         return HINT_EMPTY
     if kernel not in _NAN_PROBES:       # the probes depend on the kernel only: run them once
         _NAN_PROBES[kernel] = _nan_probes(kernel)
-    return _NAN_PROBES[kernel] or (HINT_LARGE if c.q.abs().max() > 10 else None)
+    return (_NAN_PROBES[kernel] or _grouped_probe(kernel, c)
+            or (HINT_LARGE if c.q.abs().max() > 10 else None))
 
 
 _NAN_PROBES = {}
@@ -364,19 +463,22 @@ def _naive_lse(c):
 
 
 def _expect(impl, rng, mask, shape_q, shape_kv, *, dtype=torch.float32, q_scale=1.0,
-            layouts="bhnd bhnd bhnd bhnd"):
+            layouts="bhnd bhnd bhnd bhnd", record=False):
     kernel = _kernel(impl)
     c = _case(rng, mask, shape_q, shape_kv, dtype=dtype, q_scale=q_scale)
     what = (f"{str(dtype)[6:]} q {tuple(shape_q)}, k and v {tuple(shape_kv)}, mask {mask.name} "
             f"(blocks of {mask.block_size})" + (f", q x {q_scale:g}" if q_scale != 1 else "")
             + ("" if layouts == "bhnd bhnd bhnd bhnd" else f", layouts q k v out: {layouts}"))
-    res = _run(kernel, c, layouts=layouts)
+    res = _run(kernel, c, layouts=layouts, record=record)
     diagnose = lambda: _diagnose(kernel, c, res) or "follow the docstring step by step"  # noqa: E731
     if res.changed_inputs:
         checks.fail(f"your kernel changed its inputs (q, k, v or the mask's tables; {what})",
                     "write only Out and Lse")
     if res.wrote_outside:
         checks.fail(f"your kernel wrote outside out[:, :, :Nq, :D] or lse ({what})", HINT_STORE)
+    if res.stray:
+        checks.fail(f"your kernel reads outside its inputs ({what}): " + "; ".join(res.stray),
+                    HINT_READS)
     for name, got in (("out", res.out), ("lse", res.lse)):
         nan = torch.isnan(got)
         if nan.any():
@@ -418,16 +520,17 @@ def _random_blocks(rng, B, H, Nq, Nk, bs):
 def check_causal(impl, rng):
     """bottom-right causal with Nq > Nk, blocks of 16: 56 queries x 40 keys (query block 0 lists
     nothing, rows 0-15 see no key: out 0, lse -inf; the others list their full blocks, if any,
-    then the partial diagonal block, the last one running past Nk)"""
-    _expect(impl, rng, masks.causal(56, 40, block_size=16, device=DEV), (1, 1, 56, 32), (1, 1, 40, 32))
+    then the partial diagonal block, the last one running past Nk); 4 query heads over 1 K/V
+    head"""
+    _expect(impl, rng, masks.causal(56, 40, block_size=16, device=DEV), (1, 4, 56, 32), (1, 1, 40, 32))
 
 
 def check_sliding_window(impl, rng):
     """a causal sliding window of 24 keys, 70 queries x 90 keys, blocks of 64, head dim 40 (padded
-    to 64), 2 query heads over 1 K/V head: lists of partial blocks only, rows whose first tile
+    to 64), 3 query heads over 1 K/V head: lists of partial blocks only, rows whose first tile
     masks them entirely"""
     _expect(impl, rng, masks.sliding_window(70, 90, 24, block_size=64, device=DEV),
-            (1, 2, 70, 40), (1, 1, 90, 40))
+            (1, 3, 70, 40), (1, 1, 90, 40))
 
 
 def check_random_blocks_grouped_heads(impl, rng):
@@ -441,14 +544,23 @@ def check_random_blocks_grouped_heads(impl, rng):
 
 def check_documents_large_logits(impl, rng):
     """packed documents (causal, lengths 70, 9, 21), blocks of 32: full blocks inside a document,
-    partial ones at their edges; q x 30 (scores in the hundreds)"""
+    partial ones at their edges; q x 30 (scores in the hundreds); 2 query heads over 2 K/V heads"""
     docs = torch.repeat_interleave(torch.arange(3), torch.tensor([70, 9, 21])).to(DEV)
-    _expect(impl, rng, masks.document(docs, block_size=32), (1, 1, 100, 16), (1, 1, 100, 16),
+    _expect(impl, rng, masks.document(docs, block_size=32), (1, 2, 100, 16), (1, 2, 100, 16),
             q_scale=30.0)
 
 
+@checks.not_under_grade   # loads are seen only where the kernel runs: this process's interpreter
+def check_reads(impl, rng):
+    """every load stays inside its tensor, also the reads whose values never reach a store:
+    causal 56 x 40 (query rows past Nq, keys past Nk in the diagonal blocks), blocks of 16, head
+    dim 24, 2 query heads over 1 K/V head"""
+    _expect(impl, rng, masks.causal(56, 40, block_size=16, device=DEV), (1, 2, 56, 24),
+            (1, 1, 40, 24), record=True)
+
+
 CHECKS = [check_causal, check_sliding_window, check_random_blocks_grouped_heads,
-          check_documents_large_logits]
+          check_documents_large_logits, check_reads]
 
 
 def check_gpu_real_size(impl, rng):
