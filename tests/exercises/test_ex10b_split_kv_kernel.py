@@ -2,7 +2,9 @@
 
 The grader launches the learner's ``@triton.jit`` kernel itself (its own launcher below, the
 stub's grid and arguments; the learner's ``split_kv_partials`` is not used), through Triton's
-interpreter on a CPU, with 16-key blocks. The contract leaves the cut of [0, L) into parts to the
+interpreter on a CPU, with 16-key blocks (32-key ones in one case: BLOCK_M = 16 rows against
+BLOCK_N = 32 keys, and 20 rows in a tile of 32 against 16-key blocks in another, so a kernel
+that takes one block size for the other is wrong one way or the other). The contract leaves the cut of [0, L) into parts to the
 learner, so the checks judge what every right cut gives:
 
 - the partition probe: V is the identity (v_j = e_j, head dim 64 = the cache's length), so a
@@ -16,21 +18,29 @@ learner, so the checks judge what every right cut gives:
   j <= i + L - Nq) under flashlib.testing's rule (baseline: textbook attention in the inputs'
   dtype; the terms' magnitudes computed only when the error is over the tolerance without them),
   on lengths 50 and 1 with 4 query heads over 2 K/V heads, head dim 40 (padded to 64), K and V
-  laid out unlike Q, 4 splits; three new tokens in float16 (a sequence of 2, rows that see no key
-  of a split), 2 splits; scores of 240 to 360 (keys planted along the query), 3 splits.
+  laid out unlike Q, 4 splits, 32-key blocks; three new tokens in float16 (a sequence of 2, rows
+  that see no key of a split), 2 splits; groups of 3 (three new tokens: 9 rows) and 4 (over 2 K/V
+  heads, five new tokens: 20 rows); scores of 240 to 360 (keys planted along the query), 3
+  splits.
 
 Every tensor is a view into a larger buffer filled with NaN, and the stale cache positions (>= L)
 are NaN too: a load without its mask reads NaN. OPart and LsePart start as NaN inside a NaN
 buffer: a slot never written stays NaN, a store past them lands where the grader sees it. The
-inputs must come back unchanged.
+inputs must come back unchanged. A read whose value never reaches a store (a stale K position
+whose score is masked, the tile's padding rows of Q) cannot show in the partials: in this process
+(not under ``flashlib grade``) the interpreter's loads are recorded, and every address read must
+lie inside Q's view, K's and V's valid positions (< L of each sequence) and Seqlens.
 
 A failure is matched against plausible wrong answers (parts that overlap, skip keys, pass L or
 take all the work; out not normalised, lse in base 2, exp of base-2 scores, no scale, grouped
 heads interleaved, top-left or no causal mask) and small reruns with finite values where the NaN
 were (stale positions or padded head dims loaded, a slot never written; else NaN of overflow, of
-rows that see no key of a split, of empty splits), so the hint names the mistake. The probe and
+rows that see no key of a split, of empty splits), and the same case rerun with square blocks or
+with K/V repeated to one head per query head (right where the case is wrong: the block sizes
+confused, or the grouped heads), so the hint names the mistake. The probe and
 the reruns use fixed inputs, run once per kernel. The whole grader takes about half a second.
 """
+import contextlib
 import functools
 import inspect
 import math
@@ -118,6 +128,15 @@ HINT_MASKED_ROWS = ("NaN on rows that see no key of a split: a new token whose d
 HINT_MAX = ("large scores overflow: exp2 of scores in the hundreds is inf in float32. Keep a "
             "running max m of each row's scores, exponentiate s - m, and rescale the running sum "
             "and acc by exp2(m_old - m_new) when it grows")
+HINT_BLOCKS = ("right with BLOCK_M == BLOCK_N, wrong with other block sizes: the tile has BLOCK_M "
+               "query rows (offs_r = tl.arange(0, BLOCK_M)) and each step of the key loop BLOCK_N "
+               "keys (offs_n = tl.arange(0, BLOCK_N), the loop steps by BLOCK_N, a part is a "
+               "multiple of BLOCK_N keys)")
+HINT_READS = ("every load must stay inside its tensor and the valid cache, even one whose values "
+              "never reach a store (a stale K position whose score is masked, a padding row of the "
+              "tile): on a GPU such a read can fault, and stale positions may hold anything. Mask Q "
+              "with rows < GROUP * Nq and dims < D, K and V with positions < hi (the part's end, "
+              "<= L) and dims < D")
 HINT_OFFSETS = ("batch, head and row offsets: program (split, bkv) owns batch bkv // Hkv and K/V "
                 "head bkv % Hkv; K and V have their own strides, which may differ from Q's")
 
@@ -165,11 +184,13 @@ def _flat(shape, fill, tail):
     return buf[:n].view(shape), buf
 
 
-def _run(kernel, c, *, nan_stale=True, nan_pad=True, block_n=BLOCK_N):
+def _run(kernel, c, *, nan_stale=True, nan_pad=True, block_n=BLOCK_N, record=False):
     """Launch the stub's grid (num_splits, B * Hkv) on case ``c``. nan_stale: positions >= L are
     NaN (else c's data); nan_pad: the buffers around the tensors are NaN (else 0). The partials
     start as NaN (as SENTINEL when neither is). Returns o (B, Hq, Nq, S, D) and lse (B, Hq, Nq, S)
-    as float64 CPU tensors, whether anything was written past them and whether inputs changed."""
+    as float64 CPU tensors, whether anything was written past them and whether inputs changed;
+    with ``record``, ``stray``: what the loads read outside the inputs (None where loads cannot
+    be seen)."""
     pad = float("nan") if nan_pad else 0.0
     (q, qb), (k, kb), (v, vb) = (_place(t, lay, block_n, pad) for t, lay in
                                  ((c.q, "bhnd"), (c.k, c.k_layout), (c.v, c.v_layout)))
@@ -185,17 +206,40 @@ def _run(kernel, c, *, nan_stale=True, nan_pad=True, block_n=BLOCK_N):
     # tails: room for slots BLOCK_D floats apart instead of D, and a block of rows more
     o, ob = _flat((B, Hq, Nq, c.S, D), fill, (B * Hq * Nq * c.S + 256) * _pow2(D))
     lse, lb = _flat((B, Hq, Nq, c.S), fill, 256 * c.S)
-    kernel[(c.S, B * Hkv)](
-        q, k, v, seqlens, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-        Hkv, Nq, Lmax, D, LOG2E / math.sqrt(D), c.S, Hq // Hkv, BLOCK_M=_pow2(Hq // Hkv * Nq),
-        BLOCK_N=block_n, BLOCK_D=_pow2(D), DOT_PRECISION="ieee", num_warps=4, num_stages=1)
+    with checks.loads_recorded() if record else contextlib.nullcontext() as loads:
+        kernel[(c.S, B * Hkv)](
+            q, k, v, seqlens, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+            Hkv, Nq, Lmax, D, LOG2E / math.sqrt(D), c.S, Hq // Hkv, BLOCK_M=_pow2(Hq // Hkv * Nq),
+            BLOCK_N=block_n, BLOCK_D=_pow2(D), DOT_PRECISION="ieee", num_warps=4, num_stages=1)
+    stray = None if loads is None else _stray_loads(loads, c, q, (("K", k, kb), ("V", v, vb)),
+                                                    seqlens)
     if DEV.type == "cuda":
         torch.cuda.synchronize()
     same = lambda a, b: torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())  # noqa: E731
     return types.SimpleNamespace(
-        o=o.double().cpu(), lse=lse.double().cpu(),
+        o=o.double().cpu(), lse=lse.double().cpu(), stray=stray,
         wrote_outside=bool((~torch.isnan(ob[o.numel():])).any() or (~torch.isnan(lb[lse.numel():])).any()),
         changed_inputs=not all(same(a, b) for a, b in zip(inputs, bufs)))
+
+
+def _stray_loads(loads, c, q, caches, seqlens):
+    """What the recorded loads read outside Q's view, the caches' valid positions (< L of each
+    sequence) and Seqlens: a list of phrases, empty when every load stayed inside."""
+    read = np.unique(np.concatenate(loads)) if loads else np.zeros(0, dtype=np.uint64)
+    valid = [checks.element_addresses(q), checks.element_addresses(seqlens)]
+    valid += [checks.element_addresses(view[b:b + 1, :, :L])
+              for _, view, _ in caches for b, L in enumerate(c.lengths)]
+    stray, found = read[~np.isin(read, np.concatenate(valid))], []
+    for name, view, buf in caches:
+        start, size = buf.data_ptr(), buf.element_size()
+        mine = (stray >= start) & (stray < start + buf.numel() * size)
+        if mine.any():
+            found.append(f"{name} positions at or past L (or head dims past D) are loaded")
+            stray = stray[~mine]
+    if stray.size:
+        found.append(f"{stray.size} elements outside Q's rows and dims, the caches and Seqlens "
+                     "are loaded (Q rows past GROUP * Nq, or head dims past D)")
+    return found
 
 
 def _case(rng, lengths, heads, Nq, Lmax, D, S, *, dtype=torch.float32, q_scale=1.0,
@@ -393,7 +437,7 @@ def _diagnose_nan(kernel, c, res):
     """Why ``res`` of case ``c`` holds NaN: a load or store (``_nan_source``), else overflow
     (large scores), rows that see no key of a split (not on the last new token, which sees every
     key of its part), or empty splits."""
-    hint = _nan_source(kernel)
+    hint = _nan_source(kernel) or _shape_probe(kernel, c)
     if hint is not None:
         return hint
     if c.q_scale > 1:
@@ -426,23 +470,56 @@ def _diagnose(kernel, c, res, out, lse, ref_out):
             return hint
     if _close(out, ref_out):
         return HINT_LSE
+    hint = _shape_probe(kernel, c)
+    if hint is not None:
+        return hint
     if Nq > 1:
         return HINT_CAUSAL
     return HINT_OFFSETS if c.k_layout != "bhnd" or c.v_layout != "bhnd" else None
 
 
+def _right(kernel, c, block_n):
+    """Whether the kernel's merged result on case ``c`` is right (no NaN, close to the oracle)."""
+    res = _run(kernel, c, block_n=block_n)
+    out, lse = _merge(res.o, res.lse)
+    ref_out, ref_lse = (t.cpu() for t in attention_ref(c.q, c.k, c.v, mask=c.mask))
+    tol = 1e-3 if c.dtype == torch.float32 else 1e-2
+    return not (torch.isnan(res.o).any() or torch.isnan(res.lse).any()) and \
+        _close(out, ref_out, tol) and _close(lse, ref_lse, tol)
+
+
+def _shape_probe(kernel, c):
+    """HINT_BLOCKS if case ``c`` is right rerun with square blocks (BLOCK_N = BLOCK_M), HINT_GQA if
+    right with K/V repeated to one head per query head; None otherwise."""
+    B, Hq, Nq, D = c.q.shape
+    G, block_n = Hq // c.k.shape[1], getattr(c, "block_n", BLOCK_N)
+    if block_n != _pow2(G * Nq) and _right(kernel, c, _pow2(G * Nq)):
+        return HINT_BLOCKS
+    if G > 1:     # square blocks again (BLOCK_N = BLOCK_M of Nq rows): only the group changes
+        one = types.SimpleNamespace(**{**vars(c), "k": c.k.repeat_interleave(G, 1),
+                                       "v": c.v.repeat_interleave(G, 1)})
+        if _right(kernel, one, _pow2(Nq)):
+            return HINT_GQA
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # one case against the oracle, merged
 
-def _expect(impl, rng, lengths, heads, Nq, Lmax, D, S, *, block_n=BLOCK_N, hint=None, **kwargs):
+def _expect(impl, rng, lengths, heads, Nq, Lmax, D, S, *, block_n=BLOCK_N, hint=None,
+            record=False, **kwargs):
     kernel = _kernel(impl)
     c = _case(rng, lengths, heads, Nq, Lmax, D, S, **kwargs)
-    res = _run(kernel, c, block_n=block_n)
+    c.block_n = block_n
+    res = _run(kernel, c, block_n=block_n, record=record)
     out, lse = _merge(res.o, res.lse)
     ref_out, ref_lse = (t.cpu() for t in attention_ref(c.q, c.k, c.v, mask=c.mask))
     diagnose = (lambda: hint) if hint is not None else \
         lambda: _diagnose(kernel, c, res, out, lse, ref_out) or "follow the docstring step by step"
     _common(c, res, diagnose)
+    if res.stray:
+        checks.fail(f"your kernel reads outside its inputs ({_what(c)}): " + "; ".join(res.stray),
+                    HINT_READS)
     what = f"merged from your splits ({_what(c)})"
     if not torch.equal(torch.isinf(lse), torch.isinf(ref_lse)):
         rows = (torch.isinf(lse) != torch.isinf(ref_lse)).nonzero()[0].tolist()
@@ -471,8 +548,8 @@ def check_splits(impl, rng):
 
 def check_ragged_grouped(impl, rng):
     """one new token, ragged lengths 50 (the whole cache) and 1 over 4 splits; 4 query heads over
-    2 K/V heads; head dim 40 (padded to 64); K and V laid out unlike Q"""
-    _expect(impl, rng, (50, 1), (4, 2), 1, 50, 40, 4, layouts="bnhd hbnd")
+    2 K/V heads; head dim 40 (padded to 64); K and V laid out unlike Q; 32-key blocks"""
+    _expect(impl, rng, (50, 1), (4, 2), 1, 50, 40, 4, layouts="bnhd hbnd", block_n=32)
 
 
 def check_new_tokens(impl, rng):
@@ -487,7 +564,24 @@ def check_large_logits(impl, rng):
     _expect(impl, rng, (45,), (1, 1), 1, 45, 32, 3, q_scale=30.0)
 
 
-CHECKS = [check_splits, check_ragged_grouped, check_new_tokens, check_large_logits]
+def check_group_sizes(impl, rng):
+    """groups of 3 (3 query heads over 1 K/V head, three new tokens: 9 rows of a 16-row tile) and
+    4 (8 query heads over 2, five new tokens: 20 rows of a 32-row tile against 16-key blocks),
+    ragged lengths, 3 splits"""
+    _expect(impl, rng, (37, 3), (3, 1), 3, 40, 32, 3)
+    _expect(impl, rng, (21, 40), (8, 2), 5, 40, 16, 3)
+
+
+@checks.not_under_grade   # loads are seen only where the kernel runs: this process's interpreter
+def check_reads(impl, rng):
+    """every load stays inside Q, the valid cache (positions < L: the stale ones are never read,
+    even masked afterwards) and Seqlens: lengths 37 and 3 of 40, 3 query heads over 1 K/V head
+    (the tile's padding rows), three new tokens, head dim 24"""
+    _expect(impl, rng, (37, 3), (3, 1), 3, 40, 24, 3, record=True)
+
+
+CHECKS = [check_splits, check_ragged_grouped, check_new_tokens, check_group_sizes,
+          check_large_logits, check_reads]
 
 
 def check_gpu_real_size(impl, rng):
