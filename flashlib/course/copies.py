@@ -3,10 +3,12 @@
 ``flashlib_copy(dest, answers)`` copies the flashlib package (source files only: no
 ``__pycache__``, no bytecode, which would still hold the answers) and rewrites, in the copy,
 each function named by ``answers`` (a grader's FLASHLIB_ANSWERS, dotted names; a
-``@triton.jit`` function too): its signature and docstring stay, its body becomes a ``raise
-RuntimeError`` saying the answer is removed. Re-executing the copy's source, reading it, or
-reloading a module therefore finds nothing to borrow. ``answer_names(grader_text)`` reads a
-grader's FLASHLIB_ANSWERS without running it.
+``@triton.jit`` function or a class's method too): its signature and docstring stay, its body
+becomes a ``raise RuntimeError`` saying the answer is removed. A name may reach a function through
+a module that imports it (``flashlib.kernels.decode.attend_key_blocks``): the function goes where
+it is defined. Re-executing the copy's source, reading it, or reloading a module therefore finds
+nothing to borrow. ``answer_names(grader_text)`` reads a grader's FLASHLIB_ANSWERS without running
+it; ``resolve`` finds what a name names.
 
 Limits: only the named functions go (a grader that names too few leaves the rest); the copy is
 made once per exercise per grading run and must be readable by the sandbox's user (mode 0755).
@@ -31,10 +33,24 @@ def answer_names(grader_text: str) -> tuple:
     return ()
 
 
+def resolve(dotted):
+    """The object a dotted name names: a module's attribute, or a class's
+    ("flashlib.decode.PagedKVCache.append"); None if there is none."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):              # the longest prefix that is a module
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr, None)
+        return obj
+    return None
+
+
 def _definition(dotted):
-    """(file, first line of the def) where a dotted flashlib function is defined, or None."""
-    module_name, attr = dotted.rsplit(".", 1)
-    obj = getattr(importlib.import_module(module_name), attr, None)
+    """(file, name, first line of the def) where a dotted flashlib function is defined, or None."""
+    obj = resolve(dotted)
     while obj is not None and not isinstance(obj, types.FunctionType) and hasattr(obj, "fn"):
         obj = obj.fn                                   # a @triton.jit function
     obj = inspect.unwrap(obj) if isinstance(obj, types.FunctionType) else None

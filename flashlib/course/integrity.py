@@ -11,8 +11,8 @@ solutions/, is "not accepted: write it yourself (...)" instead of graded. Three 
 
 Limits: these read names, files of definition and call stacks, so they stop a learner reusing the
 answer, not one who pastes its text into the file. While a tripwire is set, the answers it names are
-replaced in their modules for the whole process. Untrusted work is graded by ``flashlib grade``,
-which also runs it in a confined process (``flashlib.course.sandbox``).
+replaced in their modules (or classes) for the whole process. Untrusted work is graded by
+``flashlib grade``, which also runs it in a confined process (``flashlib.course.sandbox``).
 """
 import functools
 import sys
@@ -173,6 +173,21 @@ def _recording(original, dotted):
     return recorder
 
 
+def _owner(dotted, importlib):
+    """(module or class, attribute) of a dotted name: the longest prefix that is a module, then
+    attributes ("flashlib.decode.PagedKVCache.append": the class PagedKVCache, "append")."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            owner = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:-1]:
+            owner = getattr(owner, attr)
+        return owner, parts[-1]
+    raise ImportError(f"no module in {dotted}")
+
+
 class tripwire:
     """``with tripwire(names, path) as calls:`` the functions ``names`` ("flashlib.teach.softmax.
     safe_softmax", ...) record in ``calls`` each call made from the file ``path`` (on the stack)."""
@@ -186,12 +201,11 @@ class tripwire:
         if not self.names or self.path is None:
             return self.calls
         for dotted in self.names:
-            module_name, attr = dotted.rsplit(".", 1)
-            module = importlib.import_module(module_name)
-            original = getattr(module, attr)
+            owner, attr = _owner(dotted, importlib)
+            original = getattr(owner, attr)
             if not getattr(original, "_flashlib_tripwire", False):
-                setattr(module, attr, _recording(original, dotted))
-                self._undo.append((module, attr, original))
+                setattr(owner, attr, _recording(original, dotted))
+                self._undo.append((owner, attr, original))
         self._entry = (str(Path(self.path).resolve()), self.calls)
         _ACTIVE.append(self._entry)
         return self.calls
@@ -199,8 +213,8 @@ class tripwire:
     def __exit__(self, *exc):
         if self.names and self.path is not None:
             _ACTIVE.remove(self._entry)
-        for module, attr, original in reversed(self._undo):
-            setattr(module, attr, original)
+        for owner, attr, original in reversed(self._undo):
+            setattr(owner, attr, original)
         return False
 
 

@@ -35,6 +35,12 @@ from flashlib.reference import attention_naive, attention_ref
 
 pytestmark = pytest.mark.ex13
 FLASHLIB_ALLOWED = ("flashlib",)
+# flashlib's own answer, removed from the copy of flashlib that `flashlib grade` shows the learner
+# (a call from the learner's file while graded is "not accepted"): the paged cache's append, the
+# same bookkeeping as append_pages. page_rows has no function of its own in flashlib (the decode
+# kernels' page lookup is a branch of fa2_fwd.attend_tile, which flash_attention_varlen, run by
+# the grader, needs), nor has pack (flashlib's varlen functions take cu_seqlens as given).
+FLASHLIB_ANSWERS = ("flashlib.decode.PagedKVCache.append",)
 
 DEV = runtime.DEVICE
 BN = 64                        # key positions per block, as the harness kernels launch them
