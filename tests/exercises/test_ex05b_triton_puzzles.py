@@ -5,7 +5,11 @@ to stay inside its tensor.
 The grader launches the learner's four ``@triton.jit`` kernels itself (``add_kernel``,
 ``copy_tile_kernel``, ``matmul_tile_kernel``, ``attention_row_kernel``, with the grids and
 arguments of the stub's launchers; the learner's launchers are not used, so a launcher rewired to
-torch cannot stand in for its kernel), through Triton's interpreter without a GPU. There a load
+torch cannot stand in for its kernel), through Triton's interpreter without a GPU. It launches
+them from inside harness kernels of its own, which call the learner's function as Triton code in
+every program and then mark the program as run: what runs is the function's body, not whatever
+the kernel object's ``run`` was replaced by (a torch one-liner behind ``kernel[grid]``), and a
+launch whose programs did not all run fails. There a load
 past the end without a mask does not fail, it returns whatever lies in memory; so every input is
 a view into a larger buffer whose other elements hold a pad value (an unmasked load reads them,
 in bounds), and every output is a view into a buffer of NaN, so a store past the end or at a
@@ -22,18 +26,26 @@ shape that holds only for the stub's block sizes, scores computed in float16, lo
 """
 import contextlib
 import inspect
+import math
+import types
 
 import numpy as np
 import pytest
 import torch
 import triton
+import triton.language as tl
 from triton.runtime.jit import KernelInterface
 
 from flashlib.course import checks, grading
 from flashlib import runtime
+from flashlib.kernels.primer import matmul_kernel as library_matmul
 from flashlib.testing import attention_magnitudes
 
 pytestmark = pytest.mark.ex05b
+# flashlib's own answer, removed from the copy of flashlib that `flashlib grade` shows the learner
+# (a call from the learner's file while graded is "not accepted"): lesson 05's tiled matmul, puzzle
+# (c) with a grid of its own. The GPU check's tensor-core baseline runs it here, imported above.
+FLASHLIB_ANSWERS = ("flashlib.kernels.primer.matmul_kernel",)
 
 DEV = runtime.DEVICE
 SPILL = 64           # room after each view for the lanes of a block that sticks out (block <= 64)
@@ -99,6 +111,12 @@ KERNELS = {"add_kernel": 8, "copy_tile_kernel": 10, "matmul_tile_kernel": 15,
 _READS = None     # while check_reads_inside runs: a list each launch appends (kernel, stray) to
 
 
+HINT_NOT_RUN = ("the grader runs the body of your @triton.jit function in every program of the "
+               "grid; keep the stub's decorator, compute in the body, and leave the kernel "
+               "object as Triton made it")
+_REPLACED = ("run", "__getitem__", "__call__", "rewrite", "warmup")   # what a launch goes through
+
+
 def _kernel(impl, name):
     """The learner's @triton.jit kernel ``name``, checked to be one and not the stub."""
     fn = getattr(impl, name, None)
@@ -106,6 +124,12 @@ def _kernel(impl, name):
         checks.fail(f"your file defines no {name}: keep the name and signature from the stub")
     if not isinstance(fn, KernelInterface):
         checks.fail(f"{name} is a plain Python function: keep its @triton.jit decorator")
+    if isinstance(impl, types.ModuleType):    # graded here (under grade the harness alone holds)
+        replaced = [a for a in _REPLACED if a in vars(fn)]
+        if type(fn).__module__.split(".")[0] != "triton" or replaced:
+            what = (f"its {', '.join(replaced)} replaced" if replaced
+                    else f"a {type(fn).__name__} of your own")
+            checks.fail(f"your {name} does not run its body when launched ({what})", HINT_NOT_RUN)
     source = inspect.getsource(getattr(fn, "fn", fn))
     if "raise NotImplementedError" in source:
         raise NotImplementedError(f"ex05b: {name}'s body is not written yet")
@@ -116,24 +140,73 @@ def _kernel(impl, name):
     return fn, params
 
 
+# The harnesses: the learner's kernel (KERNEL) called as Triton code from a kernel of the grader's,
+# so that its body is what runs in each program; then the program marks its slot of Ran.
+
+@triton.jit
+def _mark(Ran):
+    tl.store(Ran + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), 1)
+
+
+@triton.jit
+def _add_harness(out_ptr, x_ptr, y_ptr, n, stride_x, stride_y, stride_out, Ran,
+                 BLOCK: tl.constexpr, KERNEL: tl.constexpr):
+    KERNEL(out_ptr, x_ptr, y_ptr, n, stride_x, stride_y, stride_out, BLOCK)
+    _mark(Ran)
+
+
+@triton.jit
+def _copy_harness(out_ptr, x_ptr, M, N, stride_xm, stride_xn, stride_om, stride_on, Ran,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KERNEL: tl.constexpr):
+    KERNEL(out_ptr, x_ptr, M, N, stride_xm, stride_xn, stride_om, stride_on, BLOCK_M, BLOCK_N)
+    _mark(Ran)
+
+
+@triton.jit
+def _matmul_harness(c_ptr, a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                    stride_cm, stride_cn, Ran, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, KERNEL: tl.constexpr):
+    KERNEL(c_ptr, a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+           stride_cn, BLOCK_M, BLOCK_N, BLOCK_K)
+    _mark(Ran)
+
+
+@triton.jit
+def _attention_harness(o_ptr, q_ptr, k_ptr, v_ptr, n_keys, d, scale, stride_qm, stride_qd,
+                       stride_km, stride_kd, stride_vm, stride_vd, stride_om, stride_od, Ran,
+                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KERNEL: tl.constexpr):
+    KERNEL(o_ptr, q_ptr, k_ptr, v_ptr, n_keys, d, scale, stride_qm, stride_qd, stride_km,
+           stride_kd, stride_vm, stride_vd, stride_om, stride_od, BLOCK_N, BLOCK_D)
+    _mark(Ran)
+
+
+HARNESSES = {"add_kernel": _add_harness, "copy_tile_kernel": _copy_harness,
+             "matmul_tile_kernel": _matmul_harness, "attention_row_kernel": _attention_harness}
+
+
 def _launch(impl, name, grid, *args, **kwargs):
-    """kernel[grid](*args, **kwargs) with the learner's kernel ``name``; while _READS is a list,
-    the loads it makes outside the tensors among args are recorded there. Fails if the kernel
-    changed an input (every tensor argument but the first, the output) in place."""
+    """kernel[grid](*args, **kwargs) with the learner's kernel ``name``, run by its harness; while
+    _READS is a list, the loads it makes outside the tensors among args are recorded there. Fails
+    if the kernel changed an input (every tensor argument but the first, the output) in place, or
+    if a program of the grid did not run."""
     kernel, params = _kernel(impl, name)
     tensors = [(p.removesuffix("_ptr"), a) for p, a in zip(params, args)
                if isinstance(a, torch.Tensor)]
     inputs = dict(tensors[1:])                          # all but the first, the output
+    ran = torch.zeros(math.prod(grid), dtype=torch.int32, device=DEV)
     with checks.loads_recorded() if _READS is not None else contextlib.nullcontext() as loads, \
             checks.inputs_kept(f"your {name}", **inputs):   # the references read the inputs
         try:
-            kernel[grid](*args, **kwargs)
+            HARNESSES[name][grid](*args, ran, **kwargs, KERNEL=kernel)
         except Exception as e:
             if "NotImplementedError" in f"{type(e).__name__}: {e}":
                 raise NotImplementedError(f"ex05b: {name}'s body is not written yet") from e
             raise
         if DEV.type == "cuda":
             torch.cuda.synchronize()
+    if not bool((ran == 1).all()):
+        checks.fail(f"your {name} ran in {int((ran == 1).sum())} of the {ran.numel()} programs of "
+                    f"its grid {tuple(grid)}", HINT_NOT_RUN)
     if loads is not None:
         _READS.append((name, _stray_loads(loads, tensors)))
 
@@ -588,12 +661,10 @@ def _tensor_core_product(a64, b64):
     matmul kernel (lesson 05) writing float32. The GPU check's second baseline: tensor cores sum a
     tile's products in their own order and rounding (on an H100 about 50 float32 ulps at K = 700,
     against a few for a CPU's float32 loop), and a right answer does the same."""
-    from flashlib.kernels.primer import matmul_kernel
-
     a, b = (torch.from_numpy(x).to(DEV, torch.float16) for x in (a64, b64))
     (M, K), N = a.shape, b.shape[1]
     c = torch.empty((M, N), dtype=torch.float32, device=DEV)
-    matmul_kernel[(triton.cdiv(M, 64) * triton.cdiv(N, 64),)](
+    library_matmul[(triton.cdiv(M, 64) * triton.cdiv(N, 64),)](
         a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
         c.stride(1), BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, DOT_PRECISION="ieee")
     return c.double().cpu().numpy()

@@ -2,7 +2,11 @@
 
 The grader launches the learner's ``@triton.jit`` kernel itself (its own launcher below, the
 stub's grid and arguments; the learner's ``attention_forward`` is not used, so it cannot stand in
-for the kernel), through Triton's interpreter on a CPU, with 64 x 64 blocks, on irregular shapes:
+for the kernel), from inside a harness kernel of its own that calls the learner's function as
+Triton code in every program and then marks the program as run (so what runs is the function's
+body, not whatever the kernel object's ``run`` was replaced by, such as a torch one-liner behind
+``kernel[grid]``; a launch whose programs did not all run fails), through Triton's interpreter on
+a CPU, with 64 x 64 blocks, on irregular shapes:
 Nq != Nk, N not a multiple of the block, head dim 80 (padded to 128), several batches and heads,
 grouped heads, K/V/out laid out differently from Q, causal on and off (bottom-right; Nq > Nk
 gives rows with no key: out 0, lse -inf), rows with large logits, float32 and float16. Results
@@ -29,8 +33,8 @@ int32 offsets: one check gives the tensors a batch stride of 2**31 - 2**20 eleme
 (to a place inside the buffer: no crash), then the same head stride in a 3-head tensor (``off_h *
 stride_qh``). Each buffer is a 8.6 GB anonymous mapping of which only the touched pages are ever
 allocated (Linux, MAP_NORESERVE). Where that cannot be had (no such mapping, or ``flashlib
-grade``, whose student process receives copies of the tensors) the check falls back to reading
-the kernel's source for an int64 cast, and says so.
+grade``, whose student process receives copies of the tensors) the check falls back to running
+the same shapes at small strides and reading the kernel's source for an int64 cast, and says so.
 
 Probes name the mistake: top-left causal, a missing tail or head-dim mask, lse in base 2, a
 tensor's strides mixed up with another's, a pointer not advanced, the loop stopping early, NaN on
@@ -49,6 +53,7 @@ import numpy as np
 import pytest
 import torch
 import triton
+import triton.language as tl
 from triton.runtime.jit import KernelInterface
 
 from flashlib.course import checks, grading
@@ -59,6 +64,16 @@ from flashlib.reference import attention_naive, attention_ref
 from flashlib.testing import attention_magnitudes
 
 pytestmark = pytest.mark.ex07b
+# flashlib's own answers, removed from the copy of flashlib that `flashlib grade` shows the learner
+# (a call from the learner's file while graded is "not accepted"): its FA2 forward kernel and the
+# pieces it is built of (the key loop, one key tile, the final normalisation and stores). The
+# pieces are named through modules that import them, decode and block_sparse: the copy removes
+# them from fa2_fwd.py, where they are defined, while the tripwire (in-process grading) swaps them
+# only in those modules, so flashlib's FA2 kernel, the GPU check's baseline, keeps its own.
+FLASHLIB_ANSWERS = ("flashlib.kernels.fa2_fwd._fa2_fwd_kernel",
+                    "flashlib.kernels.decode.attend_key_blocks",
+                    "flashlib.kernels.block_sparse.attend_tile",
+                    "flashlib.kernels.block_sparse.write_output")
 
 DEV = runtime.DEVICE
 BM = BN = 64
@@ -134,6 +149,12 @@ HINT_LARGE = ("rows with large scores overflow: keep the max and the sum apart t
 # ---------------------------------------------------------------------------------------------
 # the learner's kernel and the grader's launcher
 
+HINT_NOT_RUN = ("the grader runs the body of your @triton.jit function in every program of the "
+               "grid; keep the stub's decorator, compute in the body, and leave the kernel "
+               "object as Triton made it")
+_REPLACED = ("run", "__getitem__", "__call__", "rewrite", "warmup")   # what a launch goes through
+
+
 def _kernel(impl):
     """The learner's fa2_kernel, checked to be a @triton.jit function that is not the stub."""
     fn = getattr(impl, "fa2_kernel", None)
@@ -141,6 +162,13 @@ def _kernel(impl):
         checks.fail("your file defines no fa2_kernel: keep the name and signature from the stub")
     if not isinstance(fn, KernelInterface):
         checks.fail("fa2_kernel is a plain Python function: keep its @triton.jit decorator")
+    if isinstance(impl, types.ModuleType):    # graded here (under grade the harness alone holds)
+        replaced = [a for a in _REPLACED if a in vars(fn)]
+        if type(fn).__module__.split(".")[0] != "triton" or replaced:
+            what = (f"its {', '.join(replaced)} replaced" if replaced
+                    else f"a {type(fn).__name__} of your own")
+            checks.fail(f"your fa2_kernel does not run its body when launched ({what})",
+                        HINT_NOT_RUN)
     source = inspect.getsource(getattr(fn, "fn", fn))
     if "raise NotImplementedError" in source:
         raise NotImplementedError("ex07b: fa2_kernel is still the stub")
@@ -154,19 +182,39 @@ def _block_d(d):
     return max(16, triton.next_power_of_2(d))
 
 
+@triton.jit
+def _harness(Q, K, V, Out, Lse, stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+             stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om, Hq, Nq, Nk, D,
+             qk_scale, GROUP, Ran, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+             KERNEL: tl.constexpr):
+    """The learner's kernel (KERNEL) called as Triton code, so that its body is what runs in this
+    program; then the program marks its slot of Ran."""
+    KERNEL(Q, K, V, Out, Lse, stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+           stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om, Hq, Nq, Nk, D,
+           qk_scale, GROUP, CAUSAL, BLOCK_M, BLOCK_N, BLOCK_D, DOT_PRECISION)
+    tl.store(Ran + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), 1)
+
+
 def _launch(kernel, q, k, v, out, lse, causal, scale=None, blocks=(BM, BN)):
     """The stub's launch: grid (cdiv(Nq, BLOCK_M), B * Hq), 64 x 64 blocks (or ``blocks``),
-    ieee dots."""
+    ieee dots, through the harness; fails if a program of the grid did not run."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     block_m, block_n = blocks
-    kernel[(triton.cdiv(Nq, block_m), B * Hq)](
+    grid = (triton.cdiv(Nq, block_m), B * Hq)
+    ran = torch.zeros(math.prod(grid), dtype=torch.int32, device=DEV)
+    _harness[grid](
         q, k, v, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-        Hq, Nq, Nk, D, scale * LOG2E, Hq // Hkv, CAUSAL=bool(causal), BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_D=_block_d(D), DOT_PRECISION="ieee", num_warps=4, num_stages=1)
+        Hq, Nq, Nk, D, scale * LOG2E, Hq // Hkv, ran, CAUSAL=bool(causal), BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_D=_block_d(D), DOT_PRECISION="ieee", num_warps=4, num_stages=1,
+        KERNEL=kernel)
     if DEV.type == "cuda":
         torch.cuda.synchronize()
+    if not bool((ran == 1).all()):
+        checks.fail(f"your fa2_kernel ran in {int((ran == 1).sum())} of the {ran.numel()} "
+                    f"programs of its grid {grid}", HINT_NOT_RUN)
 
 
 def _place(x, layout="bhnd"):
@@ -471,7 +519,11 @@ def check_more_queries_than_keys(impl, rng):
             or not res.out[..., :37, :].abs().sum() else None)
 
 
-def _static_int64(kernel, why):
+def _static_int64(impl, rng, kernel, why):
+    """The fallback: the check's shapes at small strides, run (so that the point is not had from
+    the source alone), then the source read for an int64 cast."""
+    _expect(impl, rng, (3, 3, 16, 16), (3, 3, 16, 16), causal=False, dtype=torch.float16,
+            note=", the int64 check's shapes at small strides")
     source = inspect.getsource(getattr(kernel, "fn", kernel))
     code = "\n".join(line.split("#")[0] for line in source.splitlines())
     if "int64" not in code:
@@ -500,8 +552,8 @@ def check_int64_offsets(impl, rng):
     batch and head offsets computed in int64"""
     kernel = _kernel(impl)
     if not isinstance(impl, types.ModuleType):
-        return _static_int64(kernel, "graded in a separate process, which gets copies of the "
-                                     "tensors, too large to copy here")
+        return _static_int64(impl, rng, kernel, "graded in a separate process, which gets "
+                                                "copies of the tensors, too large to copy here")
     N, D = 16, 16
     big = 2**31 - 2**20                 # an int32; 2 * big wraps to -2**21
     lead = 2**21 + 5 * N * D            # where a wrapped offset lands: inside the buffer
@@ -510,7 +562,8 @@ def check_int64_offsets(impl, rng):
         # q, k, v, out side by side (N * D apart), their batch or head 2 at 2 * big past them
         flat = _big_buffer(lead + 2 * big + 5 * N * D)
         if flat is None:
-            return _static_int64(kernel, "no 8.6 GB address range to be had on this machine")
+            return _static_int64(impl, rng, kernel,
+                                 "no 8.6 GB address range to be had on this machine")
         q, k, v, out = (flat.as_strided((B, H, N, D), strides, lead + i * N * D) for i in range(4))
         data = _inputs(rng, (B, H, N, D), (B, H, N, D), torch.float16)
         for view, x in zip((q, k, v), data):
