@@ -3,15 +3,17 @@ training (no cache), prefill (an empty KVCache) and decoding (a KVCache holding 
 
 Outputs are compared with attention_ref (float64, bottom-right causal) over every token a new
 token may see, under flashlib.testing's tolerance rule (baseline: attention_naive in the same
-dtype), through flashlib's kernels (the interpreter on a CPU). Shapes are irregular: 37 and 1
-tokens, head dims 24 and 16, 4 query heads over 2 K/V heads and 6 over 3, float32 and float16.
+dtype), through flashlib's kernels (the interpreter on a CPU). Shapes are irregular: 37, 20 and 1
+tokens, head dims 24 and 16, groups of 1, 2, 3 and 4 query heads per K/V head (2 over 2, 4 over
+2, 6 over 3, 3 over 1, 6 over 2, 4 over 1), float32 and float16.
 After every call the cache must hold exactly the tokens appended so far (keys and values in
 order, lengths moved by T). A ragged batch (3 sequences holding 0, 20 and 11 tokens, slots past
 each length filled with noise) catches reading past a sequence's end, and a whole 2-layer GPT
 sampled with the learner's attend must give the logits of the same model recomputing the whole
 sequence. Probes name the mistake: not causal, attended before appending, prompt not cached,
 values cached as keys, slots past the length read, top-left causal, new tokens attending only to
-themselves. A decode step of 20 new tokens catches a call taken for a prefill by its length, and
+themselves, grouped heads repeated by hand. A decode step of 40 new tokens (more than the cache
+held before it) catches a call taken for a prefill by its length, and
 the gradients of the training path (dq, dk, dv against float64 autograd; not under ``flashlib
 grade``, whose learner's code runs in another process) an attend that stops them.
 """
@@ -55,6 +57,10 @@ HINT_TOP_LEFT = ("the new tokens are the LAST positions of their sequence: causa
 HINT_NEW_ONLY = ("the new tokens attend to every cached token, not only to each other: decode "
                  "with cache.attend(q). A prefill is a cache holding nothing at all "
                  "(max(cache.lengths) == 0)")
+HINT_GQA = ("grouped-query heads: query head h uses K/V head h // (Hq // Hkv), for any group size "
+            "(here 3 or 4 query heads per K/V head, not only 2); flash_attention and cache.attend "
+            "take k and v with fewer heads as they are, so pass them unchanged (repeating k and v "
+            "by a fixed factor is right for one group size only)")
 HINT_SHAPE = "return the attention output, shaped like q: (B, Hq, T, D), in q's dtype"
 HINT_GRAD = ("training needs gradients: with cache None, return flash_attention(q, k, v, "
              "causal=True) as it is (its backward is lesson 08's kernels, through autograd), "
@@ -75,7 +81,12 @@ def _call(impl, q, k, v, cache, what):
     """The learner's output for (q, k, v, cache), after checking shape, dtype and the inputs."""
     fn = checks.function(impl, "attend")
     before = [t.clone() for t in (q, k, v)]
-    out = fn(q, k, v, cache)
+    try:
+        out = fn(q, k, v, cache)
+    except ValueError as e:      # flashlib refusing heads the learner regrouped by hand
+        if "heads" not in str(e):
+            raise
+        checks.fail(f"attend raised ValueError for {what}: {e}", HINT_GQA)
     if any(not torch.equal(a, b) for a, b in zip(before, (q, k, v))):
         checks.fail(f"attend changed q, k or v in place ({what}): the model still needs them")
     if not isinstance(out, torch.Tensor):
@@ -112,6 +123,15 @@ def _diagnose(out, q, keys, values, cached, b):
     if cached is not None:   # the whole buffer, every slot a key
         wrong.append((HINT_SLOTS, attention_ref(q, cached.k[b:b + 1], cached.v[b:b + 1], causal=True)[0]))
         wrong.append((HINT_KV, attention_ref(q, keys, keys, causal=True)[0]))
+    Hq, Hkv = q.shape[1], keys.shape[1]
+    if Hq != Hkv:   # K/V heads repeated by a fixed factor (or tiled) before a grouped kernel
+        for f in (2, 3, 4):
+            if f != Hq // Hkv and Hq % (f * Hkv) == 0:
+                for rep in (lambda t: t.repeat_interleave(f, 1), lambda t: t.repeat(1, f, 1, 1)):
+                    wrong.append((HINT_GQA, attention_ref(q, rep(keys), rep(values),
+                                                          causal=True)[0]))
+        tiled = keys.repeat(1, Hq // Hkv, 1, 1), values.repeat(1, Hq // Hkv, 1, 1)
+        wrong.append((HINT_GQA, attention_ref(q, *tiled, causal=True)[0]))
     for hint, candidate in wrong:
         if _close(out, candidate):
             return hint
@@ -152,9 +172,10 @@ def _expect_cache(cache, keys, values, lengths, what):
 
 def check_training(impl, rng):
     """training (no cache): 2 sequences of 37 tokens, 4 query heads over 2 K/V heads, head dim
-    24; and a single token"""
-    for T in (37, 1):
-        q, k, v = _qkv(rng, 2, 4, 2, T, 24, torch.float32)
+    24; 20 tokens with 4 query heads over 1 K/V head and 2 over 2; a single token with 3 query
+    heads over 1"""
+    for T, Hq, Hkv in ((37, 4, 2), (20, 4, 1), (20, 2, 2), (1, 3, 1)):
+        q, k, v = _qkv(rng, 2, Hq, Hkv, T, 24, torch.float32)
         what = f"training on float32 q {tuple(q.shape)}, k and v {tuple(k.shape)}"
         out = _call(impl, q, k, v, None, what)
         for b in range(2):
@@ -162,12 +183,12 @@ def check_training(impl, rng):
 
 
 def check_prefill(impl, rng):
-    """prefill: a 17-token prompt into an empty KVCache attends as in training, and the cache
-    then holds exactly its keys and values"""
-    B, Hq, Hkv, T, D = 2, 4, 2, 17, 24
+    """prefill: a 17-token prompt into an empty KVCache attends as in training (6 query heads over
+    2 K/V heads), and the cache then holds exactly its keys and values"""
+    B, Hq, Hkv, T, D = 2, 6, 2, 17, 24
     cache = KVCache(B, Hkv, 40, D, dtype=torch.float32, device=DEV)
     q, k, v = _qkv(rng, B, Hq, Hkv, T, D, torch.float32)
-    what = f"the prefill of a {T}-token prompt (float32, 4 query heads over 2 K/V heads)"
+    what = f"the prefill of a {T}-token prompt (float32, {Hq} query heads over {Hkv} K/V heads)"
     out = _call(impl, q, k, v, cache, what)
     _expect_cache(cache, list(k), list(v), [T] * B, what)
     for b in range(B):
@@ -209,8 +230,9 @@ def _filled_cache(rng, lengths, Hkv, max_len, D, dtype, noise):
 
 def check_decode(impl, rng):
     """decode: three single tokens after a cached 17-token prompt, then 2 tokens at once
-    (speculative decoding), each attending to every token before it and to itself"""
-    cache, history = _filled_cache(rng, [17, 17], 2, 40, 24, torch.float32, noise=False)
+    (speculative decoding), each attending to every token before it and to itself; 4 query heads
+    over 1 K/V head"""
+    cache, history = _filled_cache(rng, [17, 17], 1, 40, 24, torch.float32, noise=False)
     _decode_steps(impl, rng, cache, history, [1, 1, 1, 2], 4, torch.float32)
 
 
@@ -236,10 +258,11 @@ def check_float16(impl, rng):
 
 
 def check_long_decode(impl, rng):
-    """a decode step of 20 new tokens at once (a chunk of a long prompt, or many draft tokens)
-    after 3 and 25 cached tokens: a call with a cache holding tokens is a decode whatever T"""
-    cache, history = _filled_cache(rng, [3, 25], 2, 48, 16, torch.float32, noise=True)
-    _decode_steps(impl, rng, cache, history, [20], 4, torch.float32)
+    """a decode step of 40 new tokens at once (a chunk of a long prompt, or many draft tokens:
+    more than the cache held) after 3 and 25 cached tokens: a call with a cache holding tokens is
+    a decode whatever T"""
+    cache, history = _filled_cache(rng, [3, 25], 2, 72, 16, torch.float32, noise=True)
+    _decode_steps(impl, rng, cache, history, [40], 4, torch.float32)
 
 
 @checks.not_under_grade   # autograd needs the learner's function in this process
