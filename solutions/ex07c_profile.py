@@ -90,8 +90,8 @@ def launch_latency(events):
     # BEGIN SOLUTION
     launched = {}
     for e in events:
-        if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver") \
-                and "correlation" in e.get("args", {}):
+        if (e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")
+                and "correlation" in e.get("args", {})):
             launched[e["args"]["correlation"]] = e["ts"]
     latency = {}
     for e in events:
