@@ -12,7 +12,9 @@ class folder and the course's folders must be byte for byte unchanged afterwards
 NumPy exercises ex00-ex04 with a 10 s limit and 1 GB on 2 workers: 52 s before issue 36's last
 attacks were added, 73 s after (2 cores shared with other jobs; the staller takes the limit plus
 the grader's GRACE, the hanger the limit). Then the Triton route (ex05, ex07: launches with a student's kernel run in the student's
-process) against in-process grading, and the command run from another folder (issue 10).
+process) against in-process grading, and the command run from another folder (issue 10). Last,
+the answers withheld from ex05b, ex06, ex07b, ex09, ex10 and ex13: borrowed by name, by
+flashlib's source executed afresh or by its text, and torch behind a kernel's launch.
 """
 import ast
 import csv
@@ -507,6 +509,92 @@ def test_answers_are_removed_from_the_copy(tmp_path):
                              "print(s.online_softmax(np.zeros(3)).sum()); s.safe_softmax(1)"
                              % str(tmp_path)], capture_output=True, text=True)
     assert result.stdout.strip() == "1.0" and "own answer to an exercise" in result.stderr
+
+
+def test_answers_named_through_a_class_or_an_importer_are_removed(tmp_path):
+    """Issue 55: an answer may be a class's method (``flashlib.decode.PagedKVCache.append``) or be
+    named through a module that imports it (``flashlib.kernels.decode.attend_key_blocks``, defined
+    in fa2_fwd.py): the copy removes it where it is defined, and the in-process tripwire swaps it
+    where it is named, records a call from the graded file, and puts it back."""
+    from flashlib import decode
+    from flashlib.course import copies, integrity
+    from flashlib.kernels import decode as decode_kernels, fa2_fwd
+
+    names = ("flashlib.decode.PagedKVCache.append", "flashlib.kernels.decode.attend_key_blocks")
+    package = copies.flashlib_copy(tmp_path, names)
+    paged = (package / "decode.py").read_text()
+    assert "flashlib.decode.PagedKVCache.append is flashlib's own answer" in paged
+    assert "def release(self, b):" in paged and "self._free.pop()" not in paged
+    fwd = (package / "kernels" / "fa2_fwd.py").read_text()
+    assert "flashlib.kernels.decode.attend_key_blocks is flashlib's own answer" in fwd
+    assert "def attend_tile(" in fwd and "_fa2_fwd_kernel" in fwd
+    assert "own answer" not in (package / "kernels" / "decode.py").read_text()
+    file = tmp_path / "learner.py"
+    file.write_text("def append(cache, k, v):\n    cache.append(k, v)\n")
+    learner = course.load_module(file)
+    append, attend = decode.PagedKVCache.append, decode_kernels.attend_key_blocks
+    cache = decode.PagedKVCache(1, 1, 32, 16, page_size=16, dtype=torch.float32, device="cpu")
+    with integrity.tripwire(names, file) as calls:
+        assert decode_kernels.attend_key_blocks is not attend
+        assert fa2_fwd.attend_key_blocks is attend               # flashlib's own kernel keeps it
+        cache.append(torch.ones(1, 1, 1, 16), torch.ones(1, 1, 1, 16))    # the grader's: unseen
+        assert calls == []
+        learner.append(cache, torch.ones(1, 1, 1, 16), torch.ones(1, 1, 1, 16))
+    assert calls == ["flashlib.decode.PagedKVCache.append"] and cache.lengths == [2]
+    assert decode.PagedKVCache.append is append and decode_kernels.attend_key_blocks is attend
+
+
+WITHHELD = ["ex05b", "ex06", "ex07b", "ex09", "ex10", "ex13"]   # issue 55's: withheld nothing before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="grade runs kernels through the "
+                    "interpreter; in-process grading here would use the GPU")
+def test_withheld_answers_cannot_be_borrowed(tmp_path, grader_seed):
+    """Issue 55: the answers of ex05b, ex06, ex07b, ex09, ex10 and ex13 are withheld too. Students
+    who reach flashlib's own answers by a name built at run time (name_borrower) or by executing
+    flashlib's source afresh under a new name, or reading its text (source_borrower: in-process,
+    where flashlib is whole, it passes) score 0, the error naming the removed answer; torch behind a kernel's launch
+    (kernel_faker) scores 0 too; the reference answers are graded as in-process."""
+    from flashlib.course import copies
+
+    names = {course.short(n): n for n in course.list_exercises(ROOT)}
+    for ex in WITHHELD:                      # every grader names answers, and each is flashlib's
+        grader = (ROOT / "tests" / "exercises" / f"test_{names[ex]}.py").read_text()
+        assert copies.answer_names(grader), ex
+        assert all(copies._definition(a) is not None for a in copies.answer_names(grader)), ex
+    attackers = ("name_borrower", "source_borrower", "kernel_faker")
+    for student in attackers:
+        shutil.copytree(HOSTILE / student, tmp_path / student)
+    (tmp_path / "ada").mkdir()
+    for ex in WITHHELD:
+        shutil.copy(ROOT / "solutions" / f"{names[ex]}.py", tmp_path / "ada")
+    rows = classroom.grade(tmp_path, out=None, timeout=120, jobs=2, exercises=WITHHELD,
+                           seed=grader_seed, progress=False, unconfined=True)
+    got = {(r["student"], r["exercise"][:len(r["exercise"].split("_")[0])]): r for r in rows}
+    for ex in WITHHELD:
+        file = tmp_path / "ada" / f"{names[ex]}.py"
+        assert (got["ada", ex]["status"], got["ada", ex]["passed"]) == \
+            ("passed", got["ada", ex]["total"]) == _in_process(file, names[ex], grader_seed), ex
+    borrowed = {"ex05b": "flashlib.kernels.primer.matmul_kernel",
+                "ex07b": "flashlib.kernels.fa2_fwd._fa2_fwd_kernel",
+                "ex09": "flashlib.masks.", "ex10": "flashlib.teach.tiled.merge_states",
+                "ex13": "flashlib.decode.PagedKVCache.append"}
+    for (student, ex), row in got.items():
+        if student == "ada":
+            continue
+        if not (HOSTILE / student / f"{names[ex]}.py").is_file():
+            assert row["status"] == "missing", row
+            continue
+        assert row["passed"] == 0, row
+        if (student, ex) == ("source_borrower", "ex06"):   # reads the text: gone from the copy
+            assert row["status"].startswith("error: your file fails on import: RuntimeError: "
+                                            "nothing to borrow"), row
+        elif student != "kernel_faker":               # (a long message is cut in the middle)
+            assert row["status"].startswith("error: ") and borrowed[ex] in row["status"] and \
+                "removed from the copy of flashlib" in row["status"], row
+    for ex in ("ex06", "ex09"):                       # the answers, where flashlib is whole
+        source = tmp_path / "source_borrower" / f"{names[ex]}.py"
+        assert _in_process(source, names[ex], grader_seed)[0] == "passed", ex
 
 
 def test_grade_and_exercises_readme_say_the_same_about_what_is_prevented():
