@@ -66,10 +66,13 @@ def merge_states(out_a, lse_a, out_b, lse_b):
     out_a, out_b: (..., D), each the attention output over its part's keys alone (normalised
     over them); lse_a, lse_b: (...), each the natural-log log-sum-exp of its part's scores, -inf
     for a part with no key (whose out is then 0). The lse values may be far from 0 (thousands,
-    either sign). One float dtype throughout.
+    either sign, or further). One float dtype throughout.
     Returns (out (..., D), lse (...)): the output and the log-sum-exp over the keys of both
     parts, in the inputs' dtype. A part with lse = -inf leaves the other unchanged; a row empty
     in both parts gets out = 0 and lse = -inf, never NaN. Does not modify its arguments.
+    Weigh the parts relative to the larger lse, or in log space (the merged lse first, then each
+    part's weight e^(lse_part - lse), as Flash-Decoding's combine and ring attention do): either
+    is right, within the rounding of lse that the log-space form carries.
     """
     # BEGIN SOLUTION
     m = np.maximum(lse_a, lse_b)                              # (...) the larger part's lse

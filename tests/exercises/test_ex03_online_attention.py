@@ -4,13 +4,21 @@ online_attention(q, k, v, *, scale=None) -> (out, lse): out and lse are compared
 attention_ref (float64) under flashlib.testing's rule, baseline the textbook attention in the
 same dtype (or flashlib.teach.tiled.online_attention when that rounds more), for Nq != Nk, head
 dim 80, float32 and float64, and for keys built so that the scores are all equal, grow from key
-to key, or lie further apart than exp's range. Small probes name the mistake: scale left out,
+to key, lie further apart than exp's range, or all lie far below 0 (about -1000, and about -1e6
+in float64: a running max started at a finite floor instead of -inf fails there). Small probes name the mistake: scale left out,
 output normalised too early, accumulator not rescaled, running max not kept, lse without the max.
 
 merge_states(out_a, lse_a, out_b, lse_b) -> (out, lse) is compared with the merge computed in
-float64 from the same inputs (baseline: flashlib.teach.tiled.merge_states in the inputs' dtype),
-on partial results of real attention, on rows where one part or both are empty (lse = -inf),
-and on lse values in the thousands. split_attention(q, k, v, cuts) is compared with
+float64 from the same inputs (baseline: flashlib.teach.tiled.merge_states in the inputs' dtype,
+weights relative to the larger lse). The docstring also allows the log-space form (the merged lse
+first, each part's weight e^(lse_part - lse)), whose weights carry the rounding of its lse (ulps
+of |lse|, 0.00024 at 3000 in float32): an out off by that much is accepted when the lse is right
+and out follows it, i.e. matches the weights e^(lse_part - lse) of the returned lse (computed in
+float64; baseline: the same in the inputs' dtype), which a merge that scales lse before
+subtracting does not), on partial results
+of real attention, on rows where one part or both are empty (lse = -inf), and on lse values in
+the thousands (both signs) and, in float64, near -1e6 (an empty part recognised by a finite
+threshold instead of -inf fails there). split_attention(q, k, v, cuts) is compared with
 attention_ref on cuts with empty and one-key parts, and no key at all; in this process (not
 under ``flashlib grade``, where reads cannot be seen) k and v are recorders: no read may span
 two parts. Probes name the mistake: a plain average, exp(lse) overflowing, NaN on empty parts,
@@ -23,7 +31,7 @@ import pytest
 
 from flashlib.course import checks, grading
 from flashlib.reference import attention_ref
-from flashlib.testing import attention_magnitudes
+from flashlib.testing import attention_magnitudes, max_error, tolerance
 from flashlib.teach.tiled import merge_states as library_merge
 from flashlib.teach.tiled import online_attention as library_attention
 
@@ -215,12 +223,12 @@ def check_scores_far_apart(impl, rng):
 
 
 def check_scores_far_below_zero(impl, rng):
-    """online_attention: every score far below 0 (about -1000): the running max starts at -inf, not
-    0"""
-    for dtype in DTYPES:
+    """online_attention: every score far below 0 (about -1000, and about -1e6 in float64): the
+    running max starts at -inf, not 0 or another floor"""
+    for dtype, depth in ((np.float32, 30.0), (np.float64, 30.0), (np.float64, 3e4)):
         Nq, Nk, D = 9, 33, 32
         q = 1 + 0.1 * rng.standard_normal((Nq, D))
-        k = -30 + 0.5 * rng.standard_normal((Nk, D))
+        k = -depth + 0.5 * rng.standard_normal((Nk, D))
         v = rng.standard_normal((Nk, D))
         out, _ = _call(impl, *(t.astype(dtype) for t in (q, k, v)), scale=1.0)
         hint = None
@@ -228,7 +236,8 @@ def check_scores_far_below_zero(impl, rng):
             hint = ("with every score far below 0 your output is inf/NaN: start the running max at "
                     "-inf (np.full(Nq, -np.inf)), not 0 or another number; from 0, exp(s - m) "
                     "underflows to 0 for every key and l = 0")
-        _expect(impl, *(t.astype(dtype) for t in (q, k, v)), 1.0, "scores about -1000",
+        _expect(impl, *(t.astype(dtype) for t in (q, k, v)), 1.0,
+                f"scores about {-depth * D:.0f}",
                 hint or "m starts at -inf and is the max of the scores seen", check_lse=True)
 
 
@@ -279,12 +288,33 @@ HINT_OVERFLOW = ("your merge overflows when the lse are large: e^lse is inf past
                  "e^(lse_part - m) / (e^(lse_a - m) + e^(lse_b - m)), every exponent <= 0")
 HINT_LARGE = ("with lse in the thousands, your merge loses digits: in float32 one ulp of 3000 "
               "is 0.00024, so e^(lse_a * c) / e^(m * c) or exp2(lse_a * log2e - m * log2e) are "
-              "off by that much relative. Subtract first (lse_a - m is exact when they are "
-              "close), then scale and exponentiate the difference")
+              "off by several times that relative. Subtract first (lse_a - m is exact when they "
+              "are close), then scale and exponentiate the difference (or merge in log space: "
+              "lse = logaddexp(lse_a, lse_b), weights e^(lse_a - lse))")
 HINT_EMPTY = ("a part with no key (lse = -inf, out = 0) must leave the other unchanged, and a row "
               "empty in both parts must give out = 0 and lse = -inf: exp(-inf - (-inf)) is NaN, "
               "and so is 0 / 0. Where both lse are -inf, take 0 as the reference, and divide by "
               "1 where the weights sum to 0")
+
+
+def _given_lse(out_a, lse_a, out_b, lse_b, lse, dtype):
+    """The merged out that the merged ``lse`` implies, e^(lse_a - lse) out_a + e^(lse_b - lse)
+    out_b, computed in ``dtype`` (rows with lse = -inf: 0)."""
+    a, b, la, lb, ls = (np.asarray(x, dtype) for x in (out_a, out_b, lse_a, lse_b, lse))
+    ref = np.where(np.isneginf(ls), 0, ls).astype(dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.exp(la - ref)[..., None] * a + np.exp(lb - ref)[..., None] * b
+
+
+def _follows_its_lse(inputs, out, lse, lse_ref, lse_b, dtype, magnitude):
+    """Whether (out, lse) is a log-space merge: lse within the rule's tolerance of the reference,
+    and out within it of the out its own lse implies."""
+    if not np.all(np.isfinite(lse) | np.isneginf(lse_ref)) or \
+            max_error(lse, lse_ref) > tolerance(lse_ref, lse_b, dtype):
+        return False
+    implied = _given_lse(*inputs, lse, np.float64)
+    return max_error(out, implied) <= tolerance(implied, _given_lse(*inputs, lse, dtype), dtype,
+                                                magnitude=magnitude)
 
 
 def _merge64(out_a, lse_a, out_b, lse_b):
@@ -374,8 +404,10 @@ def _expect_merge(impl, inputs, what, default_hint):
     out_ref, lse_ref = _merge64(*inputs)
     out_b, lse_b = library_merge(*inputs)
     what = f"{dtype} partial results {inputs[0].shape}, {what}"
-    checks.expect_close(out, out_ref, baseline=out_b, dtype=dtype, name=f"out for {what}",
-                        hint=hint, magnitude=max(np.abs(inputs[0]).max(), np.abs(inputs[2]).max()))
+    magnitude = max(np.abs(inputs[0]).max(), np.abs(inputs[2]).max())
+    if not _follows_its_lse(inputs, out, lse, lse_ref, lse_b, dtype, magnitude):
+        checks.expect_close(out, out_ref, baseline=out_b, dtype=dtype, name=f"out for {what}",
+                            hint=hint, magnitude=magnitude)
     checks.expect_close(lse, lse_ref, baseline=lse_b, dtype=dtype, name=f"lse for {what}",
                         hint=hint)
 
@@ -407,7 +439,8 @@ def check_merge_empty_parts(impl, rng):
 
 
 def check_merge_large_lse(impl, rng):
-    """merge_states: lse in the thousands (both signs), past exp's range, stay finite and right"""
+    """merge_states: lse in the thousands (both signs), past exp's range, and near -1e6 in float64,
+    stay finite and right"""
     for dtype in DTYPES:
         for offset in (3000.0, -3000.0):
             inputs = _parts(rng, dtype, lead=(), Nq=9, offset=offset)
@@ -416,6 +449,12 @@ def check_merge_large_lse(impl, rng):
         lse_a, lse_b = lse_a + dtype(1000), lse_b - dtype(1000)     # part a holds all the mass
         _expect_merge(impl, (out_a, lse_a, out_b, lse_b), "lse_a near 1000, lse_b near -1000",
                       HINT_OVERFLOW)
+    # far below any floor a merge might take for "empty": only -inf is empty
+    inputs = _parts(rng, np.float64, lead=(), Nq=9, offset=-1e6)
+    _expect_merge(impl, inputs, "lse near -1e6",
+                  "only lse = -inf marks an empty part: a part with lse near -1e6 holds keys (all "
+                  "its scores are far below 0) and counts by its share, e^(lse_part - m) with m "
+                  "the larger lse; test for -inf (np.isneginf), not lse < some threshold")
 
 
 # ---- split_attention ----------------------------------------------------------------------
