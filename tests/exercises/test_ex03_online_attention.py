@@ -18,7 +18,8 @@ float64; baseline: the same in the inputs' dtype), which a merge that scales lse
 subtracting does not), on partial results
 of real attention, on rows where one part or both are empty (lse = -inf), and on lse values in
 the thousands (both signs) and, in float64, near -1e6 (an empty part recognised by a finite
-threshold instead of -inf fails there). split_attention(q, k, v, cuts) is compared with
+threshold instead of -inf fails there), and on a batch with no rows (leading dims (0,) and
+(2, 0)). split_attention(q, k, v, cuts) is compared with
 attention_ref on cuts with empty and one-key parts, and no key at all; in this process (not
 under ``flashlib grade``, where reads cannot be seen) k and v are recorders: no read may span
 two parts. Probes name the mistake: a plain average, exp(lse) overflowing, NaN on empty parts,
@@ -438,6 +439,25 @@ def check_merge_empty_parts(impl, rng):
                       "rows 0-3 with part a empty, 4-7 part b, 8-11 both", HINT_EMPTY)
 
 
+def check_merge_no_rows(impl, rng):
+    """merge_states: a batch with no rows (leading dims (0,) and (2, 0)) gives empty results of
+    the right shapes and dtype"""
+    for dtype, lead in ((np.float32, (0,)), (np.float64, (2, 0))):
+        out_a, out_b = np.zeros(lead + (80,), dtype), np.zeros(lead + (80,), dtype)
+        lse_a, lse_b = np.zeros(lead, dtype), np.zeros(lead, dtype)
+        try:
+            _call_merge(impl, out_a, lse_a, out_b, lse_b)
+        except checks.CheckFailed:
+            raise
+        except Exception as e:
+            checks.fail(f"merge_states raised {type(e).__name__} ({e}) for {dtype.__name__} partial "
+                        f"results of shape {out_a.shape}, a batch with no rows",
+                        "a batch may hold no rows: merge with whole-array operations over the "
+                        "leading dims (np.maximum, np.exp, np.where), which give empty results for "
+                        "empty inputs, rather than a loop over the rows whose results are stacked "
+                        "(np.stack of nothing raises)")
+
+
 def check_merge_large_lse(impl, rng):
     """merge_states: lse in the thousands (both signs), past exp's range, and near -1e6 in float64,
     stay finite and right"""
@@ -550,7 +570,8 @@ def check_split_reads_parts(impl, rng):
 
 CHECKS = [check_random, check_lse, check_default_scale, check_equal_scores, check_growing_scores,
           check_scores_far_apart, check_scores_far_below_zero, check_one_pass, check_memory,
-          check_merge_random, check_merge_empty_parts, check_merge_large_lse, check_split_random,
+          check_merge_random, check_merge_empty_parts, check_merge_large_lse, check_merge_no_rows,
+          check_split_random,
           check_split_no_key, check_split_reads_parts]
 
 
