@@ -21,9 +21,12 @@ The Function (checks in this process only: autograd needs the learner's class he
 ``flashlib grade``'s student process): ``FlashAttentionFn.apply`` with the grader's own forward
 (attention_ref in float64, rounded to the inputs' dtype) and dK/dV launcher (float64 formulas
 from the saved lse), both of which count their calls and refuse what flashlib's launchers
-refuse; gradients of q, k and v against float64 autograd of attention_ref, with a loss that is
-not a sum, with ``out.sum()`` (autograd's dout is then expanded, every stride 0), views with a
-non-contiguous layout, float16, an explicit scale, and only some inputs requiring grad.
+refuse, and with the file's ``attention_backward_dq`` wrapped in a spy (dq must come from the
+learner's kernel, not from torch formulas that build the Nq x Nk matrix); gradients of q, k and v
+against float64 autograd of attention_ref, with a loss that is not a sum, with ``out.sum()``
+(autograd's dout is then expanded, every stride 0), views with a non-contiguous layout, float16,
+an explicit scale, and only some inputs requiring grad. The Function's checks run only once the
+kernel passes a probe in NaN buffers: it launches the kernel on tensors of their exact size.
 
 A failing result is matched against plausible wrong formulas (lse left in natural log under
 exp2, dQ scaled twice or not at all, delta left out, top-left or strict causal, the key loop
@@ -128,6 +131,9 @@ HINT_FN_DQ = ("dq is wrong while dk and dv are right: delta = rowsum(dout * out)
               "(B, Hq, Nq) tensor), then attention_backward_dq(q, k, v, dout, lse, delta, "
               "causal=..., scale=...) with the saved q, k, v, out and lse (the kernel checks "
               "above test dq_kernel alone)")
+HINT_FN_LAUNCH = ("the backward must compute dq with your kernel: attention_backward_dq(q, k, v, "
+                  "dout, lse, delta, causal=..., scale=...) launches dq_kernel tile by tile; "
+                  "torch formulas would build the Nq x Nk matrix the backward exists to avoid")
 HINT_FN = ("follow the docstring: forward saves q, k, v, out, lse; backward makes dout "
            "contiguous, computes delta, launches attention_backward_dq and backward_dkdv with "
            "causal and scale, and returns (dq, dk, dv, None, None, None, None)")
@@ -581,6 +587,30 @@ def _fn_error(e, what):
     raise e
 
 
+def _forward_backward(fn, leaves, causal, scale, launchers, weight, what):
+    """fn.apply on ``leaves``, then (out * weight).sum() (or out.sum()) backward."""
+    try:
+        out = fn.apply(*leaves, causal, scale, launchers.forward, launchers.backward_dkdv)
+    except (ValueError, RuntimeError) as e:
+        _fn_error(e, what)
+    if not isinstance(out, torch.Tensor) or out.shape != leaves[0].shape:
+        checks.fail(f"{what} returns {type(out).__name__} "
+                    f"{tuple(out.shape) if isinstance(out, torch.Tensor) else ''}: expected out, "
+                    f"a tensor shaped like q {tuple(leaves[0].shape)}", HINT_FN)
+    if not out.requires_grad:
+        checks.fail(f"the output of {what} does not require grad", HINT_FN)
+    if launchers.forwards != 1:
+        checks.fail(f"{what} ran the forward {launchers.forwards} times, expected once",
+                    HINT_FN_FORWARD)
+    try:
+        (out if weight is None else out * weight).sum().backward()
+    except (ValueError, RuntimeError) as e:
+        _fn_error(e, what)
+    if launchers.forwards != 1:
+        checks.fail(f"the backward of {what} ran the forward again ({launchers.forwards} runs "
+                    "in all)", HINT_FN_FORWARD)
+
+
 def _expect_fn(impl, rng, shape_q, shape_kv, *, causal, dtype=torch.float32, scale=None,
                loss="weighted", views=("bhnd", "bhnd", "bhnd"), needs=(True, True, True)):
     """Run the learner's Function on fresh inputs (placed as ``views``: "bhnd", "bnhd" a
@@ -608,26 +638,21 @@ def _expect_fn(impl, rng, shape_q, shape_kv, *, causal, dtype=torch.float32, sca
             + ("" if views == ("bhnd",) * 3 else f", q k v as views {' '.join(views)}")
             + ("" if all(needs) else ", requires_grad on "
                + " ".join(n for n, need in zip("qkv", needs) if need) + " only"))
+    launcher = checks.function(impl, "attention_backward_dq")
+    launches = []
+
+    def spy(*args, **kwargs):     # the backward must launch the learner's kernel through it
+        launches.append(1)
+        return launcher(*args, **kwargs)
+
+    impl.attention_backward_dq = spy
     try:
-        out = fn.apply(*leaves, causal, scale, launchers.forward, launchers.backward_dkdv)
-    except (ValueError, RuntimeError) as e:
-        _fn_error(e, what)
-    if not isinstance(out, torch.Tensor) or out.shape != tuple(shape_q):
-        checks.fail(f"{what} returns {type(out).__name__} "
-                    f"{tuple(out.shape) if isinstance(out, torch.Tensor) else ''}: expected out, "
-                    f"a tensor shaped like q {tuple(shape_q)}", HINT_FN)
-    if not out.requires_grad:
-        checks.fail(f"the output of {what} does not require grad", HINT_FN)
-    if launchers.forwards != 1:
-        checks.fail(f"{what} ran the forward {launchers.forwards} times, expected once",
-                    HINT_FN_FORWARD)
-    try:
-        (out * weight if loss == "weighted" else out).sum().backward()
-    except (ValueError, RuntimeError) as e:
-        _fn_error(e, what)
-    if launchers.forwards != 1:
-        checks.fail(f"the backward of {what} ran the forward again ({launchers.forwards} runs "
-                    "in all)", HINT_FN_FORWARD)
+        _forward_backward(fn, leaves, causal, scale, launchers, weight if loss == "weighted" else None,
+                          what)
+    finally:
+        impl.attention_backward_dq = launcher
+    if needs[0] and leaves[0].grad is not None and not launches:
+        checks.fail(f"the backward of {what} never calls attention_backward_dq", HINT_FN_LAUNCH)
     for name, t, before in zip("qkv", leaves, kept):
         now = t.detach()
         if not (torch.equal(now.isnan(), before.isnan()) and
