@@ -295,7 +295,8 @@ def _formulas(c, *, blocks=BLOCKS, mask="bottom_right", base2=False, dq_factor=1
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     G, scale = Hq // Hkv, 1.0 / math.sqrt(D)
-    heads = torch.arange(Hq) // G if kv_heads == "grouped" else torch.arange(Hq) % Hkv
+    heads = torch.arange(Hq, device=q.device)
+    heads = heads // G if kv_heads == "grouped" else heads % Hkv
     kk, vv = k[:, heads], v[:, heads]                                         # (B, Hq, Nk, D)
     s = scale * q @ kk.transpose(-1, -2)                                      # (B, Hq, Nq, Nk)
     i, j = torch.arange(Nq, device=q.device)[:, None], torch.arange(Nk, device=q.device)[None, :]
@@ -516,7 +517,8 @@ class _Launchers:
         s = scale * q64 @ kk.transpose(-1, -2)                               # (B, Hq, Nq, Nk)
         allowed = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device)
         if causal:
-            allowed = torch.arange(Nk)[None, :] <= torch.arange(Nq)[:, None] + Nk - Nq
+            i, j = torch.arange(Nq, device=q.device)[:, None], torch.arange(Nk, device=q.device)[None, :]
+            allowed = j <= i + Nk - Nq
         p = torch.where(allowed, torch.exp(s - lse.double()[..., None]), 0.0)
         delta = (do64 * o64).sum(-1, keepdim=True)
         ds = p * (do64 @ vv.transpose(-1, -2) - delta)
@@ -538,9 +540,10 @@ def _fn_formulas(q, k, v, dout, *, causal, scale, lse_causal=None, lse_scale=Non
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     kk, vv = leaves[1].repeat_interleave(G, 1), leaves[2].repeat_interleave(G, 1)
     s = scale * leaves[0] @ kk.transpose(-1, -2)
-    allowed = torch.ones(Nq, Nk, dtype=torch.bool)
+    allowed = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device)
     if causal:
-        allowed = torch.arange(Nk)[None, :] <= torch.arange(Nq)[:, None] + Nk - Nq
+        i, j = torch.arange(Nq, device=q.device)[:, None], torch.arange(Nk, device=q.device)[None, :]
+        allowed = j <= i + Nk - Nq
     p = torch.where(allowed, torch.exp(s - lse[..., None]), 0.0)
     do = dout.double()
     ds = p * (do @ vv.transpose(-1, -2) - (do * out).sum(-1, keepdim=True))
