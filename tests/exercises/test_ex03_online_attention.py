@@ -447,7 +447,7 @@ def check_merge_no_rows(impl, rng):
         lse_a, lse_b = np.zeros(lead, dtype), np.zeros(lead, dtype)
         try:
             _call_merge(impl, out_a, lse_a, out_b, lse_b)
-        except checks.CheckFailed:
+        except (checks.CheckFailed, NotImplementedError):    # a verdict, or not done yet
             raise
         except Exception as e:
             checks.fail(f"merge_states raised {type(e).__name__} ({e}) for {dtype.__name__} partial "
