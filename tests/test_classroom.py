@@ -396,6 +396,20 @@ def test_triton_launches_run_in_the_student_process(tmp_path, grader_seed):
     assert got["one_liner", "ex05"]["status"] == "not done"
 
 
+def test_every_reference_answer_scores_full_marks_under_grade(tmp_path, grader_seed):
+    """The solutions, graded as one student's folder, pass every exercise with every check that
+    runs under grade: a grader that only works in-process (state the student's copy of an object
+    keeps, as ex11's KVCache lengths did) shows here."""
+    (tmp_path / "ada").mkdir()
+    for name in course.list_exercises(ROOT):
+        shutil.copy(ROOT / "solutions" / f"{name}.py", tmp_path / "ada" / f"{name}.py")
+    rows = classroom.grade(tmp_path, out=None, timeout=120, jobs=2, seed=grader_seed, progress=False,
+                           unconfined=True)
+    assert len(rows) == len(course.list_exercises(ROOT))
+    for row in rows:
+        assert (row["status"], row["passed"]) == ("passed", row["total"]) and row["total"] > 0, row
+
+
 def test_grade_from_another_folder_with_relative_paths(tmp_path):
     """Issue 10: `flashlib grade subs --out grades.csv` run outside the course folder."""
     shutil.copytree(ROOT / "solutions", tmp_path / "subs" / "ada",

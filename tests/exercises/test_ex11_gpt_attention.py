@@ -77,6 +77,24 @@ def _qkv(rng, B, Hq, Hkv, T, D, dtype):
         _randn(rng, (B, Hkv, T, D), dtype)
 
 
+def _came_back(cache):
+    """Under flashlib grade the learner's call ran on a copy of the cache in the student's
+    process: its tensors (k, v, seqlens) came back, its host copy of the lengths did not."""
+    if cache is not None:
+        cache._lengths = cache.seqlens.tolist()
+
+
+def _attend_of(impl):
+    """The learner's attend as the GPT calls it, with the cache's lengths brought back."""
+    fn = checks.function(impl, "attend")
+
+    def attend(q, k, v, cache=None):
+        out = fn(q, k, v, cache)
+        _came_back(cache)
+        return out
+    return attend
+
+
 def _call(impl, q, k, v, cache, what):
     """The learner's output for (q, k, v, cache), after checking shape, dtype and the inputs."""
     fn = checks.function(impl, "attend")
@@ -87,6 +105,7 @@ def _call(impl, q, k, v, cache, what):
         if "heads" not in str(e):
             raise
         checks.fail(f"attend raised ValueError for {what}: {e}", HINT_GQA)
+    _came_back(cache)
     if any(not torch.equal(a, b) for a, b in zip(before, (q, k, v))):
         checks.fail(f"attend changed q, k or v in place ({what}): the model still needs them")
     if not isinstance(out, torch.Tensor):
@@ -300,7 +319,7 @@ def check_model(impl, rng):
     logits equal the same model's recomputing the whole sequence"""
     cfg = GPTConfig(vocab_size=13, block_size=16, n_layer=1, n_head=4, n_kv_head=2, n_embd=32)
     torch.manual_seed(int(rng.integers(1 << 31)))
-    learner = GPT(cfg, attention=checks.function(impl, "attend")).to(DEV)
+    learner = GPT(cfg, attention=_attend_of(impl)).to(DEV)
     oracle = GPT(cfg, attention=_attention64).to(DEV, torch.float64)
     naive = GPT(cfg, attention=lambda q, k, v, cache=None: attention_naive(q, k, v, causal=True)).to(DEV)
     for model in (oracle, naive):
