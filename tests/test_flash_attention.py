@@ -499,6 +499,7 @@ def test_small_and_float32_problems_are_not_autotuned(monkeypatch):
 def test_autotuned_choices_are_saved_for_the_next_process(monkeypatch, tmp_path):
     # a second process (a fresh SavedChoices on the same kernel) finds the first's choice on disk
     # instead of timing every config again; keys holding jit functions are stored by name
+    import json
     import types
 
     import triton
@@ -520,6 +521,9 @@ def test_autotuned_choices_are_saved_for_the_next_process(monkeypatch, tmp_path)
     chosen = second[key]
     assert (chosen.kwargs, chosen.num_warps, chosen.num_stages) == ({"BLOCK_M": 128, "BLOCK_N": 64}, 8, 3)
     assert key not in on_gpu("NVIDIA A100", (8, 0))          # another GPU's choices are its own
+    with open(second.path, "w") as f:                          # an entry without its fields: none
+        json.dump({str(key): {"kwargs": {"BLOCK_M": 64}}}, f)
+    assert str(key) in json.load(open(second.path)) and key not in on_gpu("NVIDIA H200", (9, 0))
     with open(second.path, "w") as f:                          # an unreadable file counts as none
         f.write("{not json")
     assert key not in on_gpu("NVIDIA H200", (9, 0))

@@ -202,10 +202,12 @@ class SavedChoices(dict):
         if super().__contains__(key):
             return True
         fields = self._load().get(str(key))
-        if fields is None:
+        try:
+            config = triton.Config(dict(fields["kwargs"]), num_warps=int(fields["num_warps"]),
+                                   num_stages=int(fields["num_stages"]))
+        except (KeyError, TypeError, ValueError):    # none, or an entry edited by hand: tune again
             return False
-        super().__setitem__(key, triton.Config(fields["kwargs"], num_warps=fields["num_warps"],
-                                               num_stages=fields["num_stages"]))
+        super().__setitem__(key, config)
         return True
 
     def __setitem__(self, key, config):
