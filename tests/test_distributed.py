@@ -184,6 +184,17 @@ def test_smoke_benchmark_runs_on_cpu(tmp_path, group_of_one):
     assert next(tmp_path.glob("ring_*.log")).read_text().strip()
 
 
+def test_bench_refuses_lengths_zigzag_cannot_split(capsys, monkeypatch):
+    """--seqlens must split into 2W equal chunks; --smoke sizes itself for any --nproc."""
+    from flashlib.bench import ring as ring_bench
+    monkeypatch.delenv("WORLD_SIZE", raising=False)      # not under torchrun: W is --nproc
+    with pytest.raises(SystemExit):
+        ring_bench.parse_args(["--nproc", "2", "--seqlens", "70"])
+    assert "--seqlens 70: every length must split into 2 x 2 equal chunks" in capsys.readouterr().err
+    args, _ = ring_bench.parse_args(["--smoke", "--nproc", "3"])
+    assert args.seqlens == [96] and args.check_seqlen == 96
+
+
 # ---- the pieces, in this process ----
 
 def simulate(q, k, v, dout, world, *, causal, layout, scale=None, kernel_options=None):

@@ -309,9 +309,14 @@ def parse_args(argv=None):
     parser.add_argument("--check-heads", type=int, default=8, help="grouped heads: a quarter for K/V")
     parser.add_argument("--smoke", action="store_true", help="CPU, gloo, tiny sizes: that it runs")
     args = parser.parse_args(argv)
-    if args.smoke:
-        args.seqlens, args.heads, args.headdim, args.reps = [64], 2, 16, 1
-        args.check_seqlen, args.check_heads = 64, 4
+    world = int(os.environ.get("WORLD_SIZE", args.nproc))
+    if args.smoke:                  # 2W chunks of 16 positions: zigzag's layout at any world size
+        args.seqlens, args.heads, args.headdim, args.reps = [32 * world], 2, 16, 1
+        args.check_seqlen, args.check_heads = 32 * world, 4
+    for name, N in [("--seqlens", N) for N in args.seqlens] + [("--check-seqlen", args.check_seqlen)]:
+        if N % (2 * world):
+            parser.error(f"{name} {N}: every length must split into 2 x {world} equal chunks "
+                         f"(the zigzag layout over {world} ranks)")
     args.heads_kv = args.heads if args.heads_kv is None else args.heads_kv
     args.dtype_t = getattr(torch, args.dtype)
     args.backend = "gloo" if args.smoke else "nccl"
