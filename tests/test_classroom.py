@@ -576,9 +576,12 @@ def test_withheld_answers_cannot_be_borrowed(tmp_path, grader_seed):
         grader = (ROOT / "tests" / "exercises" / f"test_{names[ex]}.py").read_text()
         assert copies.answer_names(grader), ex
         assert all(copies._definition(a) is not None for a in copies.answer_names(grader)), ex
-    attackers = ("name_borrower", "source_borrower", "kernel_faker")
-    for student in attackers:
+    for student in ("name_borrower", "source_borrower"):
         shutil.copytree(HOSTILE / student, tmp_path / student)
+    (tmp_path / "kernel_faker").mkdir()                 # the mutants' torch one-liners, as a student
+    for ex in ("ex05b", "ex07b"):
+        shutil.copy(ROOT / "tests" / "mutants" / f"{ex}_torch_one_liner.py",
+                    tmp_path / "kernel_faker" / f"{names[ex]}.py")
     (tmp_path / "ada").mkdir()
     for ex in WITHHELD:
         shutil.copy(ROOT / "solutions" / f"{names[ex]}.py", tmp_path / "ada")
@@ -596,7 +599,7 @@ def test_withheld_answers_cannot_be_borrowed(tmp_path, grader_seed):
     for (student, ex), row in got.items():
         if student == "ada":
             continue
-        if not (HOSTILE / student / f"{names[ex]}.py").is_file():
+        if not (tmp_path / student / f"{names[ex]}.py").is_file():
             assert row["status"] == "missing", row
             continue
         assert row["passed"] == 0, row
