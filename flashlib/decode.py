@@ -167,24 +167,24 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
 
 
 # Under torch.compile the launcher (its scratch pool, lock and memo) is opaque to the compiler as
-# this custom op, as flash_attention's are (flashlib/ops.py): no graph break, and
+# this op (runtime.define_op), as flash_attention's are (flashlib/ops.py): no graph break, and
 # mode="reduce-overhead" can replay decoding steps from CUDA graphs.
-@torch.library.custom_op("flashlib::flash_decode", mutates_args=())
-def _flash_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     cache_seqlens: Optional[torch.Tensor], num_splits: Optional[int],
-                     scale: float, mod_floats: list[float], mod_tensors: list[Optional[torch.Tensor]],
-                     options: list[int], block_table: Optional[torch.Tensor] = None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+def _flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  cache_seqlens: Optional[torch.Tensor], num_splits: Optional[int],
+                  scale: float, mod_floats: list[float], mod_tensors: list[Optional[torch.Tensor]],
+                  options: list[int], block_table: Optional[torch.Tensor] = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     return flash_decode_forward(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
                                 scale=scale, return_lse=True, cached_scratch=False,
                                 score_mod=score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors)),
                                 block_table=block_table, options=runtime.from_op_args(options))
 
 
-@_flash_decode_op.register_fake
-def _(q, k_cache, v_cache, cache_seqlens, num_splits, scale, mod_floats, mod_tensors, options,
-      block_table=None):
+def _flash_decode_fake(q, *args, **kwargs):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+_flash_decode_op = runtime.define_op("flash_decode", _flash_decode, _flash_decode_fake)
 
 
 class KVCache:

@@ -5,8 +5,8 @@ launcher (chosen by ``kernels/dispatch.py``: ``fa2_forward`` / ``fa2_backward``,
 allocation, grid) -> ``FlashAttention`` (autograd.Function saving exactly q, k, v, out and lse) ->
 ``flash_attention`` (checks, keyword-only options, this docstring). Bad input raises
 ValueError/TypeError naming the argument, before any kernel is compiled. Under torch.compile,
-``flash_attention`` and ``block_sparse_attention`` reach the same launchers through custom ops
-(two each) instead of the autograd.Functions (see ``_fa2_forward_op``, ``_bs_forward_op``). Each
+``flash_attention`` and ``block_sparse_attention`` reach the same launchers through torch operators
+(two each) and ``OpAttention`` instead of the autograd.Functions (see ``_fa2_forward_op``). Each
 public function takes ``kernel_options`` (a dict of ``runtime.KernelOptions`` fields, or one),
 resolved once per call; the score modifiers travel as one ``score_mod.Modifiers``.
 """
@@ -50,64 +50,62 @@ class FlashAttention(torch.autograd.Function):
 
 # Under torch.compile, Dynamo cannot trace into the launchers (fast_launch's memo, a @triton.jit
 # function passed as an argument: graph breaks that made a compiled model slower than eager), so
-# flash_attention calls these custom ops instead: the same kernels and gradient formula, opaque to
-# the compiler, which fuses the code around them and, with mode="reduce-overhead", captures them in
-# CUDA graphs. Outside compilation the autograd.Function above costs less host time per call.
+# the public functions run the same kernels behind torch operators instead (runtime.define_op),
+# opaque to the compiler, which fuses the code around them and, with mode="reduce-overhead",
+# captures them in CUDA graphs. Their gradient is OpAttention below, an autograd.Function that
+# Dynamo traces: the forward op, then the backward op on the saved tensors. Outside compilation
+# the autograd.Functions above cost less host time per call (no dispatcher in between).
 # An op takes no objects: the score modifiers go in as Modifiers.op_args' two lists (mod_floats,
 # mod_tensors) and the kernel options as KernelOptions.op_args' list of ints.
-@torch.library.custom_op("flashlib::fa2_forward", mutates_args=())
-def _fa2_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-                    mod_floats: list[float], mod_tensors: list[Optional[torch.Tensor]], options: list[int]
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def _fa2_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                 mod_floats: list[float], mod_tensors: list[Optional[torch.Tensor]], options: list[int]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     mod = score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors))
     return dispatch.forward(q, k, v, causal, scale, mod, runtime.from_op_args(options))
 
 
-@_fa2_forward_op.register_fake
-def _(q, k, v, causal, scale, mod_floats, mod_tensors, options):
+def _fa2_forward_fake(q, k, v, causal, scale, mod_floats, mod_tensors, options):
     # as fa2_forward: out in q's memory layout (a transposed projection stays transposed)
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-@torch.library.custom_op("flashlib::fa2_backward", mutates_args=())
-def _fa2_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                     lse: torch.Tensor, dout: torch.Tensor, causal: bool, scale: float,
-                     mod_floats: list[float], mod_tensors: list[Optional[torch.Tensor]], options: list[int]
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                  lse: torch.Tensor, dout: torch.Tensor, causal: bool, scale: float,
+                  mod_floats: list[float], mod_tensors: list[Optional[torch.Tensor]], options: list[int]
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     mod = score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors))
     return dispatch.backward(q, k, v, out, lse, dout, causal, scale, mod, runtime.from_op_args(options))
 
 
-@_fa2_backward_op.register_fake
-def _(q, k, v, out, lse, dout, causal, scale, mod_floats, mod_tensors, options):
-    return _fake_grads(q, k, v)
-
-
-def _fake_grads(q, k, v):
+def _fake_grads(q, k, v, *args):
     """The backward ops' fake dq, dk, dv, as the launchers make them: empty_like of each input,
     made contiguous only if its last dim is strided."""
     return tuple(torch.empty_like(t if t.stride(-1) == 1 else t.contiguous()) for t in (q, k, v))
 
 
-def _save_for_op_backward(ctx, inputs, output):
-    q, k, v, ctx.causal, ctx.scale, ctx.mod_floats, ctx.mod_tensors, ctx.options = inputs
-    ctx.save_for_backward(q, k, v, *output)
+_fa2_forward_op = runtime.define_op("fa2_forward", _fa2_forward, _fa2_forward_fake)
+_fa2_backward_op = runtime.define_op("fa2_backward", _fa2_backward, _fake_grads)
 
 
-def _op_backward(ctx, dout, dlse):
-    q, k, v, out, lse = ctx.saved_tensors
-    grads = _fa2_backward_op(q, k, v, out, lse, dout, ctx.causal, ctx.scale, ctx.mod_floats,
-                             ctx.mod_tensors, ctx.options)
-    return (*grads, None, None, None, _no_grads(ctx.mod_tensors), None)
+class OpAttention(torch.autograd.Function):
+    """``FlashAttention`` under torch.compile, for each kind of call in ``OPS`` (dense, varlen,
+    block_sparse): its forward op, then its backward op on the saved tensors. args: the ops'
+    arguments after q, k, v (the backward's after q, k, v, out, lse, dout); the tensors among them
+    (offsets, mask tables, ALiBi slopes) take no gradient."""
 
+    @staticmethod
+    def forward(ctx, kind, q, k, v, *args):
+        out, lse = OPS[kind][0](q, k, v, *args)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.kind, ctx.args = kind, args
+        ctx.mark_non_differentiable(lse)
+        return out, lse
 
-def _no_grads(values):
-    """The gradient entry of a custom op's list input: a list of Nones for a list of tensors,
-    None for any other list (torch splits only lists of tensors into their items)."""
-    return [None] * len(values) if values and all(isinstance(t, torch.Tensor) for t in values) else None
-
-
-_fa2_forward_op.register_autograd(_op_backward, setup_context=_save_for_op_backward)
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = OPS[ctx.kind][1](q, k, v, out, lse, dout, *ctx.args)
+        return (None, dq, dk, dv, *(None for _ in ctx.args))
 
 
 def flash_attention(q, k, v, *, causal=False, scale=None, softcap=None, alibi_slopes=None,
@@ -154,7 +152,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, softcap=None, alibi_sl
     scale = check_inputs(q, k, v, scale=scale, causal=causal)
     mods = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes)
     if torch.compiler.is_compiling():
-        out, lse = _fa2_forward_op(q, k, v, causal, scale, *mods.op_args(), options.op_args())
+        out, lse = OpAttention.apply("dense", q, k, v, causal, scale, *mods.op_args(), options.op_args())
     else:
         out, lse = FlashAttention.apply(q, k, v, causal, scale, score_mod.make(q, mods), options)
     return (out, lse) if return_lse else out
@@ -211,7 +209,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     q, k, v. On Hopper the kernels are FA3's (``kernels/dispatch.py``). The
     offsets are checked on the host (a device sync on a GPU, once per version of each offsets
     tensor: ``inputs.read_once``; under torch.compile a graph break before the kernels, which run
-    as the custom ops ``flashlib::fa2_varlen_forward`` and ``flashlib::fa2_varlen_backward``).
+    as the ops ``flashlib::fa2_varlen_forward`` and ``flashlib::fa2_varlen_backward``).
     kernel_options: as ``flash_attention``'s.
     """
     options = runtime.options(kernel_options)
@@ -220,8 +218,8 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     batch = cu_seqlens_q.numel() - 1
     mods = check_score_mods(q, softcap=softcap, alibi_slopes=alibi_slopes, batch=batch)
     if torch.compiler.is_compiling():
-        out, lse = _varlen_forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
-                                      int(max_seqlen_k), causal, scale, *mods.op_args(), options.op_args())
+        out, lse = OpAttention.apply("varlen", q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                                     int(max_seqlen_k), causal, scale, *mods.op_args(), options.op_args())
     else:
         packed = ((cu_seqlens_q, cu_seqlens_k), (int(max_seqlen_q), int(max_seqlen_k)))
         out, lse = FlashAttention.apply(q, k, v, causal, scale, score_mod.make(q, mods, batch=batch),
@@ -229,57 +227,35 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return (out, lse) if return_lse else out
 
 
-# flash_attention_varlen under torch.compile: the same launchers as custom ops (see _fa2_forward_op).
+# flash_attention_varlen under torch.compile: the same launchers as ops (see _fa2_forward_op).
 # The offsets are checked on the host before tracing reaches the op (check_varlen reads them;
 # under compilation that is a graph break before the op, not inside it).
-@torch.library.custom_op("flashlib::fa2_varlen_forward", mutates_args=())
-def _varlen_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                       cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
-                       scale: float, mod_floats: list[float], mod_tensors: list[Optional[torch.Tensor]],
-                       options: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def _varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                    scale: float, mod_floats: list[float], mod_tensors: list[Optional[torch.Tensor]],
+                    options: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     mod = score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors), batch=cu_seqlens_q.numel() - 1)
     return dispatch.forward(q, k, v, causal, scale, mod, runtime.from_op_args(options),
                             (cu_seqlens_q, cu_seqlens_k), (max_seqlen_q, max_seqlen_k))
 
 
-@_varlen_forward_op.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, mod_floats,
-      mod_tensors, options):
+def _varlen_forward_fake(q, k, v, *args):
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
-@torch.library.custom_op("flashlib::fa2_varlen_backward", mutates_args=())
-def _varlen_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                        lse: torch.Tensor, dout: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                        cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                        causal: bool, scale: float, mod_floats: list[float],
-                        mod_tensors: list[Optional[torch.Tensor]], options: list[int]
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _varlen_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                     lse: torch.Tensor, dout: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                     causal: bool, scale: float, mod_floats: list[float],
+                     mod_tensors: list[Optional[torch.Tensor]], options: list[int]
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     mod = score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors), batch=cu_seqlens_q.numel() - 1)
     return dispatch.backward(q, k, v, out, lse, dout, causal, scale, mod, runtime.from_op_args(options),
                              (cu_seqlens_q, cu_seqlens_k), (max_seqlen_q, max_seqlen_k))
 
 
-@_varlen_backward_op.register_fake
-def _(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-      scale, mod_floats, mod_tensors, options):
-    return _fake_grads(q, k, v)
-
-
-def _save_for_varlen_backward(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal, ctx.scale, *mods, ctx.options = inputs
-    ctx.mod_floats, ctx.mod_tensors = mods
-    ctx.save_for_backward(q, k, v, *output, cu_q, cu_k)
-
-
-def _varlen_op_backward(ctx, dout, dlse):
-    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-    grads = _varlen_backward_op(q, k, v, out, lse, dout, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal,
-                                ctx.scale, ctx.mod_floats, ctx.mod_tensors, ctx.options)
-    return (*grads, None, None, None, None, None, None, None, _no_grads(ctx.mod_tensors), None)
-
-
-_varlen_forward_op.register_autograd(_varlen_op_backward, setup_context=_save_for_varlen_backward)
+_varlen_forward_op = runtime.define_op("fa2_varlen_forward", _varlen_forward, _varlen_forward_fake)
+_varlen_backward_op = runtime.define_op("fa2_varlen_backward", _varlen_backward, _fake_grads)
 
 
 class BlockSparseAttention(torch.autograd.Function):
@@ -330,8 +306,8 @@ def block_sparse_attention(q, k, v, block_mask, *, block_size=128, causal=False,
     mask = _resolve_mask(q, k, block_mask, block_size, causal)
     view = mask.kernel_view()
     if torch.compiler.is_compiling():
-        out, lse = _bs_forward_op(q, k, v, view.tables(), view.layout(), scale, *mods.op_args(),
-                                  options.op_args())
+        out, lse = OpAttention.apply("block_sparse", q, k, v, view.tables(), view.layout(), scale,
+                                     *mods.op_args(), options.op_args())
     else:
         out, lse = BlockSparseAttention.apply(q, k, v, view, scale, score_mod.make(q, mods), options)
     return (out, lse) if return_lse else out
@@ -361,54 +337,37 @@ def _resolve_mask(q, k, block_mask, block_size, causal):
     return mask.to(q.device)
 
 
-# Under torch.compile, block-sparse attention runs as custom ops too (see _fa2_forward_op). An op
+# Under torch.compile, block-sparse attention runs as ops too (see _fa2_forward_op). An op
 # takes tensors and numbers, not a BlockMask: the mask's KernelView goes in as its tables and its
 # layout, and KernelView.from_args rebuilds it for the launchers.
 
 
-@torch.library.custom_op("flashlib::block_sparse_forward", mutates_args=())
-def _bs_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: list[torch.Tensor],
-                   layout: list[int], scale: float, mod_floats: list[float],
-                   mod_tensors: list[Optional[torch.Tensor]], options: list[int]
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def _bs_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: list[torch.Tensor],
+                layout: list[int], scale: float, mod_floats: list[float],
+                mod_tensors: list[Optional[torch.Tensor]], options: list[int]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     from .kernels.block_sparse import block_sparse_forward
     mod = score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors))
     return block_sparse_forward(q, k, v, KernelView.from_args(tables, layout), scale=scale,
                                 score_mod=mod, options=runtime.from_op_args(options))
 
 
-@_bs_forward_op.register_fake
-def _(q, k, v, tables, layout, scale, mod_floats, mod_tensors, options):
+def _bs_forward_fake(q, k, v, *args):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-@torch.library.custom_op("flashlib::block_sparse_backward", mutates_args=())
-def _bs_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                    lse: torch.Tensor, dout: torch.Tensor, tables: list[torch.Tensor],
-                    layout: list[int], scale: float, mod_floats: list[float],
-                    mod_tensors: list[Optional[torch.Tensor]], options: list[int]
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _bs_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor, dout: torch.Tensor, tables: list[torch.Tensor],
+                 layout: list[int], scale: float, mod_floats: list[float],
+                 mod_tensors: list[Optional[torch.Tensor]], options: list[int]
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from .kernels.block_sparse import block_sparse_backward
     mod = score_mod.make(q, Modifiers.from_op_args(mod_floats, mod_tensors))
     return block_sparse_backward(q, k, v, out, lse, dout, KernelView.from_args(tables, layout),
                                  scale=scale, score_mod=mod, options=runtime.from_op_args(options))
 
 
-@_bs_backward_op.register_fake
-def _(q, k, v, out, lse, dout, tables, layout, scale, mod_floats, mod_tensors, options):
-    return _fake_grads(q, k, v)
-
-
-def _save_for_bs_backward(ctx, inputs, output):
-    q, k, v, tables, ctx.layout, ctx.scale, ctx.mod_floats, ctx.mod_tensors, ctx.options = inputs
-    ctx.save_for_backward(q, k, v, *output, *tables)
-
-
-def _bs_op_backward(ctx, dout, dlse):
-    q, k, v, out, lse, *tables = ctx.saved_tensors
-    grads = _bs_backward_op(q, k, v, out, lse, dout, tables, ctx.layout, ctx.scale, ctx.mod_floats,
-                            ctx.mod_tensors, ctx.options)
-    return (*grads, _no_grads(tables), None, None, None, _no_grads(ctx.mod_tensors), None)
-
-
-_bs_forward_op.register_autograd(_bs_op_backward, setup_context=_save_for_bs_backward)
+_bs_forward_op = runtime.define_op("block_sparse_forward", _bs_forward, _bs_forward_fake)
+_bs_backward_op = runtime.define_op("block_sparse_backward", _bs_backward, _fake_grads)
+OPS = {"dense": (_fa2_forward_op, _fa2_backward_op), "varlen": (_varlen_forward_op, _varlen_backward_op),
+       "block_sparse": (_bs_forward_op, _bs_backward_op)}   # OpAttention's kinds: (forward, backward)

@@ -272,3 +272,23 @@ def check_device(name: str, t: torch.Tensor) -> None:
     raise ValueError(f"{name} is on {t.device}: flashlib's kernels need a CUDA tensor, or a CPU "
                      "tensor with Triton's interpreter on (TRITON_INTERPRET=1, set by "
                      "`import flashlib` on machines without a GPU)")
+
+
+_LIBRARY = torch.library.Library("flashlib", "FRAGMENT")   # holds the ops define_op registers
+
+
+def define_op(name: str, impl: Callable, fake: Callable):
+    """Register ``impl`` as the torch operator ``flashlib::<name>`` (schema from its annotations,
+    kernels for CPU and CUDA) with ``fake`` for tracing, and return the op (its OpOverload).
+
+    What torch.compile calls instead of a launcher it cannot trace. torch.library's define/impl,
+    not ``@torch.library.custom_op``: the latter's wrappers (aliasing checks, a Python autograd
+    kernel, a Dynamo guard) cost more host time per call than the launch they wrap
+    (benchmarks/probes/op_host_probe.py). The op has no autograd of its own: the caller wraps
+    it in an autograd.Function, which Dynamo traces (``ops.OpAttention``)."""
+    _LIBRARY.define(name + torch.library.infer_schema(impl, mutates_args=()))
+    for device in ("cpu", "cuda"):
+        torch.library.impl(f"flashlib::{name}", device, impl, lib=_LIBRARY)
+    torch.library.register_fake(f"flashlib::{name}", fake, lib=_LIBRARY)
+    return getattr(torch.ops.flashlib, name).default
+

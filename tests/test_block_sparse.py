@@ -302,7 +302,7 @@ def test_band_and_bitmap_masking_give_the_same_bits():
 
 @pytest.mark.parametrize("name", ["window", "random"])
 def test_torch_compile_traces_the_whole_call_and_matches_eager(name):
-    # under torch.compile block_sparse_attention is one custom op per direction taking the mask's
+    # under torch.compile block_sparse_attention is one op per direction taking the mask's
     # tables (fullgraph: no graph break for a BlockMask built outside), running the same kernels
     # as eager: outputs and gradients bit-equal, for a band mask (partial tiles by arithmetic, full
     # blocks stepped through) and a bitmap mask (tables read, heads broadcast)
@@ -343,8 +343,9 @@ def test_mask_on_the_device_already_is_not_copied():
 
 
 def test_block_sparse_custom_ops_pass_torch_opcheck():
-    # schema, fake (meta) outputs with the real strides, autograd registration (small: opcheck
-    # runs each op about ten times through the interpreter; grouped and strided heads, Nq != Nk)
+    # schema, fake (meta) outputs with the real strides; no autograd of their own (ops.OpAttention
+    # is theirs). Small: opcheck runs each op about ten times through the interpreter; grouped and
+    # strided heads, Nq != Nk
     from flashlib import ops
     q, k, v = qkv(1, 2, 1, 20, 33, 16)
     q = q.transpose(1, 2).contiguous().transpose(1, 2)            # strided heads
@@ -356,9 +357,9 @@ def test_block_sparse_custom_ops_pass_torch_opcheck():
     from flashlib.kernels.score_mod import NO_MODIFIERS, Modifiers
     options = runtime.OPTIONS.op_args()
     out, lse = ops._bs_forward_op(q, k, v, tables, layout, 0.3, *NO_MODIFIERS.op_args(), options)
-    torch.library.opcheck(ops._bs_forward_op, (q.requires_grad_(), k, v, tables, layout, 0.3,
+    torch.library.opcheck(ops._bs_forward_op, (q, k, v, tables, layout, 0.3,
                                                *Modifiers(5.0, slopes).op_args(), options))
-    torch.library.opcheck(ops._bs_backward_op, (q.detach(), k, v, out, lse, torch.randn_like(out),
+    torch.library.opcheck(ops._bs_backward_op, (q, k, v, out, lse, torch.randn_like(out),
                                                 tables, layout, 0.3, *Modifiers(None, slopes).op_args(), options))
 
 

@@ -448,7 +448,7 @@ def test_fast_launch_signature_separates_what_triton_specializes_on():
 
 
 def test_torch_compile_runs_the_same_kernels():
-    # under torch.compile flash_decode is one custom op (flashlib::flash_decode): same results,
+    # under torch.compile flash_decode is one op (flashlib::flash_decode): same results,
     # fake outputs of the real shapes and strides (torch.library.opcheck)
     from flashlib.decode import _flash_decode_op
     q, k, v = inputs(2, 4, 2, 2, 50, 16, torch.float32)

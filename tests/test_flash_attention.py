@@ -530,7 +530,7 @@ def test_autotuned_choices_are_saved_for_the_next_process(monkeypatch, tmp_path)
 
 
 def test_torch_compile_traces_the_whole_call_and_matches_eager():
-    # under torch.compile flash_attention is one opaque custom op per direction (fullgraph: no
+    # under torch.compile flash_attention is one opaque op per direction (fullgraph: no
     # graph break), running the same kernels as eager: outputs and gradients are bit-equal
     q = rand(2, 33, 4, 16, dtype=torch.float32).transpose(1, 2).requires_grad_()  # (B, H, N, D) view
     k, v = (rand(2, 2, 50, 16, dtype=torch.float32).requires_grad_() for _ in range(2))
@@ -565,7 +565,8 @@ def test_torch_compile_takes_score_modifiers_and_kernel_options():
 
 
 def test_custom_ops_pass_torch_opcheck():
-    # schema, fake (meta) outputs with the real strides, autograd registration
+    # schema, fake (meta) outputs with the real strides; the ops have no autograd of their own
+    # (ops.OpAttention is theirs: the compile tests above compare its gradients with eager's)
     from flashlib import ops
     from flashlib.kernels import score_mod
     q = rand(1, 7, 4, 16, dtype=torch.float32).transpose(1, 2)
@@ -574,7 +575,7 @@ def test_custom_ops_pass_torch_opcheck():
     none, mods = score_mod.NO_MODIFIERS.op_args(), score_mod.Modifiers(5.0, slopes).op_args()
     options = runtime.OPTIONS.op_args()
     out, lse = ops._fa2_forward_op(q, k, v, True, 0.25, *none, options)
-    torch.library.opcheck(ops._fa2_forward_op, (q.requires_grad_(), k, v, True, 0.25, *mods, options))
+    torch.library.opcheck(ops._fa2_forward_op, (q, k, v, True, 0.25, *mods, options))
     torch.library.opcheck(ops._fa2_backward_op, (q.detach(), k, v, out, lse, torch.randn_like(out), True, 0.25,
                                                  *none, options))
     torch.library.opcheck(ops._fa2_backward_op, (q.detach(), k, v, out, lse, torch.randn_like(out), True, 0.25,

@@ -205,8 +205,9 @@ def test_gpu_hopper_kernels_packed(monkeypatch, hopper_kernels, dtype):
 
 
 def test_torch_compile_runs_the_same_kernels():
-    # under torch.compile the packed call runs as two custom ops (flashlib::fa2_varlen_forward and
-    # _backward); the offsets are still checked on the host first (a graph break before the op)
+    # under torch.compile the packed call runs as two ops (flashlib::fa2_varlen_forward and
+    # _backward, inside ops.OpAttention); the offsets are still checked on the host first (a graph
+    # break before the op)
     from flashlib import ops
     q, k, v, cu_q, cu_k = packed([5, 0, 17, 1], [9, 3, 17, 20], 4, 2, 16, torch.float32)
     slopes = torch.rand(4, device=DEV)
@@ -217,8 +218,8 @@ def test_torch_compile_runs_the_same_kernels():
                                       softcap=8.0, alibi_slopes=slopes)
     graphs = []
 
-    def backend(gm, example_inputs):   # keeps what Dynamo traced, runs it as traced
-        graphs.append(str(gm.graph))
+    def backend(gm, example_inputs):   # keeps what Dynamo traced (the Function's too), runs it as traced
+        graphs.extend(str(m.graph) for m in gm.modules() if isinstance(m, torch.fx.GraphModule))
         return gm.forward
     results = []
     for fn in (torch.compile(attend, backend=backend), attend):
@@ -231,7 +232,7 @@ def test_torch_compile_runs_the_same_kernels():
     from flashlib.kernels.score_mod import NO_MODIFIERS, Modifiers
     none, mods, options = NO_MODIFIERS.op_args(), Modifiers(8.0, slopes).op_args(), runtime.OPTIONS.op_args()
     out, lse = ops._varlen_forward_op(q, k, v, cu_q, cu_k, 17, 20, True, 0.25, *none, options)
-    torch.library.opcheck(ops._varlen_forward_op, (q.clone().requires_grad_(), k, v, cu_q, cu_k, 17, 20,
-                                                   True, 0.25, *mods, options))
+    # the ops have no autograd of their own (OpAttention is theirs): schema and fake outputs
+    torch.library.opcheck(ops._varlen_forward_op, (q, k, v, cu_q, cu_k, 17, 20, True, 0.25, *mods, options))
     torch.library.opcheck(ops._varlen_backward_op, (q, k, v, out, lse, torch.randn_like(out), cu_q, cu_k,
                                                     17, 20, True, 0.25, *none, options))
