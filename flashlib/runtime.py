@@ -87,12 +87,15 @@ class KernelOptions:
     fa3_smem_bytes: Optional[int] = None
     launch_hook: Optional[Callable] = None
 
-    def __post_init__(self):
-        # hashed once: launch plans key on the options at every call
-        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self))))
-
     def __hash__(self):
-        return self._hash
+        # hashed once, on first use (launch plans key on the options at every call); not in
+        # __init__, which torch.compile traces when a call passes a dict (Dynamo in torch 2.11
+        # cannot trace hash() of a tuple)
+        try:
+            return self._hash
+        except AttributeError:
+            object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self))))
+            return self._hash
 
     def op_args(self) -> list:
         """These options as torch's custom ops take them (no objects): a list of ints, the inverse
