@@ -132,3 +132,32 @@ def test_kv_cache_switch_picks_the_class_new_caches_builds():
     assert all(type(c) is gpt.KVCache for c in gpt.GPT(cfg).to(DEV).new_caches(2, 8))
     caches = gpt.GPT(cfg, kv_cache=Recorded).to(DEV).new_caches(2, 8)
     assert [type(c) for c in caches] == [Recorded] * 2 and caches[0].k.shape == (2, 2, 8, 8)
+
+
+def test_compiled_model_has_nothing_around_flashlib_that_sdpa_lacks():
+    # issue 54: under torch.compile flashlib's ops sit where SDPA's do: one graph (no break), and
+    # the forward and backward graphs AOTAutograd builds hold the same operators besides
+    # attention (no copy or contiguous call added around the ops; SDPA's alone detaches its outputs)
+    from collections import Counter
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from flashlib.bench.model import TINY_GPT, build
+    from flashlib.bench.sdpa_attend import sdpa_attend
+    idx, targets = (torch.randint(0, TINY_GPT.vocab_size, (2, 32), device=DEV) for _ in range(2))
+    graphs = {}
+    for name, attention in (("flashlib", gpt.attend), ("sdpa", sdpa_attend)):
+        found = graphs[name] = []
+
+        def keep(gm, example_inputs, found=found):
+            found.append(Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_function"))
+            return make_boxed_func(gm.forward)
+        torch._dynamo.reset()
+        model = torch.compile(build(TINY_GPT, attention), backend=aot_autograd(fw_compiler=keep, bw_compiler=keep))
+        model(idx, targets)[1].backward()
+    assert len(graphs["flashlib"]) == 2, "one forward and one backward graph: no graph break"
+    forward, backward = graphs["flashlib"]
+    assert forward["flashlib.fa2_forward.default"] == backward["flashlib.fa2_backward.default"] == TINY_GPT.n_layer
+    for ours, sdpa in zip(graphs["flashlib"], graphs["sdpa"]):
+        others = [Counter({op: n for op, n in graph.items() if "flash" not in op and "scaled_dot" not in op
+                           and op != "aten.detach.default"}) for graph in (ours, sdpa)]
+        assert others[0] == others[1]
