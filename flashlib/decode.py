@@ -141,12 +141,14 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
 
 def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, num_splits=None,
                      scale=None, softcap=None, alibi_slopes=None, return_lse=False, kernel_options=None,
-                     check_table=True, host_lengths=None):
+                     check_table=True, host_lengths=None, append=None):
     """``flash_decode``, with ``check_table=False`` trusting ``block_table``'s entries instead of
     reading them back (the tables a ``PagedKVCache`` built: no device sync per step), and
     ``host_lengths``, a list of the ints ``cache_seqlens`` holds, as a cache keeps them on the
     host: the split count is sized for them rather than for a full, ragged cache (no device read;
-    a wrong list costs speed, not correctness: the kernel reads the lengths it splits)."""
+    a wrong list costs speed, not correctness: the kernel reads the lengths it splits), and
+    ``append``, ``KVCache.attend``'s (k_new, v_new, lengths out) to write in the same launch (the
+    kernels' ``_launch``; not under torch.compile)."""
     options = runtime.options(kernel_options)
     scale = check_decode_inputs(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
                                 num_splits=num_splits, scale=scale, block_table=block_table,
@@ -162,7 +164,7 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
         out, lse = flash_decode_forward(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
                                         scale=scale, return_lse=return_lse, block_table=block_table,
                                         score_mod=score_mod.make(q, mods), options=options,
-                                        longest=longest, ragged=ragged)
+                                        longest=longest, ragged=ragged, append=append)
     return (out, lse) if return_lse else out
 
 
@@ -197,8 +199,11 @@ class KVCache:
         for step in range(n_steps):
             cache.append(k_new, v_new)             # the new token's key and value first,
             out = cache.attend(q_new)              # then its query: (1, Hq, 1, 128)
+            # or both at once: out = cache.attend(q_new, k_new, v_new)
 
     ``append`` adds the same number of tokens to every sequence; ``lengths`` may start ragged.
+    ``seqlens`` is replaced by another tensor when ``attend`` appends in its launch: read it from
+    the cache, do not keep it.
     """
 
     def __init__(self, batch, heads_kv, max_len, headdim, *, dtype=torch.float16, device=None,
@@ -218,6 +223,7 @@ class KVCache:
             raise ValueError(f"lengths must be {batch} ints in [0, {max_len}], got {lengths!r}")
         self._lengths = host.tolist()   # host copy, plain ints: checks and split counts, no sync
         self.seqlens = host.to(device=device, dtype=torch.int32)  # device copy: the kernels'
+        self._next_seqlens = None       # where an appending launch writes the lengths (attend)
 
     @property
     def max_len(self) -> int:
@@ -228,16 +234,22 @@ class KVCache:
         """Valid positions per sequence (a list of ints, from the host copy)."""
         return list(self._lengths)
 
-    def append(self, k_new, v_new):
-        """Write k_new, v_new (batch, heads_kv, n, headdim) after each sequence's last position."""
+    def _room_for(self, k_new, v_new):
+        """n, the tokens k_new, v_new (batch, heads_kv, n, headdim) add to each sequence, after
+        checking them and that every sequence has room for them."""
         B, Hkv, _, D = self.k.shape
         n = _check_appended(k_new, v_new, B, Hkv, D, self.k)
-        starts = self._lengths
-        longest = max(starts)
+        longest = max(self._lengths)
         if longest + n > self.max_len:
-            raise ValueError(f"the cache is full: sequence {starts.index(longest)} holds {longest} of "
-                             f"{self.max_len} positions, no room for {n} more")
-        if min(starts) == longest:
+            raise ValueError(f"the cache is full: sequence {self._lengths.index(longest)} holds {longest} "
+                             f"of {self.max_len} positions, no room for {n} more")
+        return n
+
+    def append(self, k_new, v_new):
+        """Write k_new, v_new (batch, heads_kv, n, headdim) after each sequence's last position."""
+        n = self._room_for(k_new, v_new)
+        starts = self._lengths
+        if min(starts) == max(starts):
             self.k[:, :, starts[0]:starts[0] + n] = k_new
             self.v[:, :, starts[0]:starts[0] + n] = v_new
         else:
@@ -247,11 +259,32 @@ class KVCache:
         self._lengths = [start + n for start in starts]
         self.seqlens += n
 
-    def attend(self, q, **kwargs):
-        """``flash_decode(q, k, v, cache_seqlens=seqlens, **kwargs)``: append q's k, v first. The
-        split count comes from the lengths in the cache (the host copy), not its capacity."""
-        return decode_attention(q, self.k, self.v, cache_seqlens=self.seqlens,
-                                host_lengths=self._lengths, **kwargs)
+    def attend(self, q, k_new=None, v_new=None, **kwargs):
+        """``flash_decode(q, k, v, cache_seqlens=seqlens, **kwargs)``. The split count comes from
+        the lengths in the cache (the host copy), not its capacity.
+
+        k_new, v_new (batch, heads_kv, n, headdim), n q's new tokens: ``append`` them first. With
+        the kernel options' ``decode_append`` on (and outside torch.compile) the decoding launch
+        writes them itself (flash-attn's ``flash_attn_with_kvcache(k=, v=)``): one launch a step
+        instead of four (two cache writes and the lengths' increment besides it)."""
+        if k_new is None and v_new is None:
+            return decode_attention(q, self.k, self.v, cache_seqlens=self.seqlens,
+                                    host_lengths=self._lengths, **kwargs)
+        if not runtime.options(kwargs.get("kernel_options")).decode_append or torch.compiler.is_compiling():
+            self.append(k_new, v_new)
+            return self.attend(q, **kwargs)
+        n = self._room_for(k_new, v_new)
+        if not isinstance(q, torch.Tensor) or q.ndim != 4 or q.shape[2] != n:
+            raise ValueError(f"q must have the {n} new tokens of k_new and v_new on dim 2, got "
+                             f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
+        if self._next_seqlens is None:
+            self._next_seqlens = torch.empty_like(self.seqlens)
+        lengths = [start + n for start in self._lengths]
+        out = decode_attention(q, self.k, self.v, cache_seqlens=self.seqlens, host_lengths=lengths,
+                               append=(k_new, v_new, self._next_seqlens), **kwargs)
+        self.seqlens, self._next_seqlens = self._next_seqlens, self.seqlens
+        self._lengths = lengths
+        return out
 
     def reset(self):
         """Forget every sequence (lengths back to 0); the memory stays allocated."""
@@ -360,10 +393,14 @@ class PagedKVCache:
         self._lengths = [start + n for start in starts]
         self.seqlens += n
 
-    def attend(self, q, **kwargs):
+    def attend(self, q, k_new=None, v_new=None, **kwargs):
         """``flash_decode(q, k, v, cache_seqlens=seqlens, block_table=block_table, **kwargs)``;
         the table is the cache's own, so its entries are not read back to be checked, and the
-        split count comes from the lengths in the cache (the host copy), as ``KVCache.attend``'s."""
+        split count comes from the lengths in the cache (the host copy), as ``KVCache.attend``'s.
+        k_new, v_new: ``append`` them first (a launch of their own: pages are written on the host's
+        plan of which page each position is in)."""
+        if k_new is not None or v_new is not None:
+            self.append(k_new, v_new)
         known = {"num_splits", "scale", "softcap", "alibi_slopes", "return_lse", "kernel_options"}
         unknown = set(kwargs) - known
         if unknown:

@@ -72,7 +72,8 @@ class KernelOptions:
     ``kernel[grid](...)``). fa3_fold_scale: FA3's forward multiplies its scores' factor inside
     exp2's FFMA. fa3_dq_before_dk: FA3's backward issues dQ's first slice before dK's wgmma.
     fa3_smem_bytes: shared memory FA3's kernels size their pipelines for (None: an sm90 block's,
-    ``fa3_fwd.SMEM_BYTES``).
+    ``fa3_fwd.SMEM_BYTES``). decode_append: ``KVCache.attend(q, k_new, v_new)`` writes the new
+    keys and values inside its decoding launch instead of before it (off until measured on a GPU).
     launch_hook: None, or ``hook(kernel, grid, args, kwargs)`` called in place of every launch
     (``kernels.launch.run``), with the device checks off: it records launches for compiling
     without a GPU (``kernels/targets.py``) or profiling (``teach/profile.py``).
@@ -85,6 +86,7 @@ class KernelOptions:
     fa3_fold_scale: bool = True
     fa3_dq_before_dk: bool = True
     fa3_smem_bytes: Optional[int] = None
+    decode_append: bool = False
     launch_hook: Optional[Callable] = None
 
     def __hash__(self):
@@ -123,7 +125,8 @@ class KernelOptions:
         return dataclasses.replace(self, **changes)
 
 
-_INT_OPTIONS = ("fa3", "fa3_from_flops", "autotune", "fast_launch", "fa3_fold_scale", "fa3_dq_before_dk")
+_INT_OPTIONS = ("fa3", "fa3_from_flops", "autotune", "fast_launch", "fa3_fold_scale", "fa3_dq_before_dk",
+                "decode_append")
 _from_op_args = {}   # KernelOptions.op_args() as a tuple -> the KernelOptions
 
 
@@ -141,7 +144,7 @@ def from_op_args(values) -> KernelOptions:
 
 ENVIRONMENT = {"fa3": "FLASHLIB_FA3", "autotune": "FLASHLIB_AUTOTUNE", "fast_launch": "FLASHLIB_FAST_LAUNCH"}
 _OPTION_TYPES = {"fa3": bool, "fa3_from_flops": int, "fa3_fwd_mod_head_dims": tuple, "autotune": bool,
-                 "fast_launch": bool, "fa3_fold_scale": bool, "fa3_dq_before_dk": bool,
+                 "fast_launch": bool, "fa3_fold_scale": bool, "fa3_dq_before_dk": bool, "decode_append": bool,
                  "fa3_smem_bytes": int, "launch_hook": object}
 _OPTIONAL = ("fa3_smem_bytes", "launch_hook")   # may be None
 OPTIONS = KernelOptions.from_env()   # the options in force: set only by kernel_options() below
@@ -288,7 +291,10 @@ def define_op(name: str, impl: Callable, fake: Callable):
     not ``@torch.library.custom_op``: the latter's wrappers (aliasing checks, a Python autograd
     kernel, a Dynamo guard) cost more host time per call than the launch they wrap
     (benchmarks/probes/op_host_probe.py). The op has no autograd of its own: the caller wraps
-    it in an autograd.Function, which Dynamo traces (``ops.OpAttention``)."""
+    it in an autograd.Function, which Dynamo traces (``ops.OpAttention``). Defined already
+    (flashlib's source run a second time, a reload): the op there is returned as it is."""
+    if hasattr(torch.ops.flashlib, name):
+        return getattr(torch.ops.flashlib, name).default
     _LIBRARY.define(name + torch.library.infer_schema(impl, mutates_args=()))
     for device in ("cpu", "cuda"):
         torch.library.impl(f"flashlib::{name}", device, impl, lib=_LIBRARY)

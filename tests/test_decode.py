@@ -193,6 +193,58 @@ def test_kv_cache_with_ragged_lengths():
     check_per_sequence(out, lse, q, cache.k, cache.v, torch.tensor([5, 2]))
 
 
+def attend_both_ways(B, Hq, Hkv, D, lengths, n, steps, num_splits=None, dtype=torch.float32, max_len=80):
+    """KVCache.attend(q, k_new, v_new) with the append inside the launch (decode_append) against
+    append then attend, from the same cache contents: equal outputs, caches and lengths."""
+    caches = [KVCache(B, Hkv, max_len, D, dtype=dtype, device=DEV, lengths=lengths) for _ in range(2)]
+    old = torch.randn(B, Hkv, max_len, D, device=DEV, dtype=dtype)
+    for cache in caches:
+        cache.k.copy_(old)
+        cache.v.copy_(-old)
+    for _ in range(steps):
+        q = torch.randn(B, Hq, n, D, device=DEV, dtype=dtype)
+        # the new keys as a model makes them: views of a projection, strided
+        k_new, v_new = (torch.randn(B, Hkv, 3, n, D, device=DEV, dtype=dtype)[:, :, 1] for _ in range(2))
+        plain = caches[0].attend(q, k_new, v_new, num_splits=num_splits, return_lse=True)
+        fused = caches[1].attend(q, k_new, v_new, num_splits=num_splits, return_lse=True,
+                                 kernel_options={"decode_append": True})
+        for a, b in zip(plain, fused):
+            assert torch.equal(a, b)
+        assert caches[1].seqlens.tolist() == caches[1].lengths == caches[0].lengths
+        assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
+    return caches[1]
+
+
+@pytest.mark.parametrize("B, Hq, Hkv, D, lengths, n, num_splits", [
+    (2, 4, 2, 16, [5, 40], 1, None),        # ragged, one token a step, the heuristic's splits
+    (1, 16, 2, 16, [28], 9, 4),             # 8 x 9 rows: two row blocks; new positions 28..36
+                                            # cross the chunk boundary at 32 (32-key blocks here)
+    (2, 2, 2, 24, [0, 64], 3, 5),           # an empty sequence; head dim not a power of two
+])
+def test_attend_can_append_inside_its_launch(B, Hq, Hkv, D, lengths, n, num_splits):
+    cache = attend_both_ways(B, Hq, Hkv, D, lengths, n, 2, num_splits)
+    with pytest.raises(ValueError, match="the cache is full"):
+        cache.attend(*(torch.randn(B, H, 80, D, device=DEV) for H in (Hq, Hkv, Hkv)),
+                     kernel_options={"decode_append": True})
+    with pytest.raises(ValueError, match="q must have the 1 new tokens"):
+        cache.attend(torch.randn(B, Hq, 2, D, device=DEV), *(torch.randn(B, Hkv, 1, D, device=DEV)
+                                                               for _ in range(2)),
+                     kernel_options={"decode_append": True})
+
+
+def test_a_model_samples_the_same_tokens_with_the_append_inside_the_launch():
+    import flashlib
+    from flashlib.teach import gpt
+    cfg = gpt.GPTConfig(vocab_size=13, block_size=24, n_layer=2, n_head=4, n_kv_head=2, n_embd=32)
+    torch.manual_seed(0)
+    model = gpt.GPT(cfg).to(DEV)
+    prompt = torch.randint(0, 13, (2, 5), device=DEV)
+    tokens = [model.generate(prompt, 6, generator=torch.Generator(DEV).manual_seed(1))]
+    with flashlib.kernel_options(decode_append=True):
+        tokens.append(model.generate(prompt, 6, generator=torch.Generator(DEV).manual_seed(1)))
+    assert torch.equal(*tokens)
+
+
 def test_splits_are_sized_for_the_host_lengths_of_a_kv_cache(monkeypatch):
     # a KVCache knows its lengths on the host: the split count is sized for them (rounded up to
     # SPLIT_LENGTH_STEP, so a decoding loop keeps one plan), equal lengths are not ragged
@@ -310,6 +362,18 @@ def test_kv_cache_bad_append_names_the_argument(bad, match):
     args.update(bad)
     with pytest.raises((ValueError, TypeError), match=match):
         cache.append(**{n: t.to(DEV) for n, t in args.items()})
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_attend_appending_inside_its_launch(dtype):
+    # GQA at a model's sizes, ragged, one token and then 4 draft tokens a step, the heuristic's
+    # split count and a forced 16 (new positions at the chunks' edges)
+    for num_splits in (None, 16):
+        attend_both_ways(8, 32, 8, 128, [4000, 1, 0, 777, 4095, 2048, 100, 3000], 1, 3, num_splits,
+                         dtype, max_len=4200)
+        attend_both_ways(4, 32, 8, 128, [4000, 63, 64, 1000], 4, 2, num_splits, dtype, max_len=4200)
 
 
 GPU_CASES = [  # (B, Hq, Hkv, Nq, Lmax, D, seqlens): real sizes

@@ -21,7 +21,13 @@ of FlashAttention-2's inner loop (Dao 2023, Algorithm 1):
   query head;
 - ragged batches: sequence b has ``cache_seqlens[b]`` valid keys, split evenly over the programs
   of that sequence; the new tokens are the last Nq positions, bottom-right causal among them (new
-  token i sees key j iff j <= i + L - Nq).
+  token i sees key j iff j <= i + L - Nq);
+- appending in the same launch (flash-attn's ``flash_attn_with_kvcache(k=, v=)``; ``_launch``'s
+  ``append``): the Nq new tokens' keys and values go to positions [L, L + Nq) of the cache first.
+  The program whose chunk holds a new position writes it, then reads it: only that chunk's
+  programs read it, so no program waits for another; one program per sequence writes L + Nq to a
+  second lengths tensor (the first is read by every program). It saves a decoding step the two
+  cache writes and the lengths' increment, three launches of host time per layer.
 
 Layout (batch, heads, seqlen, headdim) with any strides (a last dim that is not contiguous is
 copied). Head dims up to 256, padded inside to a power of two (>= 16) and masked; float16,
@@ -70,19 +76,25 @@ NOMINAL_SMS = 132        # SM count assumed through the interpreter (an H100's),
 
 @triton.jit
 def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals, ModArgs, Pages,
+                           KNew, VNew, SeqlensOut,
                            stride_qb, stride_qh, stride_qm,
                            stride_kb, stride_kh, stride_kn,
                            stride_vb, stride_vh, stride_vn,
                            stride_pb, stride_kpage, stride_vpage,
+                           stride_knb, stride_knh, stride_knm,
+                           stride_vnb, stride_vnh, stride_vnm,
                            Hkv, Nq, Lmax, D, qk_scale, num_splits, n_row_blocks, GROUP,
                            HAS_SEQLENS: tl.constexpr, CAUSAL: tl.constexpr, MERGE: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, EVEN_D: tl.constexpr,
                            DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr,
-                           SCORE_MOD: tl.constexpr, PAGE: tl.constexpr):
+                           SCORE_MOD: tl.constexpr, PAGE: tl.constexpr,
+                           APPEND: tl.constexpr = False, BLOCK_NEW: tl.constexpr = 1):
     # 1-D grid (CUDA caps grid axes 1 and 2 at 65535): (batch x kv head, row block, split),
     # split fastest. MERGE: the last split of each row block to finish also merges them all into
     # Out and Lse (one launch instead of two); otherwise Out, Lse and Arrivals are unused.
+    # APPEND (contiguous caches, with Seqlens): KNew, VNew (B, Hkv, Nq, D) are appended first and
+    # SeqlensOut gets the new lengths (see the module docstring); otherwise those are unused.
     pid = tl.program_id(0)
     split = pid % num_splits
     row_block = (pid // num_splits) % n_row_blocks
@@ -111,9 +123,19 @@ def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals,
     L = Lmax
     if HAS_SEQLENS:
         L = tl.minimum(tl.maximum(tl.load(Seqlens + off_b).to(tl.int32), 0), Lmax)
+    start = L                                                 # APPEND: the new tokens' first position
+    if APPEND:
+        L = tl.minimum(L + Nq, Lmax)                          # the host checked there is room
     chunk = tl.cdiv(tl.cdiv(L, num_splits), BLOCK_N) * BLOCK_N
     lo = split * chunk
     hi = tl.minimum(lo + chunk, L)                            # hi <= lo: an empty split
+    if APPEND:
+        append_rows(KNew + off_b.to(tl.int64) * stride_knb + off_hkv.to(tl.int64) * stride_knh,
+                    VNew + off_b.to(tl.int64) * stride_vnb + off_hkv.to(tl.int64) * stride_vnh,
+                    k_base, v_base, stride_knm, stride_vnm, stride_kn, stride_vn, start, lo, hi, Nq,
+                    offs_d, D, BLOCK_NEW)
+        if (split == 0) & (row_block == 0) & (off_hkv == 0):  # one program per sequence
+            tl.store(SeqlensOut + off_b, L.to(SeqlensOut.dtype.element_ty))
     # keys every row may see (bottom-right causal: token i sees j <= i + L - Nq) run unmasked
     seen_by_all = tl.minimum(hi, L - Nq + 1) if CAUSAL else hi
     n_full = lo + tl.maximum(seen_by_all - lo, 0) // BLOCK_N * BLOCK_N
@@ -155,6 +177,24 @@ def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals,
                                               offs_d, BLOCK_M, BLOCK_D, BLOCK_S)
             store_rows(Out, Lse, merged, merged_lse, row, row_mask, D, offs_d)
             tl.store(Arrivals + pid // num_splits, 0)   # every split has arrived: ready for reuse
+
+
+@triton.jit
+def append_rows(k_new, v_new, k_base, v_base, stride_knm, stride_vnm, stride_kn, stride_vn, start, lo,
+                hi, Nq, offs_d, D, BLOCK_NEW: tl.constexpr):
+    """Write the new tokens' keys and values (Nq rows at ``k_new``, ``v_new``) to positions
+    [start, start + Nq) of this (batch, KV head)'s cache, those in this split's chunk [lo, hi):
+    the program reads them next, and no other split reads them. Every row block of the split
+    writes the same values (harmless); the barrier puts the stores before this program's loads."""
+    offs_j = tl.arange(0, BLOCK_NEW)                                       # (BJ,) new token j
+    pos = start + offs_j                                                   # (BJ,) its position
+    mine = (offs_j < Nq) & (pos >= lo) & (pos < hi)
+    mask = mine[:, None] & (offs_d[None, :] < D)                           # (BJ, BD)
+    k = tl.load(k_new + offs_j[:, None] * stride_knm + offs_d[None, :], mask=mask)
+    v = tl.load(v_new + offs_j[:, None] * stride_vnm + offs_d[None, :], mask=mask)
+    tl.store(k_base + pos[:, None] * stride_kn + offs_d[None, :], k, mask=mask)
+    tl.store(v_base + pos[:, None] * stride_vn + offs_d[None, :], v, mask=mask)
+    tl.debug_barrier()
 
 
 @triton.jit
@@ -334,13 +374,16 @@ def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, paged, num_splits
 
 def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, merge_into=None,
             cached_scratch=True, score_mod=None, block_table=None, options=None, longest=None,
-            ragged=None):
+            ragged=None, append=None):
     """Run the split-KV kernel; return (o_part, lse_part). merge_into=(out, lse): also merge the
     splits into them (the last split of each row block does it) and keep the partials in the
     stream's workspace (None is returned for them); lse None: it goes to the workspace too.
     cached_scratch=False: the workspace is fresh buffers (see ``workspace``). block_table: the
     caches are pages (see ``flashlib.decode.flash_decode``). options: a ``runtime.KernelOptions``
-    (None: those in force). longest, ragged: ``launch_plan``'s host hints.
+    (None: those in force). longest, ragged: ``launch_plan``'s host hints (the lengths after an
+    append). append: None, or (k_new, v_new, seqlens_out), k_new and v_new (B, Hkv, Nq, D) like
+    the caches, to write at each sequence's length first (contiguous caches, cache_seqlens given,
+    room checked by the caller); seqlens_out (B,) gets cache_seqlens + Nq.
 
     A decoding loop makes the same call at every step, only the lengths' values change: the
     first call of each ``launch.plan_key`` records its launch and sizes, and later ones only find
@@ -352,15 +395,19 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
     split_length, ragged = split_sizing(cache_length(k_cache, block_table), cache_seqlens, longest, ragged)
     lse_given = merge_into is not None and merge_into[1] is not None
     extra = (num_splits, scale, config, split_length, ragged, merge_into is not None, lse_given,
-             cache_seqlens is not None, block_table is not None, mod_fn, input_scale)
-    tensors = (q, k_cache, v_cache, *(t for t in (cache_seqlens, block_table, mod_args) if t is not None))
+             cache_seqlens is not None, block_table is not None, mod_fn, input_scale, append is not None)
+    tensors = (q, k_cache, v_cache, *(t for t in (cache_seqlens, block_table, mod_args, *(append or ()))
+                                      if t is not None))
     key = launch.plan_key(tensors, extra, options)
     plan = _plans.get(key)
     if plan is not None:
         recorded, sizes = plan
         buffers = _buffers(q, sizes, merge_into, cached_scratch)
-        recorded(*_pointers(q, k_cache, v_cache, cache_seqlens, buffers, mod_args, block_table))
+        recorded(*_pointers(q, k_cache, v_cache, cache_seqlens, buffers, mod_args, block_table, append))
         return (None, None) if merge_into is not None else buffers[:2]
+    if append is not None and (block_table is not None or cache_seqlens is None
+                               or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1):
+        raise ValueError("append needs caches with a contiguous last dim (not pages) and cache_seqlens")
     (q, k_cache, v_cache), scale, _, _ = prologue(q, k_cache, v_cache, scale=scale)
     B, Hq, Nq, D = q.shape
     Hkv, Lmax = k_cache.shape[1], cache_length(k_cache, block_table)
@@ -378,26 +425,27 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
     o_part, lse_part, out, lse, arrivals = buffers = _buffers(q, sizes, merge_into, cached_scratch)
     recorded = None
     if grid[0] > 0:
+        new_strides = (0,) * 6 if append is None else (*append[0].stride()[:3], *append[1].stride()[:3])
         recorded = fast_launch(
             _decode_partial_kernel, grid,
-            *_pointers(q, k_cache, v_cache, cache_seqlens, buffers, mod_args, block_table),
-            *q.stride()[:3], *cache_strides,
+            *_pointers(q, k_cache, v_cache, cache_seqlens, buffers, mod_args, block_table, append),
+            *q.stride()[:3], *cache_strides, *new_strides,
             Hkv, Nq, Lmax, D, scale * LOG2E * input_scale, num_splits, row_blocks, Hq // Hkv,
             HAS_SEQLENS=cache_seqlens is not None, CAUSAL=Nq > 1, MERGE=merge_into is not None,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
             BLOCK_S=merge_tile(num_splits, block_m, block_d) if arrivals is not None else 1,
             EVEN_D=(D == block_d),
             DOT_PRECISION="ieee", TILE_UPDATE=tile_update, SCORE_MOD=mod_fn,
-            PAGE=0 if block_table is None else k_cache.shape[2], num_warps=warps, num_stages=stages,
-            kernel_options=options)
+            PAGE=0 if block_table is None else k_cache.shape[2], APPEND=append is not None,
+            BLOCK_NEW=next_power_of_2(Nq), num_warps=warps, num_stages=stages, kernel_options=options)
     launch.remember(_plans, key, (recorded, sizes))
     return (None, None) if merge_into is not None else (o_part, lse_part)
 
 
-def _pointers(q, k_cache, v_cache, cache_seqlens, buffers, mod_args, block_table):
+def _pointers(q, k_cache, v_cache, cache_seqlens, buffers, mod_args, block_table, append=None):
     """The partial kernel's tensor arguments in order, q standing in for those a launch has none
     of (the kernel never reads them: its constexprs say so)."""
-    optional = (cache_seqlens, *buffers, mod_args, block_table)
+    optional = (cache_seqlens, *buffers, mod_args, block_table, *(append or (None,) * 3))
     return (q, k_cache, v_cache, *(q if t is None else t for t in optional))
 
 
@@ -526,13 +574,13 @@ def combine(o_part, lse_part, *, out_dtype=None, block_r=16):
 
 def flash_decode_forward(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=None, scale=None,
                          config=None, return_lse=True, cached_scratch=True, score_mod=None,
-                         block_table=None, options=None, longest=None, ragged=None):
+                         block_table=None, options=None, longest=None, ragged=None, append=None):
     """Flash-Decoding in one launch: the split-KV kernel, whose last split per row block merges
     (``decode_partial`` then ``combine``, fused). Returns ``(out, lse)``, out like q; lse is None
     unless ``return_lse`` (then it goes to the stream's scratch instead of a new tensor).
     cached_scratch=False: no scratch outlives the call (``workspace``'s ``cached``). options: a
     ``runtime.KernelOptions`` (None: those in force). longest, ragged: what the caller knows of
-    ``cache_seqlens`` on the host (``launch_plan``); None: the worst case.
+    ``cache_seqlens`` on the host (``launch_plan``); None: the worst case. append: as ``_launch``'s.
 
     One launch instead of two matters at short caches, where the host's time per Triton launch
     (tens of microseconds) exceeds the GPU's work (benchmarks/probes/NOTES.md)."""
@@ -541,5 +589,5 @@ def flash_decode_forward(q, k_cache, v_cache, cache_seqlens=None, *, num_splits=
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device) if return_lse else None
     _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, merge_into=(out, lse),
             cached_scratch=cached_scratch, score_mod=score_mod, block_table=block_table, options=options,
-            longest=longest, ragged=ragged)
+            longest=longest, ragged=ragged, append=append)
     return out, lse

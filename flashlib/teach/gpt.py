@@ -46,11 +46,10 @@ def attend(q, k, v, cache=None):
     """
     if cache is None:
         return flash_attention(q, k, v, causal=True)
-    prefill = max(cache.lengths) == 0                # the host copy: no device sync
-    cache.append(k, v)
-    if prefill:
+    if max(cache.lengths) == 0:                      # the host copy: no device sync
+        cache.append(k, v)
         return flash_attention(q, k, v, causal=True)
-    return cache.attend(q)
+    return cache.attend(q, k, v)                     # append k, v, then attend
 
 
 @dataclass
