@@ -137,7 +137,8 @@ def test_kv_cache_switch_picks_the_class_new_caches_builds():
 def test_compiled_model_has_nothing_around_flashlib_that_sdpa_lacks():
     # issue 54: under torch.compile flashlib's ops sit where SDPA's do: one graph (no break), and
     # the forward and backward graphs AOTAutograd builds hold the same operators besides
-    # attention (no copy or contiguous call added around the ops; SDPA's alone detaches its outputs)
+    # attention (no copy or contiguous call added around the ops; SDPA's alone detaches its outputs,
+    # and its CUDA kernels return more outputs to unpack: getitem nodes are not counted)
     from collections import Counter
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
@@ -159,5 +160,6 @@ def test_compiled_model_has_nothing_around_flashlib_that_sdpa_lacks():
     assert forward["flashlib.fa2_forward.default"] == backward["flashlib.fa2_backward.default"] == TINY_GPT.n_layer
     for ours, sdpa in zip(graphs["flashlib"], graphs["sdpa"]):
         others = [Counter({op: n for op, n in graph.items() if "flash" not in op and "scaled_dot" not in op
-                           and op != "aten.detach.default"}) for graph in (ours, sdpa)]
+                           and op not in ("aten.detach.default", "<built-in function getitem>")})
+                  for graph in (ours, sdpa)]
         assert others[0] == others[1]
