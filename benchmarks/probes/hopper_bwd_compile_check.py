@@ -45,9 +45,10 @@ class Model:
     """One CTA's barriers and buffers; partitions are generators yielding "blocked" while a wait
     is not satisfied (anything else: progress)."""
 
-    def __init__(self, num_wg, stages):
-        self.num_wg, self.stages = num_wg, stages
+    def __init__(self, num_wg, stages, dq_split=False):
+        self.num_wg, self.stages, self.dq_split = num_wg, stages, dq_split
         self.kv_bar = ModelBarrier("kv_bar", 1)
+        self.ds_ready = ModelBarrier("ds_ready", num_wg)
         self.q_ready = [ModelBarrier(f"q_ready[{s}]", 1) for s in range(stages)]
         self.do_ready = [ModelBarrier(f"do_ready[{s}]", 1) for s in range(stages)]
         self.empty = [ModelBarrier(f"empty[{s}]", num_wg) for s in range(stages)]
@@ -114,24 +115,37 @@ def _model_consumer(m, w, n_steps, m_lo, n_mb, seen):
         yield
         m.read(("do", s), step)                      # dV += P^T dO
         yield
+        if m.dq_split:   # dS into this step's buffer; dQ's columns read both consumers' dS and K
+            mine = ("ds", t % 2, w)
+            if m.readers.get(mine, 0):
+                raise ProtocolError(f"consumer {w} writes {mine} while a wgmma reads it")
+            m.held[mine] = step
+            m.ds_ready.arrive()
+            yield from m.wait(m.ds_ready, t & 1, t)
+            cross = [("ds", t % 2, u) for u in range(m.num_wg)] + [("k", u) for u in range(m.num_wg)]
+            for key in cross:
+                m.read(key, step if key[0] == "ds" else 0)
+        else:
+            cross = [("k", w)]                       # dQ = dS K
+            m.read(("k", w), 0)
         m.read(("q", s), step)                       # dK += dS^T Q
-        m.read(("k", w), 0)                          # dQ = dS K
         yield
-        for key in (("q", s), ("q", s), ("do", s), ("do", s)):   # warpgroup_mma_wait(0)
-            m.done(key)
-        for key in (("k", w), ("k", w), ("v", w)):
+        for key in [("q", s), ("q", s), ("do", s), ("do", s), ("k", w), ("v", w)] + cross:   # wait(0)
             m.done(key)
         m.empty[s].arrive()
         seen[w].append(step)
         yield
+    if m.dq_split:   # the other consumer's last dQ read this one's K
+        m.ds_ready.arrive()
+        yield from m.wait(m.ds_ready, n_steps & 1, n_steps)
     if m.readers.get(("k", w), 0) or m.readers.get(("v", w), 0):
         raise ProtocolError(f"consumer {w} writes dK/dV while a wgmma reads K/V")
 
 
-def model_run(num_wg, stages, group, m_lo, n_m, seed):
+def model_run(num_wg, stages, group, m_lo, n_m, seed, dq_split=False):
     """One random interleaving of the partitions and TMA completions; raises ProtocolError."""
     rng = random.Random(seed)
-    m = Model(num_wg, stages)
+    m = Model(num_wg, stages, dq_split)
     n_mb = n_m - m_lo
     n_steps = group * n_mb
     n_mb = max(n_mb, 1)
@@ -146,19 +160,20 @@ def model_run(num_wg, stages, group, m_lo, n_m, seed):
 
 
 def check_protocol(seeds=30):
-    """model_run over every variant's NUM_WG, 1-4 stages, groups 1-3, empty to 7 query blocks."""
-    layouts = sorted({v.num_wg for v in fa3_bwd.VARIANTS.values()})
+    """model_run over every variant's NUM_WG (and dQ split), 1-4 stages, groups 1-3, empty to 7
+    query blocks."""
+    layouts = sorted({(v.num_wg, v.dq_split) for v in fa3_bwd.VARIANTS.values()})
     runs, failures = 0, []
-    for num_wg in layouts:
+    for num_wg, dq_split in layouts:
         for stages in (1, 2, 3, 4):
             for group in (1, 2, 3):
                 for m_lo, n_m in ((0, 0), (0, 1), (0, 2), (2, 5), (0, 7), (3, 3)):
                     for seed in range(seeds):
                         runs += 1
                         try:
-                            model_run(num_wg, stages, group, m_lo, n_m, seed)
+                            model_run(num_wg, stages, group, m_lo, n_m, seed, dq_split)
                         except ProtocolError as e:
-                            failures.append(f"num_wg={num_wg} stages={stages} group={group} "
+                            failures.append(f"num_wg={num_wg} dq_split={dq_split} stages={stages} group={group} "
                                             f"blocks=[{m_lo},{n_m}) seed={seed}: {e}")
     print(f"barrier protocol model: {runs} random interleavings, {len(layouts)} partition layouts, "
           f"{len(failures)} failures")
@@ -283,11 +298,11 @@ def check_varlen(plain_spill):
     failures = 0
     print("packed sequences (cu_seqlens): compiled for the default variants, float16, then the "
           "others (dense: the kernel on dense inputs, the same modifier)")
-    cases = [(fa3_bwd.DEFAULT_VARIANT[D], D, causal, mod)
+    cases = [(fa3_bwd.DEFAULT_VARIANT_PACKED[D], D, causal, mod)
              for mod in (None, score_mod.tanh_softcap, score_mod.alibi_bias)
              for D in fa3_bwd.HEAD_DIMS for causal in (False, True)]
     cases += [(name, D, True, None) for name, v in fa3_bwd.VARIANTS.items() for D in v.head_dims
-              if name != fa3_bwd.DEFAULT_VARIANT[D]]
+              if name != fa3_bwd.DEFAULT_VARIANT_PACKED[D]]
     for name, D, causal, mod in cases:
         failures += report_spill(
             f"{name:>11} {D:>4} {causal!s:>6} {'varlen ' + (mod.__name__ if mod else 'plain'):>30} |",

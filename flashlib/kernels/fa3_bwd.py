@@ -17,6 +17,12 @@ bottom-right causal, grouped heads):
   registers (the A operand of dV); otherwise S and dP have the query rows along M (FA3's layout:
   lse and delta 2 registers a thread) and P goes through shared memory. dS always does (dK and dQ
   read it);
+- DQ_SPLIT (the ``2wg_split`` variant, the d128 default): FA3's division of dQ between the two
+  consumers. Each computes half of dQ's columns over all 128 keys, dS_0 K_0 + dS_1 K_1, reading
+  the other consumer's dS (double-buffered by step parity) and K. An mbarrier, ``ds_ready`` (one
+  arrival per consumer a step), says both dS are stored; one more round of it at the end keeps
+  dK from overwriting a K buffer the other consumer's last dQ still reads. A step then makes one
+  block_m x D/2 TMA reduce-add per consumer instead of two block_m x D/2 slices each;
 - dQ as FA3 accumulates it: the float32 partial goes to shared memory and one TMA reduce-add
   (``cp.reduce.async.bulk.tensor``, clipped at Nq) adds it into a float32 ``dq_accum``
   (DQ_TMA; otherwise ``atomic_add`` from registers); a last small kernel scales it and casts it.
@@ -43,8 +49,9 @@ P, dS and dQ partials are 0 and the reduce-add into the next sequence's dq_accum
 Keys past Nk are masked as ragged tails are, but their dK and dV rows are another CTA's: a
 sequence's last key block leaves by a masked store from registers, full blocks by TMA. dq_accum
 is (1, Hq, total_q, D); the preprocess and convert kernels see one batch entry of total_q rows.
-For sm90 it compiles without spills at d64; at d128 the default variant spills 28-112 bytes a
-thread more than the dense kernel (hopper_bwd_compile_check), a few more local loads per step.
+For sm90 it compiles without spills at d64; at d128 the variants spill (the default 80-96 bytes
+a thread; packed sequences' 2wg 220-236: hopper_bwd_compile_check), a few more local loads per
+step.
 
 One CTA, producer and 2 consumers (t: step over (query head, query block); s = t % STAGES)::
 
@@ -57,6 +64,8 @@ One CTA, producer and 2 consumers (t: step over (query head, query block); s = t
     q_ready/do_ready TMA -> consumers        (count 1 + the block's bytes)
     empty            consumers -> producer   (count NUM_WG: each once its last wgmma reading
                                               the stage, dK += dS^T Q, has completed)
+    ds_ready         consumer <-> consumer   (DQ_SPLIT; count 2: the t-th step waits parity t & 1,
+                                              the end round n_steps & 1)
 
 Phases as in fa3_fwd: the t-th step waits ``ready`` with parity (t // STAGES) & 1, the producer
 ``empty`` with the opposite parity (a fresh barrier passes it: the first STAGES loads go ahead).
@@ -112,7 +121,10 @@ class Variant(NamedTuple):
     (FA3's layout: P through shared memory, lse and delta 2 registers each); dq_tma: dQ partials
     through shared memory and a TMA reduce-add (else atomic_add from registers); regs: registers
     per consumer thread (setmaxnreg) with several consumers; head_dims: where it compiles
-    without spills (hopper_bwd_compile_check)."""
+    without spills (hopper_bwd_compile_check); dq_split: dQ's columns divided between the two
+    consumers (FA3's layout): each computes half of dQ's columns from both consumers' dS (double
+    buffered in shared memory, a barrier between them a step), one TMA reduce-add of
+    block_m x D/2 each instead of block_m x D."""
     num_wg: int
     block_m: int
     keys_m: bool
@@ -120,6 +132,7 @@ class Variant(NamedTuple):
     regs: int
     head_dims: tuple
     about: str
+    dq_split: bool = False
 
 
 VARIANTS = {
@@ -129,32 +142,40 @@ VARIANTS = {
     "2wg": Variant(2, 64, False, True, 240, (64, 128), "2 consumers (128 keys), dQ TMA reduce"),
     "2wg_atomic": Variant(2, 64, False, False, 240, (64, 128), "2 consumers (128 keys), dQ atomics"),
     "2wg_keys_m": Variant(2, 64, True, True, 240, (64,), "as 2wg, keys along M (P^T in registers)"),
+    "2wg_split": Variant(2, 64, False, True, 240, (64, 128), "as 2wg, dQ's columns split between the consumers",
+                         dq_split=True),
     # 128 query rows a step (FA3's d64 tile) spilled over 1 KB a thread at d64 under Triton 3.6
     # (S and dP 64 registers each beside dK, dV): removed until it is restructured
 }
-# the variant ahead at both head dims in benchmarks/probes/hopper_bwd_probe.py (numbers: NOTES.md)
-DEFAULT_VARIANT = {64: "2wg", 128: "2wg"}
+# the variant ahead at each head dim in benchmarks/probes/fa3_bwd_split_ab.py (numbers: NOTES.md);
+# packed sequences keep 2wg at d128 until the split's packed kernel has run there on a GPU (it has
+# at d64)
+DEFAULT_VARIANT = {64: "2wg", 128: "2wg_split"}
+DEFAULT_VARIANT_PACKED = {64: "2wg", 128: "2wg"}
 
 
 def kernel_config(variant: str, D: int, elem_bytes: int = 2, smem_bytes: Optional[int] = None,
                   dq_before_dk: bool = True) -> dict:
     """The kernel's constexprs for ``variant`` at head dim D: the Q/dO ring as deep as fits beside
-    K and V (num_wg x 64 x D each), dS (and P unless keys_m; num_wg x 64 x block_m each) and, with
-    dq_tma, a float32 dQ slice per consumer (block_m x min(D, DQ_N)), in ``smem_bytes`` (None:
-    ``SMEM_BYTES``). dq_before_dk: dQ's first slice issued before dK's wgmma (rows along M)."""
+    K and V (num_wg x 64 x D each), dS (and P unless keys_m; num_wg x 64 x block_m each; dq_split:
+    two dS buffers) and, with dq_tma, a float32 dQ slice per consumer (block_m x min(D, DQ_N), with
+    dq_split D / 2), in ``smem_bytes`` (None: ``SMEM_BYTES``). dq_before_dk: dQ's first slice issued
+    before dK's wgmma (rows along M; dq_split always)."""
     v = VARIANTS[variant]
     if D not in v.head_dims:
         raise ValueError(f"variant {variant!r} is for head dims {v.head_dims}, not {D}")
-    fixed = (2 * D + (1 if v.keys_m else 2) * v.block_m) * v.num_wg * BLOCK_N * elem_bytes
+    dq_n = D // 2 if v.dq_split else min(D, DQ_N)
+    tiles = 1 if v.keys_m else (3 if v.dq_split else 2)            # dS (twice with dq_split), P
+    fixed = (2 * D + tiles * v.block_m) * v.num_wg * BLOCK_N * elem_bytes
     if v.dq_tma:
-        fixed += v.num_wg * v.block_m * min(D, DQ_N) * 4
+        fixed += v.num_wg * v.block_m * dq_n * 4
     smem_bytes = SMEM_BYTES if smem_bytes is None else smem_bytes
     stages = min(MAX_STAGES, (smem_bytes - SMEM_SPARE - fixed) // (2 * v.block_m * D * elem_bytes))
     if stages < 1:
         raise ValueError(f"variant {variant!r} does not fit shared memory at head dim {D}")
     return dict(BLOCK_M=v.block_m, BLOCK_N=BLOCK_N, HEAD_D=D, NUM_WG=v.num_wg, STAGES=stages,
-                DQ_TMA=v.dq_tma, KEYS_M=v.keys_m, DQ_N=min(D, DQ_N), CONSUMER_REGS=v.regs or 240,
-                DQ_FIRST=dq_before_dk and not v.keys_m)
+                DQ_TMA=v.dq_tma, KEYS_M=v.keys_m, DQ_N=dq_n, CONSUMER_REGS=v.regs or 240,
+                DQ_FIRST=(dq_before_dk or v.dq_split) and not v.keys_m, DQ_SPLIT=v.dq_split)
 
 
 def launch_options(variant: str) -> dict:
@@ -425,14 +446,15 @@ if _GLUON:
 
     @gluon.jit
     def _consumer(dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem,
-                  dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum, dK, dV, off_b,
+                  dq_smem, kv_bar, q_ready, do_ready, empty, ds_ready, Lse2, Delta, DqAccum, dK, dV, off_b,
                   off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk, Nq_pad, scale, qk_scale,
                   ModArgs, CuSeqQ, CuSeqK, stride_dkm, stride_dkh, WG: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, DQ_TMA: gl.constexpr,
                   KEYS_M: gl.constexpr, DQ_N: gl.constexpr, SCORE_MOD: gl.constexpr,
-                  VARLEN: gl.constexpr, DQ_FIRST: gl.constexpr):
-        """One warpgroup: dK, dV of keys [n0, n0 + 64) over every step; dQ partials out. Nq, Nk,
+                  VARLEN: gl.constexpr, DQ_FIRST: gl.constexpr, DQ_SPLIT: gl.constexpr):
+        """One warpgroup: dK, dV of keys [n0, n0 + 64) over every step; dQ partials out (DQ_SPLIT:
+        columns [WG, WG + 1) x DQ_N of dQ = dS K over both consumers' keys). Nq, Nk,
         row0 and n0 count within the sequence; VARLEN: its rows start at q_row0 and k_row0 of the
         packed tensors, and a sequence's last key block leaves by masked stores into dK and dV
         (rows stride_dkm, heads stride_dkh apart)."""
@@ -483,56 +505,83 @@ if _GLUON:
                                       HEAD_D, CAUSAL, SCORE_MOD, VARLEN)
                 ds = ds_smem.index(WG).permute((1, 0))              # dS (BLOCK_M, 64)
             else:
+                # DQ_SPLIT: dS double-buffered, the other consumer reads this step's buffer while
+                # this one writes the next (a buffer's next writer has passed ds_ready after its
+                # reader's last wgmma on it completed)
+                buf = 0
+                if DQ_SPLIT:
+                    buf = (t % 2) * 2
                 dk, dv = _step_rows_m(k, v, q_smem.index(s), do_smem.index(s), q_ready.index(s),
-                                      do_ready.index(s), (t // STAGES) & 1, ds_smem.index(WG),
+                                      do_ready.index(s), (t // STAGES) & 1, ds_smem.index(buf + WG),
                                       p_smem.index(WG), dk, dv, Lse2 + stat_row, Delta + stat_row,
                                       Nq - row0, row0, n0, full_row, causal_offset, Nk, qk_scale, bh,
                                       ModArgs, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, SCORE_MOD, VARLEN,
                                       DQ_FIRST)
-                ds = ds_smem.index(WG)
-            if DQ_FIRST:   # dQ's first slice, then dK += dS^T Q: the slice's store and reduce below
-                # run while dK's wgmma does (wgmma groups complete in order: waiting for all but
-                # the last leaves dK in flight)
-                dq_first = warpgroup_mma(ds, k.slice(0, DQ_N, dim=1),
-                                         gl.zeros([BLOCK_M, DQ_N], gl.float32, dq_layout),
-                                         use_acc=False, is_async=True)
+                ds = ds_smem.index(buf + WG)
+            if DQ_SPLIT:   # this consumer's half of dQ's columns, from both consumers' dS and K
+                gl.thread_barrier()              # every thread's dS stored (and fenced) ...
+                mbarrier.arrive(ds_ready)        # ... before the other consumer may read it
+                mbarrier.wait(ds_ready, t & 1)   # and the other's stored
+                dq = gl.zeros([BLOCK_M, DQ_N], gl.float32, dq_layout)
+                for w in gl.static_range(2):
+                    k_cols = k_smem.index(w).reshape([BLOCK_N, HEAD_D]).slice(WG * DQ_N, DQ_N, dim=1)
+                    dq = warpgroup_mma(ds_smem.index(buf + w), k_cols, dq, use_acc=w > 0, is_async=True)
                 dk = warpgroup_mma(ds.permute((1, 0)), q_smem.index(s).reshape([BLOCK_M, HEAD_D]), dk,
                                    is_async=True)
-                dv, dq_first = warpgroup_mma_wait(1, deps=(dv, dq_first))
-            else:
-                mbarrier.arrive(empty.index(s))   # dK += dS^T Q was the stage's last reader
-            # dQ = dS K in column slices of DQ_N: an accumulator of BLOCK_M x DQ_N beside dK and
-            # dV (all of D at once spilled at d128)
-            for part in gl.static_range(HEAD_D // DQ_N):
-                if DQ_FIRST and part == 0:
-                    dq = dq_first
-                else:
-                    dq = warpgroup_mma(ds, k.slice(part * DQ_N, DQ_N, dim=1),
-                                       gl.zeros([BLOCK_M, DQ_N], gl.float32, dq_layout),
-                                       use_acc=False, is_async=True)
-                    if DQ_FIRST:
-                        dq, dk = warpgroup_mma_wait(0, deps=(dq, dk))
-                    else:
-                        dq = warpgroup_mma_wait(0, deps=(dq, ))
-                if DQ_TMA:   # through a (BLOCK_M, DQ_N) float32 buffer and a TMA reduce-add
-                    # (VARLEN: rows past Nq add their zeros into the next sequence's)
-                    tma.store_wait(0)         # the previous reduce has read the buffer
-                    dq_smem.index(WG).reshape([BLOCK_M, DQ_N]).store(dq)
-                    fence_async_shared()
-                    _tma_reduce_add(dqa_desc, [tma_b, off_h, q_row0 + row0, part * DQ_N],
-                                    dq_smem.index(WG))
-                else:
-                    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-                    dcols = part * DQ_N + gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_layout))
-                    if VARLEN:   # dq_accum (1, Hq, total_q, D): Nq_pad = total_q rows a head
-                        dq_head = DqAccum + (off_h.to(gl.int64) * Nq_pad + q_row0) * HEAD_D
-                    else:
-                        dq_head = DqAccum + bh.to(gl.int64) * Nq * HEAD_D
-                    ptrs = dq_head + gl.expand_dims(rows * HEAD_D, 1) + gl.expand_dims(dcols, 0)
-                    gl.atomic_add(ptrs, dq, mask=gl.expand_dims(rows < Nq, 1), sem="relaxed")
-            if DQ_FIRST:
+                dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))        # dK runs under dQ's store
+                tma.store_wait(0)             # the previous reduce has read the buffer
+                dq_smem.index(WG).reshape([BLOCK_M, DQ_N]).store(dq)
+                fence_async_shared()
+                _tma_reduce_add(dqa_desc, [tma_b, off_h, q_row0 + row0, WG * DQ_N], dq_smem.index(WG))
                 dk = warpgroup_mma_wait(0, deps=(dk, ))
                 mbarrier.arrive(empty.index(s))   # dK += dS^T Q was the stage's last reader
+            else:
+                if DQ_FIRST:   # dQ's first slice, then dK += dS^T Q: the slice's store and reduce below
+                    # run while dK's wgmma does (wgmma groups complete in order: waiting for all but
+                    # the last leaves dK in flight)
+                    dq_first = warpgroup_mma(ds, k.slice(0, DQ_N, dim=1),
+                                             gl.zeros([BLOCK_M, DQ_N], gl.float32, dq_layout),
+                                             use_acc=False, is_async=True)
+                    dk = warpgroup_mma(ds.permute((1, 0)), q_smem.index(s).reshape([BLOCK_M, HEAD_D]), dk,
+                                       is_async=True)
+                    dv, dq_first = warpgroup_mma_wait(1, deps=(dv, dq_first))
+                else:
+                    mbarrier.arrive(empty.index(s))   # dK += dS^T Q was the stage's last reader
+                # dQ = dS K in column slices of DQ_N: an accumulator of BLOCK_M x DQ_N beside dK and
+                # dV (all of D at once spilled at d128)
+                for part in gl.static_range(HEAD_D // DQ_N):
+                    if DQ_FIRST and part == 0:
+                        dq = dq_first
+                    else:
+                        dq = warpgroup_mma(ds, k.slice(part * DQ_N, DQ_N, dim=1),
+                                           gl.zeros([BLOCK_M, DQ_N], gl.float32, dq_layout),
+                                           use_acc=False, is_async=True)
+                        if DQ_FIRST:
+                            dq, dk = warpgroup_mma_wait(0, deps=(dq, dk))
+                        else:
+                            dq = warpgroup_mma_wait(0, deps=(dq, ))
+                    if DQ_TMA:   # through a (BLOCK_M, DQ_N) float32 buffer and a TMA reduce-add
+                        # (VARLEN: rows past Nq add their zeros into the next sequence's)
+                        tma.store_wait(0)         # the previous reduce has read the buffer
+                        dq_smem.index(WG).reshape([BLOCK_M, DQ_N]).store(dq)
+                        fence_async_shared()
+                        _tma_reduce_add(dqa_desc, [tma_b, off_h, q_row0 + row0, part * DQ_N],
+                                        dq_smem.index(WG))
+                    else:
+                        rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+                        dcols = part * DQ_N + gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_layout))
+                        if VARLEN:   # dq_accum (1, Hq, total_q, D): Nq_pad = total_q rows a head
+                            dq_head = DqAccum + (off_h.to(gl.int64) * Nq_pad + q_row0) * HEAD_D
+                        else:
+                            dq_head = DqAccum + bh.to(gl.int64) * Nq * HEAD_D
+                        ptrs = dq_head + gl.expand_dims(rows * HEAD_D, 1) + gl.expand_dims(dcols, 0)
+                        gl.atomic_add(ptrs, dq, mask=gl.expand_dims(rows < Nq, 1), sem="relaxed")
+                if DQ_FIRST:
+                    dk = warpgroup_mma_wait(0, deps=(dk, ))
+                    mbarrier.arrive(empty.index(s))   # dK += dS^T Q was the stage's last reader
+        if DQ_SPLIT:   # the other consumer's dQ read this one's K: its last wgmma done before dK
+            mbarrier.arrive(ds_ready)           # overwrites the buffer
+            mbarrier.wait(ds_ready, n_steps & 1)
 
         dk = (dk * scale).to(dtype)
         dv = dv.to(dtype)
@@ -583,7 +632,7 @@ if _GLUON:
                         HEAD_D: gl.constexpr, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
                         DQ_TMA: gl.constexpr, KEYS_M: gl.constexpr, DQ_N: gl.constexpr,
                         CONSUMER_REGS: gl.constexpr, SCORE_MOD: gl.constexpr, VARLEN: gl.constexpr,
-                        DQ_FIRST: gl.constexpr):
+                        DQ_FIRST: gl.constexpr, DQ_SPLIT: gl.constexpr):
         # qk_scale: scale * log2(e) * the modifier's input_scale (dK and dQ take scale alone);
         # ModArgs, SCORE_MOD: the score modifier's per-(batch, query head) rows and function
         # VARLEN: packed sequences (Nq, Nk the longest's; descriptors over (1, H, total, D) views;
@@ -615,7 +664,8 @@ if _GLUON:
             p_smem = ds_smem     # unused
         else:        # dS and P (rows, keys)
             ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
-            ds_smem = gl.allocate_shared_memory(dtype, [NUM_WG, BLOCK_M, BLOCK_N], ds_layout)
+            ds_smem = gl.allocate_shared_memory(dtype, [NUM_WG * (2 if DQ_SPLIT else 1), BLOCK_M, BLOCK_N],
+                                                ds_layout)
             p_smem = gl.allocate_shared_memory(dtype, [NUM_WG, BLOCK_M, BLOCK_N], ds_layout)
         if DQ_TMA:
             dq_smem = gl.allocate_shared_memory(gl.float32, [NUM_WG] + dqa_desc.block_type.shape,
@@ -626,7 +676,9 @@ if _GLUON:
         q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        ds_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_bar, count=1)                       # the producer's expect + TMA bytes
+        mbarrier.init(ds_ready, count=NUM_WG)                # DQ_SPLIT: each consumer's dS stored
         for i in gl.static_range(STAGES):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(do_ready.index(i), count=1)
@@ -637,30 +689,31 @@ if _GLUON:
         if NUM_WG == 1:
             gl.warp_specialize([
                 (_consumer, (dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem, ds_smem,
-                             p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum,
+                             p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, ds_ready, Lse2, Delta, DqAccum,
                              dK, dV, off_b, off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk,
                              Nq_pad, scale, qk_scale, ModArgs, CuSeqQ, CuSeqK, stride_dkm, stride_dkh,
                              0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA, KEYS_M, DQ_N,
-                             SCORE_MOD, VARLEN, DQ_FIRST)),
+                             SCORE_MOD, VARLEN, DQ_FIRST, DQ_SPLIT)),
                 (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
                              q_ready, do_ready, empty, off_b, off_hkv, start_n, m_lo, n_mb, n_steps,
                              GROUP, CuSeqQ, CuSeqK, BLOCK_M, BLOCK_N, NUM_WG, STAGES, CAUSAL, VARLEN)),
             ], [1], [24])
         else:
             gl.static_assert(NUM_WG == 2, "1 or 2 consumer warpgroups")
+            gl.static_assert(not DQ_SPLIT or (DQ_TMA and not KEYS_M), "dQ split: rows along M, TMA reduce")
             gl.warp_specialize([
                 (_consumer, (dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem, ds_smem,
-                             p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum,
+                             p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, ds_ready, Lse2, Delta, DqAccum,
                              dK, dV, off_b, off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk,
                              Nq_pad, scale, qk_scale, ModArgs, CuSeqQ, CuSeqK, stride_dkm, stride_dkh,
                              0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA, KEYS_M, DQ_N,
-                             SCORE_MOD, VARLEN, DQ_FIRST)),
+                             SCORE_MOD, VARLEN, DQ_FIRST, DQ_SPLIT)),
                 (_consumer, (dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem, ds_smem,
-                             p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, Lse2, Delta, DqAccum,
+                             p_smem, dq_smem, kv_bar, q_ready, do_ready, empty, ds_ready, Lse2, Delta, DqAccum,
                              dK, dV, off_b, off_hkv, start_n, m_lo, n_mb, n_steps, GROUP, Hq, Nq, Nk,
                              Nq_pad, scale, qk_scale, ModArgs, CuSeqQ, CuSeqK, stride_dkm, stride_dkh,
                              1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, DQ_TMA, KEYS_M, DQ_N,
-                             SCORE_MOD, VARLEN, DQ_FIRST)),
+                             SCORE_MOD, VARLEN, DQ_FIRST, DQ_SPLIT)),
                 (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
                              q_ready, do_ready, empty, off_b, off_hkv, start_n, m_lo, n_mb, n_steps,
                              GROUP, CuSeqQ, CuSeqK, BLOCK_M, BLOCK_N, NUM_WG, STAGES, CAUSAL, VARLEN)),
@@ -689,8 +742,9 @@ def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=N
     q, out, dout: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D), float16/bfloat16, D in (64, 128), on an
     sm90 GPU (check ``supported`` first); lse (B, Hq, Nq) float32 natural log (-inf: a row with no
     key). Returns ``(dq, dk, dv)`` in q's dtype; dk, dv summed over each group of query heads.
-    variant: a key of ``VARIANTS`` (default ``DEFAULT_VARIANT[D]``). score_mod: the forward's
-    ``kernels.score_mod.ScoreMod`` (softcap, ALiBi), None: the scores as they are.
+    variant: a key of ``VARIANTS`` (default ``DEFAULT_VARIANT[D]``, packed
+    ``DEFAULT_VARIANT_PACKED[D]``). score_mod: the forward's ``kernels.score_mod.ScoreMod``
+    (softcap, ALiBi), None: the scores as they are.
     cu_seqlens=(cu_q, cu_k), max_seqlen=(max_q, max_k): packed sequences as ``fa3_forward`` takes
     them, q, out, dout (total_q, Hq, D), k, v (total_k, Hkv, D), lse (Hq, total_q); dq, dk, dv
     packed like q, k, v (check ``supported(..., packed=True)``). options: a ``runtime.KernelOptions``
@@ -738,7 +792,7 @@ def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=N
         B, Nq, Nk = q.shape[0], rows_q, rows_k
     if B * Hq == 0 or 0 in (Nq, Nk, rows_q, rows_k):
         return dq.zero_(), dk.zero_(), dv.zero_()
-    variant = variant or DEFAULT_VARIANT[D]
+    variant = variant or (DEFAULT_VARIANT_PACKED if packed else DEFAULT_VARIANT)[D]
     config = kernel_config(variant, D, smem_bytes=options.fa3_smem_bytes, dq_before_dk=options.fa3_dq_before_dk)
     BM = config["BLOCK_M"]
     # lse2, delta rows per (batch, head): dense padded to whole query blocks (lse +inf, delta 0);
