@@ -11,8 +11,10 @@ launches (several us each) and slower allocations, and its CPU may be slower or 
 Paths, us per call (best of 5 loops of ``--calls``, autograd's backward on the calling thread):
 - ``flash_attention`` forward (no grad), forward+backward (q, k, v requiring grad, causal), at a
   small GPT-2-like shape, float16 and bfloat16;
-- one decoding step as ``teach/gpt.py``'s ``attend`` makes it: ``KVCache.append`` of the new
-  token's k, v, then ``KVCache.attend`` (``flash_decode`` with ``cache_seqlens``), B 1 and 8;
+- one decoding step as ``teach/gpt.py``'s ``attend`` makes it, ``KVCache.attend(q, k, v)`` (the
+  append inside the decoding launch, ``decode_append``), and the same step as ``KVCache.append``
+  of the new token's k, v, then ``KVCache.attend`` (``flash_decode`` with ``cache_seqlens``), B 1
+  and 8;
 - floors: an empty ``autograd.Function`` that allocates what flashlib's does (fwd+bwd), and
   two tensor copies plus ``torch.empty`` (the decode step's unavoidable torch work).
 
@@ -116,12 +118,20 @@ def decode_paths(batch, calls):
     q_new = torch.randn(batch, Hq, 1, D, dtype=torch.float16)
     cache.append(*(torch.randn(batch, Hkv, prompt, D, dtype=torch.float16) for _ in range(2)))
 
-    def step():   # teach/gpt.py's attend at a decoding step
+    def refill():
         if cache.lengths[0] == max_len:
             cache.reset()
             cache.append(*(torch.randn(batch, Hkv, prompt, D, dtype=torch.float16) for _ in range(2)))
+
+    def step():   # teach/gpt.py's attend at a decoding step
+        refill()
+        cache.attend(q_new, k_new, v_new)
+
+    def append_then_attend():
+        refill()
+        with_plain_append = {"decode_append": False}
         cache.append(k_new, v_new)
-        cache.attend(q_new)
+        cache.attend(q_new, kernel_options=with_plain_append)
 
     k, v = cache.k, cache.v
 
@@ -130,7 +140,8 @@ def decode_paths(batch, calls):
         v[:, :, 7:8] = v_new
         torch.empty_like(q_new)
 
-    return {f"decode step (KVCache.append + attend), B{batch}": us_per_call(step, calls),
+    return {f"decode step (KVCache.attend(q, k, v)), B{batch}": us_per_call(step, calls),
+            f"decode step (KVCache.append + attend), B{batch}": us_per_call(append_then_attend, calls),
             f"floor: two cache writes + torch.empty, B{batch}": us_per_call(floor, calls)}
 
 
