@@ -32,9 +32,15 @@ def test_variants_fit_shared_memory():
             assert 1 <= config["STAGES"] <= fa3_bwd.MAX_STAGES
             ring = 2 * config["STAGES"] * v.block_m * D * 2
             kv = 2 * v.num_wg * fa3_bwd.BLOCK_N * D * 2
-            ds_p = (1 if v.keys_m else 2) * v.num_wg * fa3_bwd.BLOCK_N * v.block_m * 2
-            dq = v.num_wg * v.block_m * min(D, fa3_bwd.DQ_N) * 4 if v.dq_tma else 0
+            tiles = 1 if v.keys_m else 3 if v.dq_split else 2      # dS (two buffers when split), P
+            ds_p = tiles * v.num_wg * fa3_bwd.BLOCK_N * v.block_m * 2
+            dq_cols = D // 2 if v.dq_split else min(D, fa3_bwd.DQ_N)
+            dq = v.num_wg * v.block_m * dq_cols * 4 if v.dq_tma else 0
+            assert config["DQ_N"] == dq_cols and config["DQ_SPLIT"] == v.dq_split
             assert ring + kv + ds_p + dq <= fa3_bwd.SMEM_BYTES - fa3_bwd.SMEM_SPARE, (name, D)
+            if v.dq_split:   # two consumers, rows along M, a TMA reduce; dQ always issued before dK
+                assert v.num_wg == 2 and not v.keys_m and v.dq_tma
+                assert fa3_bwd.kernel_config(name, D, dq_before_dk=False)["DQ_FIRST"]
     with pytest.raises(ValueError, match="head dims"):
         fa3_bwd.kernel_config("2wg_keys_m", 128)
 
