@@ -454,7 +454,7 @@ if _GLUON:
                   KEYS_M: gl.constexpr, DQ_N: gl.constexpr, SCORE_MOD: gl.constexpr,
                   VARLEN: gl.constexpr, DQ_FIRST: gl.constexpr, DQ_SPLIT: gl.constexpr):
         """One warpgroup: dK, dV of keys [n0, n0 + 64) over every step; dQ partials out (DQ_SPLIT:
-        columns [WG, WG + 1) x DQ_N of dQ = dS K over both consumers' keys). Nq, Nk,
+        dQ = dS K's columns [WG x DQ_N, (WG + 1) x DQ_N) over both consumers' keys). Nq, Nk,
         row0 and n0 count within the sequence; VARLEN: its rows start at q_row0 and k_row0 of the
         packed tensors, and a sequence's last key block leaves by masked stores into dK and dV
         (rows stride_dkm, heads stride_dkh apart)."""
