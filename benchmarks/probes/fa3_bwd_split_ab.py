@@ -26,6 +26,9 @@ from flashlib import testing
 from flashlib.reference import attention_naive, attention_ref
 
 
+CHECK_SHAPE = (2, 6, 2, 1000, 1531)   # B, Hq, Hkv, Nq, Nk of the oracle checks
+
+
 def modifiers(name, Hq):
     """The keyword arguments of ``attention_ref`` for the modifier ``name`` ("plain": none)."""
     slopes = torch.linspace(0.05, 1.0, Hq, device="cuda")
@@ -42,7 +45,7 @@ def backward(variant, q, k, v, dout, causal, mods):
 
 def check(variant, D, causal, mod="plain"):
     """dq, dk, dv of ``variant`` against float64 autograd through the oracle (ragged, GQA 3:1)."""
-    B, Hq, Hkv, Nq, Nk = 2, 6, 2, 1000, 1531
+    B, Hq, Hkv, Nq, Nk = CHECK_SHAPE
     q = torch.randn(B, Hq, Nq, D, device="cuda", dtype=torch.float16)
     k, v = (torch.randn(B, Hkv, Nk, D, device="cuda", dtype=torch.float16) for _ in range(2))
     dout = torch.randn_like(q)
