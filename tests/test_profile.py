@@ -4,6 +4,7 @@ report's files), on a CPU. One test compiles a small kernel for sm90 in a child 
 Triton's interpreter off (about 5 s)."""
 import importlib.util
 import json
+import shlex
 import types
 
 import pytest
@@ -160,7 +161,7 @@ NCU_CSV = '''==PROF== Connected to process 123
 def test_script_arguments_counts_and_ncu_csv():
     script = _script()
     args = script.parse_args(["out/profile"])
-    assert str(args.outdir) == "out/profile" and args.cases == list(script.CASES) and not args.no_ncu
+    assert str(args.outdir) == "out/profile" and args.cases == script.FORWARD_CASES and not args.no_ncu
     assert script.parse_args(["o", "--cases", "flashlib_fa2_d64", "--no-ncu"]).cases == ["flashlib_fa2_d64"]
     with pytest.raises(SystemExit):
         script.parse_args(["o", "--cases", "no_such_case"])
@@ -200,6 +201,67 @@ def test_script_writes_and_merges_its_report(tmp_path):
     assert "_fa2_fwd_kernel" in text and "ncu not available" in text and "FAKE GPU" in text
     script.write_report(_fake_report(["ex07b_solution_d64"]), tmp_path)      # a run of another case
     assert set(json.loads(json_path.read_text())["cases"]) == {"flashlib_fa2_d64", "ex07b_solution_d64"}
+
+
+BACKWARD_CASES = ["fa3_bwd_2wg_d128", "fa3_bwd_2wg_split_d128", "sdpa_cudnn_bwd_d128", "fa3_bwd_2wg_d64",
+                  "sdpa_cudnn_bwd_d64"]
+
+
+def test_script_backward_cases_are_opt_in_and_counted():
+    script = _script()
+    assert not set(BACKWARD_CASES) & set(script.parse_args(["o"]).cases)    # the lessons' report: forward only
+    assert set(script.FORWARD_CASES) | set(BACKWARD_CASES) == set(script.CASES)
+    command = next(line for line in script.__doc__.replace("\\\n", " ").splitlines() if "profile_backward" in line)
+    args = script.parse_args(shlex.split(command)[2:])                      # the docstring's GPU command
+    assert args.cases == BACKWARD_CASES and args.outdir.name == "profile_backward"
+    B, H, N, D = 4, 16, 4096, 128
+    forward, backward = script.counts("flash_attention_d128"), script.counts("fa3_bwd_2wg_split_d128")
+    assert backward["flops"] == 2.5 * forward["flops"] == 10 * B * H * N * N * D
+    assert backward["hbm_bytes"] == 8 * B * H * N * D * 2 + 3 * B * H * N * 4   # 8 float16 tensors, 3 float32 rows
+    assert backward["exps"] == forward["exps"] == B * H * N * N
+    assert script.counts("sdpa_cudnn_bwd_d128") == backward
+    assert script.counts("fa3_bwd_2wg_d64")["flops"] * 2 == backward["flops"]
+    for name, case in script.CASES.items():
+        assert script.describe(name).startswith("Backward" if name in BACKWARD_CASES else "Forward")
+        assert case.get("variant", "") in script.describe(name)
+
+
+def test_the_longest_ncu_launch_is_found_across_units():
+    rows = NCU_CSV.splitlines()[:2] + [
+        f'"{i}","1","p","h","{kernel}","1","7","(128, 1, 1)","(8, 1, 1)","0","9.0","GPU Speed Of Light Throughput",'
+        f'"Duration","{unit}","{value}"' for i, kernel, unit, value in
+        ((0, "_preprocess_kernel", "us", "45.1"), (1, "_fa3_bwd_kernel", "ms", "2.31"),
+         (2, "_convert_dq_kernel", "us", "60"))]
+    launches = _script().parse_ncu_csv("\n".join(rows))
+    assert len(launches) == 3 and _script().longest_launch(launches)["kernel"] == "_fa3_bwd_kernel"
+
+
+def test_report_md_names_the_pass_measured(tmp_path):
+    script = _script()
+    report = _fake_report(["flashlib_fa2_d64"])      # a record without "measured", as older reports' are
+    forward = report["cases"]["flashlib_fa2_d64"]
+    report["cases"]["fa3_bwd_2wg_split_d128"] = dict(
+        forward, impl="fa3_backward", variant="2wg_split", D=128, measured=script.describe("fa3_bwd_2wg_split_d128"),
+        ncu=dict(summary=dict(duration_us=2310.0, tensor_pipe_pct=55.0, stalls={}), kernel="_fa3_bwd_kernel",
+                 launches=[{}, {}, {}, {}], config_used=[dict(kernel="_fa3_bwd_kernel", config={"BLOCK_M": 64})]))
+    report["cases"]["sdpa_cudnn_bwd_d128"] = dict(
+        forward, impl="sdpa_cudnn_backward", D=128, measured=script.describe("sdpa_cudnn_bwd_d128"), kernels=[],
+        ms=1.5, forward_backward_ms=2.1, forward_ms=0.6)
+    _, md_path = script.write_report(report, tmp_path)
+    sections = {s.split("\n")[0]: s.split("\n")[2:5:2] for s in md_path.read_text().split("## ")[1:]}
+    first, numbers = sections["flashlib_fa2_d64"]
+    assert first.startswith("Forward: flashlib's fa2_forward")
+    assert numbers.startswith("B=4 H=16 N=4096 d=64 float16, not causal: 1.000 ms, 275 TFLOP/s")   # as before
+    first, numbers = sections["fa3_bwd_2wg_split_d128"]
+    assert first.startswith("Backward alone: flashlib's fa3_backward, variant 2wg_split")
+    assert numbers.startswith("B=4 H=16 N=4096 d=128 float16, not causal: 1.000 ms")
+    first, numbers = sections["sdpa_cudnn_bwd_d128"]
+    assert first.startswith("Backward: SDPA cuDNN's") and "less the forward alone" in first
+    assert "1.500 ms (forward + backward 2.100 ms less forward 0.600 ms)" in numbers
+    text = md_path.read_text()
+    assert "Nsight Compute (the longest of the 4 launches of one call, _fa3_bwd_kernel; Triton configs: " \
+        "_fa3_bwd_kernel {'BLOCK_M': 64}): duration_us 2310" in text
+    assert text.count("| kernel | config | regs |") == 2          # none for cuDNN's (no Triton kernels)
 
 
 def test_script_refuses_to_run_without_a_gpu(tmp_path):

@@ -1,4 +1,4 @@
-"""Profile FlashAttention-2 forward kernels on a GPU and write a report the lessons read on a CPU.
+"""Profile FlashAttention kernels on a GPU and write a report the lessons read on a CPU.
 
 For flashlib's FA2 forward (``kernels.fa2_fwd.fa2_forward``, autotuned, as lesson 07 times it) at
 d=64 and d=128, exercise 07b's reference kernel (``solutions/ex07b_fa2_kernel.py``, lesson 07's
@@ -17,12 +17,25 @@ N=4096, float16, not causal (lesson 07's roofline shape):
   8192^3 matmul measured here, and the datasheet's) and against lesson 07's roofline model;
 - with Nsight Compute (``ncu``) where the machine has it: its SpeedOfLight, Occupancy, LaunchStats,
   WarpStateStats and ComputeWorkloadAnalysis sections and a few metrics (tensor and
-  special-function pipe use, warp stall reasons), one kernel launch per case in a child process;
-  without it the report says "ncu not available".
+  special-function pipe use, warp stall reasons) for one call per case in a child process (a
+  forward's one kernel launch); without it the report says "ncu not available".
 
     python tools/profile_kernels.py OUTDIR               # on a GPU: OUTDIR/report.json and report.md
     python tools/profile_kernels.py OUTDIR --no-ncu
     python tools/profile_kernels.py OUTDIR --cases flashlib_fa2_d64   # others kept from OUTDIR's report
+
+Opt-in, by name (issue 57), the same for FA3's backward (``kernels.fa3_bwd.fa3_backward``, not
+causal) before (variant ``2wg``) and after (``2wg_split``: dQ's columns split between the
+consumers) beside SDPA cuDNN's. flashlib's backward is timed alone: out and lse (``fa3_forward``)
+and a random dout are made once; the timed call runs the backward's kernels (preprocess, main, dQ
+convert) and the zero fill of its float32 dQ accumulator. autograd reaches cuDNN's backward only
+through its forward: its time is forward + backward less the forward alone (grad enabled, as
+autograd runs it), each a do_bench mean, and its torch.profiler table and ncu see both. ncu
+profiles every launch of the call and reports the longest, named in the report. Into a folder of
+its own, so the lessons' forward report stays as it is:
+
+    python tools/profile_kernels.py benchmarks/results/h200/profile_backward --cases fa3_bwd_2wg_d128 \
+        fa3_bwd_2wg_split_d128 sdpa_cudnn_bwd_d128 fa3_bwd_2wg_d64 sdpa_cudnn_bwd_d64
 
 The committed report lives in benchmarks/results/<gpu>/profile/ (h100, else h200), where lessons 05
 and 07 look for it (``flashlib.teach.profile.load_report``). Autotuning results are kept on disk
@@ -41,6 +54,7 @@ import shutil
 import subprocess
 import sys
 import traceback
+import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +68,15 @@ CASES = {
     "ex07b_solution_d128": dict(impl="ex07b", D=128),
     "flash_attention_d64": dict(impl="flash_attention", D=64),       # FA3 on Hopper
     "flash_attention_d128": dict(impl="flash_attention", D=128),
+    # backward (issue 57), opt-in: before and after dQ's split, and cuDNN's
+    "fa3_bwd_2wg_d128": dict(impl="fa3_backward", variant="2wg", D=128),
+    "fa3_bwd_2wg_split_d128": dict(impl="fa3_backward", variant="2wg_split", D=128),
+    "sdpa_cudnn_bwd_d128": dict(impl="sdpa_cudnn_backward", D=128),
+    "fa3_bwd_2wg_d64": dict(impl="fa3_backward", variant="2wg", D=64),
+    "sdpa_cudnn_bwd_d64": dict(impl="sdpa_cudnn_backward", D=64),
 }
+BACKWARD = ("fa3_backward", "sdpa_cudnn_backward")     # impls whose case times a backward
+FORWARD_CASES = [name for name, case in CASES.items() if case["impl"] not in BACKWARD]   # the lessons'
 EX07B_CONFIG = dict(block_m=128, block_n=64, num_warps=4, num_stages=3)   # lesson 07, section 4b
 # dense float16 tensor-core peaks and HBM bandwidths, SXM parts (NVIDIA datasheets; not measured)
 DATASHEET = {"h100": dict(fp16_flops=989e12, bandwidth=3.35e12),
@@ -84,8 +106,9 @@ def parse_args(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("outdir", type=Path, help="folder for report.json and report.md "
                         "(benchmarks/results/<gpu>/profile to commit it)")
-    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES),
-                        help="cases to run (default: all); the others are kept from OUTDIR's report")
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=FORWARD_CASES,
+                        help="cases to run (default: the forward ones, which lessons 05 and 07 read; "
+                        "the backward ones by name); the others are kept from OUTDIR's report")
     parser.add_argument("--no-ncu", action="store_true", help="skip Nsight Compute")
     parser.add_argument("--ncu-child", choices=list(CASES), help=argparse.SUPPRESS)   # run under ncu
     return parser.parse_args(argv)
@@ -98,10 +121,35 @@ def case_shape(name):
 
 def counts(name):
     """Lesson 07's counts for a case: matmul flops 4 B H N^2 D, HBM bytes (Q, K, V read and O
-    written once in float16, lse in float32), and exps (one per score)."""
+    written once in float16, lse in float32), and exps (one per score).
+
+    A backward case: flops 2.5x, 10 B H N^2 D (S = Q K^T, dP = dO V^T, dV = P^T dO, dK = dS^T Q,
+    dQ = dS K); HBM bytes a lower bound both implementations share: Q, K, V, O, dO read and dQ, dK,
+    dV written once in float16, lse read and delta = rowsum(dO * O) written and read once in
+    float32 (flashlib's float32 dQ accumulator, zeroed, reduce-added and read back, and cuDNN's
+    scratch are left out); exps one per score (P recomputed)."""
     B, H, N, D = case_shape(name)
+    if CASES[name]["impl"] in BACKWARD:
+        return dict(flops=10 * B * H * N * N * D, hbm_bytes=8 * B * H * N * D * 2 + 3 * B * H * N * 4,
+                    exps=B * H * N * N)
     return dict(flops=4 * B * H * N * N * D, hbm_bytes=4 * B * H * N * D * 2 + B * H * N * 4,
                 exps=B * H * N * N)
+
+
+def describe(name):
+    """What a case measures: the first line of its section in report.md."""
+    case = CASES[name]
+    return {
+        "fa2_forward": "Forward: flashlib's fa2_forward (autotuned).",
+        "ex07b": f"Forward: exercise 07b's solution kernel, {EX07B_CONFIG}.",
+        "flash_attention": "Forward: flashlib's flash_attention (FA3 on Hopper).",
+        "fa3_backward": f"Backward alone: flashlib's fa3_backward, variant {case.get('variant')}, out and lse "
+                        "from fa3_forward and dout made before; the timed call runs the preprocess, main and "
+                        "dQ-convert kernels and the dQ accumulator's zero fill. FLOPs 2.5x the forward's.",
+        "sdpa_cudnn_backward": "Backward: SDPA cuDNN's, through autograd; its time is forward + backward less "
+                               "the forward alone (grad enabled), while torch.profiler and ncu see both. "
+                               "FLOPs 2.5x the forward's.",
+    }[case["impl"]]
 
 
 def roofline(flops, hbm_bytes, ms, peak_flops, bandwidth):
@@ -161,6 +209,15 @@ def ncu_summary(launch):
         stalls=dict(sorted(stalls.items(), key=lambda kv: -(kv[1] if isinstance(kv[1], float) else 0))))
 
 
+def longest_launch(launches):
+    """The launch of ``parse_ncu_csv``'s list that ran longest (ncu_summary's duration: ncu gives
+    each in a unit of its size), the one the report summarises: a backward's main kernel."""
+    def duration(launch):
+        us = ncu_summary(launch)["duration_us"]
+        return us if isinstance(us, float) else 0.0
+    return max(launches, key=duration)
+
+
 def merge(old, new):
     """``new``'s report with the cases it lacks taken from ``old`` (a run of some cases only)."""
     if not old:
@@ -186,14 +243,21 @@ def markdown(report):
            f"(datasheet {_fmt(tera['datasheet_fp16_flops'], '.0f')}); "
            f"copy bandwidth {_fmt(tera['measured_bandwidth'], '.2f')} TB/s.", ""]
     for name, case in report["cases"].items():
-        out += [f"## {name}", "", f"B={case['B']} H={case['H']} N={case['N']} d={case['D']} {case['dtype']}, "
-                f"not causal: {_fmt(case.get('ms'), '.3f')} ms, {_fmt(case.get('tflops'), '.0f')} TFLOP/s = "
+        what = case.get("measured") or (describe(name) if name in CASES else "")   # older reports lack it
+        ms = _fmt(case.get("ms"), ".3f") + " ms"
+        if case.get("forward_ms") is not None:
+            ms += (f" (forward + backward {_fmt(case.get('forward_backward_ms'), '.3f')} ms less forward "
+                   f"{_fmt(case['forward_ms'], '.3f')} ms)")
+        out += [f"## {name}", ""] + ([what, ""] if what else [])
+        out += [f"B={case['B']} H={case['H']} N={case['N']} d={case['D']} {case['dtype']}, "
+                f"not causal: {ms}, {_fmt(case.get('tflops'), '.0f')} TFLOP/s = "
                 f"{_fmt(case.get('fraction_of_measured_peak'), '.0%')} of the measured peak, "
                 f"{_fmt(case.get('fraction_of_datasheet_peak'), '.0%')} of the datasheet's; lesson 07's roofline "
                 f"model {_fmt((case.get('roofline') or {}).get('model_ms'), '.3f')} ms "
-                f"({_fmt((case.get('roofline') or {}).get('fraction'), '.0%')} of the measured time).", ""]
-        out += ["| kernel | config | regs | spills | stack B | STL/LDL | shared KB | blocks/SM (calc, driver) | "
-                "occupancy | limited by | programs | waves |", "|" + " --- |" * 12]
+                f"({_fmt((case.get('roofline') or {}).get('fraction'), '.0%')} of the measured time)."]
+        if case.get("kernels"):          # none for cuDNN's (no Triton launch to read)
+            out += ["", "| kernel | config | regs | spills | stack B | STL/LDL | shared KB | "
+                    "blocks/SM (calc, driver) | occupancy | limited by | programs | waves |", "|" + " --- |" * 12]
         for k in case.get("kernels", []):
             r, c, o = k["resources"], k.get("cubin") or {}, k["occupancy"]
             out.append(f"| {k['kernel']} | {k['config']} | {r['registers']} | {r['spills']} | {c.get('stack', '-')} | "
@@ -208,7 +272,13 @@ def markdown(report):
         if isinstance(ncu, dict) and ncu.get("summary"):
             s = ncu["summary"]
             ran = "; ".join(f"{c['kernel']} {c['config']}" for c in ncu.get("config_used") or [])
-            out += ["", f"Nsight Compute (one launch of {ran or 'the case'}): " + ", ".join(
+            n = len(ncu.get("launches") or [])
+            if n > 1 and ncu.get("kernel"):      # a backward's kernels; cuDNN's forward and backward
+                which = f"the longest of the {n} launches of one call, {ncu['kernel']}" + (
+                    f"; Triton configs: {ran}" if ran else "")
+            else:
+                which = f"one launch of {ran or 'the case'}"
+            out += ["", f"Nsight Compute ({which}): " + ", ".join(
                 f"{k} {_fmt(v, '.6g', v)}" for k, v in s.items() if k != "stalls" and v is not None)]
             if s.get("stalls"):
                 out.append("warp stalls per issued instruction: " + ", ".join(
@@ -250,20 +320,53 @@ def find_ncu():
 # the GPU parts
 
 def _attention(name):
-    """(q, k, v, fn) for a case: fn(q, k, v) runs its kernel."""
+    """A case's inputs and calls: q, k, v, dout (None for a forward case), fn, forward. fn() runs
+    what is timed and profiled: the forward (returns out), or the backward for the fixed dout
+    (returns dq, dk, dv). forward: None, or for cuDNN, whose backward autograd reaches only through
+    its forward (fn runs both), that forward alone, to take its time off."""
     import torch
 
     from flashlib import course
+    from flashlib.bench.harness import sdpa
+    from flashlib.kernels import fa3_bwd
     from flashlib.kernels.fa2_fwd import fa2_forward
+    from flashlib.kernels.fa3_fwd import fa3_forward
     from flashlib.ops import flash_attention
+    impl = CASES[name]["impl"]
     B, H, N, D = case_shape(name)
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.float16) for _ in range(3))
-    if CASES[name]["impl"] == "fa2_forward":
-        return q, k, v, lambda q, k, v: fa2_forward(q, k, v)[0]
-    if CASES[name]["impl"] == "flash_attention":
-        return q, k, v, lambda q, k, v: flash_attention(q, k, v)
-    solution = course.load_module(ROOT / "solutions" / "ex07b_fa2_kernel.py")
-    return q, k, v, lambda q, k, v: solution.attention_forward(q, k, v, **EX07B_CONFIG)[0]
+    run = types.SimpleNamespace(q=q, k=k, v=v, dout=torch.randn_like(q) if impl in BACKWARD else None,
+                                forward=None)
+    if impl == "fa2_forward":
+        run.fn = lambda: fa2_forward(q, k, v)[0]
+    elif impl == "flash_attention":
+        run.fn = lambda: flash_attention(q, k, v)
+    elif impl == "ex07b":
+        solution = course.load_module(ROOT / "solutions" / "ex07b_fa2_kernel.py")
+        run.fn = lambda: solution.attention_forward(q, k, v, **EX07B_CONFIG)[0]
+    elif impl == "fa3_backward":
+        out, lse = fa3_forward(q, k, v)
+        run.fn = lambda: fa3_bwd.fa3_backward(q, k, v, out, lse, run.dout, causal=False,
+                                              variant=CASES[name]["variant"])
+    else:                                              # sdpa_cudnn_backward
+        cudnn, leaves = sdpa("sdpa_cudnn"), [t.requires_grad_() for t in (q, k, v)]
+        run.fn = lambda: torch.autograd.grad(cudnn(*leaves, False), leaves, run.dout)
+        run.forward = lambda: cudnn(*leaves, False)
+    return run
+
+
+def _max_error(run):
+    """The largest |difference| of a case's result (out, or dq, dk and dv) on batch 0, heads 0-1
+    from float64 attention (``attention_ref``; the gradients by autograd through it)."""
+    import torch
+
+    from flashlib.reference import attention_ref
+    backward = run.dout is not None
+    leaves = [t[:1, :2].detach().double().requires_grad_(backward) for t in (run.q, run.k, run.v)]
+    want = attention_ref(*leaves)[0]
+    want = torch.autograd.grad(want, leaves, run.dout[:1, :2].double()) if backward else [want]
+    got = run.fn() if backward else [run.fn()]
+    return max(float((g[:1, :2].double() - w).abs().max()) for g, w in zip(got, want))
 
 
 def measure_peaks(gpu):
@@ -322,20 +425,23 @@ def profile_case(name, peaks, sms):
 
     from flashlib.teach import profile
     B, H, N, D = case_shape(name)
-    record = dict(impl=CASES[name]["impl"], B=B, H=H, N=N, D=D, dtype="float16", causal=False,
+    record = dict(impl=CASES[name]["impl"], variant=CASES[name].get("variant"), measured=describe(name),
+                  B=B, H=H, N=N, D=D, dtype="float16", causal=False,
                   ex07b_config=EX07B_CONFIG if CASES[name]["impl"] == "ex07b" else None,
                   **counts(name), errors=[])
-    q, k, v, fn = _attention(name)
     try:
-        from flashlib.reference import attention_ref
-        ref, _ = attention_ref(q[:1, :2], k[:1, :2], v[:1, :2])
-        record["max_error_vs_float64"] = float((fn(q, k, v)[:1, :2].double() - ref).abs().max())
+        run = _attention(name)
+        record["max_error_vs_float64"] = _max_error(run)   # backward: over dq, dk, dv
         torch.cuda.synchronize()                       # the first call autotuned and compiled
         with profile.captured_launches() as launches:
-            fn(q, k, v)
+            run.fn()
             torch.cuda.synchronize()
         record["kernels"] = kernel_records(launches, sms)
-        ms = triton.testing.do_bench(lambda: fn(q, k, v), warmup=25, rep=200)
+        ms = triton.testing.do_bench(run.fn, warmup=25, rep=200)
+        if run.forward is not None:                    # cuDNN: its forward's time taken off
+            forward_ms = triton.testing.do_bench(run.forward, warmup=25, rep=200)
+            record.update(forward_backward_ms=ms, forward_ms=forward_ms)
+            ms -= forward_ms
         record.update(ms=ms, tflops=record["flops"] / ms / 1e9,
                       fraction_of_measured_peak=record["flops"] / (ms * 1e-3) / peaks["measured_fp16_flops"],
                       fraction_of_datasheet_peak=(record["flops"] / (ms * 1e-3) / peaks["datasheet_fp16_flops"]
@@ -345,7 +451,7 @@ def profile_case(name, peaks, sms):
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=activities) as prof:
             for _ in range(5):
-                fn(q, k, v)
+                run.fn()
             torch.cuda.synchronize()
         record["profiler"] = profile.kernel_table(prof, top=8)
     except Exception:
@@ -354,7 +460,8 @@ def profile_case(name, peaks, sms):
 
 
 def run_ncu(name, outdir, ncu):
-    """One launch of the case under ncu (a child process); {summary, launches, config_used, command}."""
+    """One call of the case under ncu (a child process), each of its launches profiled; {summary
+    (the longest launch's), kernel (its name), launches, config_used, command}."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     base = [ncu, "--profile-from-start", "off", "--target-processes", "all", "--clock-control", "none",
             "--csv", "--page", "details", *[a for s in NCU_SECTIONS for a in ("--section", s)]]
@@ -371,10 +478,10 @@ def run_ncu(name, outdir, ncu):
         config = next((json.loads(line[len(NCU_MARK):]) for line in run.stdout.splitlines()
                        if line.startswith(NCU_MARK)), None)
         if launches:
-            main_launch = max(launches, key=lambda launch: (launch["sections"].get("GPU Speed Of Light Throughput", {})
-                                                            .get("Duration", {}).get("value") or 0))
-            return dict(summary=ncu_summary(main_launch), launches=launches, config_used=config,
-                        command=" ".join(command), metrics_asked=len(wanted) if "--metrics" in command else 0)
+            main_launch = longest_launch(launches)
+            return dict(summary=ncu_summary(main_launch), kernel=main_launch["kernel"], launches=launches,
+                        config_used=config, command=" ".join(command),
+                        metrics_asked=len(wanted) if "--metrics" in command else 0)
         last = dict(error=f"ncu profiled nothing (exit {run.returncode})",
                     stderr=(run.stderr or "")[-2000:], stdout=(run.stdout or "")[-2000:], command=" ".join(command))
     return last
@@ -394,17 +501,18 @@ def _available_metrics(ncu, wanted):
 
 
 def ncu_child(name):
-    """Under ncu: warm the case up (autotuning comes from the disk cache), then one launch between
-    cudaProfilerStart and Stop; prints the config it ran."""
+    """Under ncu: warm the case up (autotuning comes from the disk cache), then one call (all its
+    launches: a backward's several kernels, cuDNN's forward and backward) between
+    cudaProfilerStart and Stop; prints the configs of the Triton kernels it ran."""
     import torch
 
     from flashlib.teach import profile
-    q, k, v, fn = _attention(name)
-    fn(q, k, v)
+    run = _attention(name)
+    run.fn()
     torch.cuda.synchronize()
     with profile.captured_launches() as launches:
         torch.cuda.profiler.start()
-        fn(q, k, v)
+        run.fn()
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
     print(NCU_MARK + json.dumps([dict(kernel=launch.kernel, config=launch.config) for launch in launches]))
