@@ -34,8 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 from flashlib.kernels import fa3_bwd, score_mod  # noqa: E402
-from hopper_compile_check import (SETMAXNREG, TARGET_ARCH, WARNINGS, ModelBarrier,  # noqa: E402
-                                  ProtocolError, interleave, ptxas_report, specialize)
+from flashlib.teach.mbarrier import Barrier as ModelBarrier, ProtocolError, interleave  # noqa: E402
+from hopper_compile_check import SETMAXNREG, TARGET_ARCH, WARNINGS, ptxas_report, specialize  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- 1. protocol model
@@ -63,7 +63,7 @@ class Model:
             raise ProtocolError(f"{bar.name}: wait for completion {index} passed at phase {bar.phase}")
 
     def tma(self, bar, key, block):
-        self.tma_queue.append((bar, key, block))
+        self.tma_queue.append((bar, key, block, 1))
 
     def read(self, key, block):
         if self.held.get(key) != block:

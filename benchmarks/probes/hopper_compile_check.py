@@ -5,8 +5,9 @@
    replayed in random interleavings (TMA completing in any order) against a model of mbarriers.
    Fails on a deadlock, a barrier two phases ahead of its waiter (a parity wait that passes on
    the wrong phase), a TMA write into a stage a wgmma still reads, or a read of a stage that
-   does not hold the block expected. It checks the protocol as written in ``_model_*`` below,
-   which mirror ``fa3_fwd._producer`` and ``fa3_fwd._consumer`` step by step: change both.
+   does not hold the block expected. It checks the protocol as written in
+   ``flashlib.teach.mbarrier``'s ``producer`` and ``consumer``, which mirror ``fa3_fwd._producer``
+   and ``fa3_fwd._consumer`` step by step: change both.
 2. Every variant compiled with ``triton.compile`` for ``GPUTarget("cuda", 90, 32)`` through
    ptxas, from CPU stand-ins (the tensor descriptors' types only need shapes, strides and
    layouts) and Triton's own specialisation rules; prints shared memory, warps, registers and
@@ -30,6 +31,7 @@ os.environ["TRITON_INTERPRET"] = "0"     # before flashlib: it turns the interpr
 import torch  # noqa: E402
 
 from flashlib.kernels import fa3_fwd  # noqa: E402
+from flashlib.teach import mbarrier  # noqa: E402
 
 TARGET_ARCH = 90
 
@@ -37,173 +39,13 @@ TARGET_ARCH = 90
 # ----------------------------------------------------------------------------- 1. protocol model
 
 
-class ProtocolError(Exception):
-    pass
-
-
-class ModelBarrier:
-    """An mbarrier: ``count`` arrivals plus the expected transaction bytes complete a phase."""
-
-    def __init__(self, name, count):
-        self.name, self.count, self.arrivals, self.tx, self.phase = name, count, 0, 0, 0
-
-    def _complete(self):
-        if self.arrivals == self.count and self.tx == 0:
-            self.phase, self.arrivals = self.phase + 1, 0
-
-    def arrive(self):
-        self.arrivals += 1
-        if self.arrivals > self.count:
-            raise ProtocolError(f"{self.name}: more arrivals than its count {self.count}")
-        self._complete()
-
-    def expect(self, nbytes):   # mbarrier.arrive.expect_tx
-        self.tx += nbytes
-        self.arrive()
-
-    def complete_tx(self, nbytes):   # the TMA engine, when the bytes have landed
-        self.tx -= nbytes
-        self._complete()
-
-
-class Model:
-    """One CTA's barriers and buffers; the partitions are generators that yield "blocked" while a
-    wait is not satisfied (anything else: progress)."""
-
-    def __init__(self, num_wg, stages):
-        self.num_wg, self.stages = num_wg, stages
-        self.q_bar = [ModelBarrier(f"q_bar[{w}]", 1) for w in range(num_wg)]
-        self.turn = [ModelBarrier(f"turn[{w}]", 1) for w in range(num_wg)]
-        self.k_ready = [ModelBarrier(f"k_ready[{s}]", 1) for s in range(stages)]
-        self.v_ready = [ModelBarrier(f"v_ready[{s}]", 1) for s in range(stages)]
-        self.k_empty = [ModelBarrier(f"k_empty[{s}]", num_wg) for s in range(stages)]
-        self.v_empty = [ModelBarrier(f"v_empty[{s}]", num_wg) for s in range(stages)]
-        self.held, self.readers, self.tma_queue = {}, {}, []
-
-    def wait(self, bar, parity, index):
-        """mbarrier.wait(bar, parity) as PTX does it (passes once the phase of that parity is
-        complete); ``index`` is the completion the waiter means (-1: the fresh barrier's
-        "previous" phase), to catch a parity that passes on another phase."""
-        while (bar.phase & 1) == parity:
-            yield "blocked"
-        if bar.phase != index + 1:
-            raise ProtocolError(f"{bar.name}: wait for completion {index} passed at phase {bar.phase}")
-
-    def tma(self, bar, key, block):
-        self.tma_queue.append((bar, key, block))
-
-    def read(self, key, block):      # a wgmma starts reading a stage
-        if self.held.get(key) != block:
-            raise ProtocolError(f"wgmma reads {key} holding block {self.held.get(key)}, not {block}")
-        self.readers[key] = self.readers.get(key, 0) + 1
-
-    def done(self, key):             # ... and has finished (warpgroup_mma_wait)
-        self.readers[key] -= 1
-
-
-def _model_producer(m, n_blocks):
-    """fa3_fwd._producer, step by step."""
-    for w in range(m.num_wg):
-        m.q_bar[w].expect(1)
-        m.tma(m.q_bar[w], ("q", w), 0)
-    for j in range(n_blocks):
-        s, phase = j % m.stages, (j // m.stages) & 1
-        yield from m.wait(m.k_empty[s], phase ^ 1, j // m.stages - 1)
-        m.k_ready[s].expect(1)
-        m.tma(m.k_ready[s], ("k", s), j)
-        yield
-        yield from m.wait(m.v_empty[s], phase ^ 1, j // m.stages - 1)
-        m.v_ready[s].expect(1)
-        m.tma(m.v_ready[s], ("v", s), j)
-        yield
-
-
-def _model_consumer(m, w, n_blocks, overlap, pingpong):
-    """fa3_fwd._consumer (warpgroup w), step by step; a yield is where other partitions may run."""
-    st = m.stages
-    yield from m.wait(m.q_bar[w], 0, 0)
-    if overlap and n_blocks > 0:
-        yield from m.wait(m.k_ready[0], 0, 0)
-        m.read(("k", 0), 0)
-        yield
-        m.done(("k", 0))
-        m.k_empty[0].arrive()
-        yield
-        for j in range(1, n_blocks):
-            s, prev = j % st, (j - 1) % st
-            if pingpong:   # consumer 0's k-th turn follows the last consumer's (k-1)-th
-                yield from m.wait(m.turn[w], ((j - 1) & 1) ^ (1 if w == 0 else 0), j - 1 - (w == 0))
-            yield from m.wait(m.k_ready[s], (j // st) & 1, j // st)
-            m.read(("k", s), j)
-            yield from m.wait(m.v_ready[prev], ((j - 1) // st) & 1, (j - 1) // st)
-            m.read(("v", prev), j - 1)
-            if pingpong:
-                m.turn[(w + 1) % m.num_wg].arrive()
-            yield
-            m.done(("k", s))             # warpgroup_mma_wait(1): S_j done
-            m.k_empty[s].arrive()
-            yield
-            m.done(("v", prev))          # warpgroup_mma_wait(0): P V done
-            m.v_empty[prev].arrive()
-            yield
-        last = (n_blocks - 1) % st
-        yield from m.wait(m.v_ready[last], ((n_blocks - 1) // st) & 1, (n_blocks - 1) // st)
-        m.read(("v", last), n_blocks - 1)
-        yield
-        m.done(("v", last))
-        m.v_empty[last].arrive()
-    elif not overlap:
-        for j in range(n_blocks):
-            s, phase = j % st, (j // st) & 1
-            yield from m.wait(m.k_ready[s], phase, j // st)
-            m.read(("k", s), j)
-            yield
-            m.done(("k", s))
-            m.k_empty[s].arrive()
-            yield
-            yield from m.wait(m.v_ready[s], phase, j // st)
-            m.read(("v", s), j)
-            yield
-            m.done(("v", s))
-            m.v_empty[s].arrive()
-            yield
-    if m.held.get(("q", w)) != 0:      # O is stored through the Q buffer
-        raise ProtocolError(f"consumer {w} writes O into a Q buffer whose load has not landed")
-
-
-def interleave(m, parts, rng):
-    """Run the partitions (generators over the model ``m``) and the TMA completions in a random
-    order until all are done; raises ProtocolError on a deadlock or a TMA write into a stage a
-    wgmma still reads. The backward's check (hopper_bwd_compile_check.py) uses it too."""
-    stuck = 0
-    while parts or m.tma_queue:
-        pick = rng.choice(list(parts) + (["tma"] if m.tma_queue else []))
-        if pick == "tma":
-            bar, key, block = m.tma_queue.pop(rng.randrange(len(m.tma_queue)))
-            if m.readers.get(key, 0):
-                raise ProtocolError(f"TMA overwrites {key} while a wgmma reads it")
-            m.held[key] = block
-            bar.complete_tx(1)
-            stuck = 0
-            continue
-        try:
-            state = next(parts[pick])
-        except StopIteration:
-            del parts[pick]
-            state = None
-        stuck = stuck + 1 if state == "blocked" else 0
-        if stuck > 50 * (len(parts) + 1) and not m.tma_queue:
-            raise ProtocolError("deadlock: every partition waits and no TMA is in flight: "
-                                + ", ".join(parts))
-
-
 def model_run(n_blocks, num_wg, stages, overlap, pingpong, seed):
     """One random interleaving of the partitions and the TMA completions; raises ProtocolError."""
     rng = random.Random(seed)
-    m = Model(num_wg, stages)
-    parts = {"producer": _model_producer(m, n_blocks),
-             **{f"consumer {w}": _model_consumer(m, w, n_blocks, overlap, pingpong) for w in range(num_wg)}}
-    interleave(m, parts, rng)
+    ring = mbarrier.Ring(num_wg, stages)
+    parts = {"producer": mbarrier.producer(ring, n_blocks),
+             **{f"consumer {w}": mbarrier.consumer(ring, w, n_blocks, overlap, pingpong) for w in range(num_wg)}}
+    mbarrier.interleave(ring, parts, rng)
 
 
 def check_protocol(seeds=40):
@@ -217,7 +59,7 @@ def check_protocol(seeds=40):
                     runs += 1
                     try:
                         model_run(n_blocks, num_wg, stages, overlap, pingpong, seed)
-                    except ProtocolError as e:
+                    except mbarrier.ProtocolError as e:
                         failures.append(f"num_wg={num_wg} overlap={overlap} pingpong={pingpong} "
                                         f"stages={stages} n_blocks={n_blocks} seed={seed}: {e}")
     print(f"barrier protocol model: {runs} random interleavings of {len(combos)} partition layouts, "
@@ -250,7 +92,8 @@ def specialize(fn, args, constexprs, backend):
     return signature, consts, attrs
 
 
-def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531), mod=None, varlen=False, fold=True):
+def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531), mod=None, varlen=False, fold=True,
+                    kv_loader=None):
     """Compile one (variant, head dim, causal, dtype) for inputs of sizes (B, Hq, Hkv, Nq, Nk)
     (Triton specialises ints on being 1 or a multiple of 16), with the score modifier ``mod`` (a
     ``kernels.score_mod`` function; None: the identity); varlen: B sequences of at most Nq and Nk
@@ -285,6 +128,7 @@ def compile_variant(name, D, causal, dtype, sizes=(2, 4, 2, 1000, 1531), mod=Non
                 n_seq=B)
     mod = mod or score_mod.identity
     constexprs = dict(CAUSAL=causal, SCORE_MOD=mod, FOLD=fa3_fwd._fold(mod, 0.1) if fold else 0,
+                      KV_LOADER=kv_loader or fa3_fwd.load_kv_ring,
                       ALIBI_SPLIT=mod is score_mod.alibi_bias, VARLEN=varlen, MAX_SEQS=128, **config)
     target = GPUTarget("cuda", TARGET_ARCH, 32)
     backend = make_backend(target)

@@ -162,33 +162,47 @@ def launch_options(variant: str) -> dict:
 
 if _GLUON:
     @gluon.jit
-    def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
-                  v_empty, tma_b, off_h, off_hkv, start_m, n_blocks, q_row0, k_row0,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_WG: gl.constexpr,
-                  STAGES: gl.constexpr, FP8: gl.constexpr):
-        """One warp: TMA loads of each consumer's Q rows, then K and V block by block into the ring
-        (in FP8, V^T's blocks: (D, BLOCK_N) tiles of the transposed copy). tma_b, q_row0, k_row0:
-        the descriptors' batch coordinate and the sequence's first rows (VARLEN; else 0)."""
-        for w in gl.static_range(NUM_WG):
-            mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [tma_b, off_h, q_row0 + start_m + w * BLOCK_M, 0],
-                                            q_bars.index(w), q_smem.index(w))
+    def load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, batch, kv_head,
+                     first_row, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, V_T: gl.constexpr = False):
+        """The producer's loop (exercise 12c writes it): K_j and V_j, j < n_blocks, by TMA into
+        stage j % STAGES of the ring, rows first_row + j * BLOCK_N of (batch, kv_head). V_T (FP8):
+        V's blocks are (D, BLOCK_N) tiles of V^T, at column j * BLOCK_N."""
         for j in range(n_blocks):
             s = j % STAGES
             phase = (j // STAGES) & 1
             # K and V have their own barriers: S = Q K^T can start before V has landed
             mbarrier.wait(k_empty.index(s), phase ^ 1)
             mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [tma_b, off_hkv, k_row0 + j * BLOCK_N, 0],
+            tma.async_copy_global_to_shared(k_desc, [batch, kv_head, first_row + j * BLOCK_N, 0],
                                             k_ready.index(s), k_smem.index(s))
             mbarrier.wait(v_empty.index(s), phase ^ 1)
             mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            if FP8:
-                tma.async_copy_global_to_shared(v_desc, [tma_b, off_hkv, 0, j * BLOCK_N],
+            if V_T:
+                tma.async_copy_global_to_shared(v_desc, [batch, kv_head, 0, j * BLOCK_N],
                                                 v_ready.index(s), v_smem.index(s))
             else:
-                tma.async_copy_global_to_shared(v_desc, [tma_b, off_hkv, k_row0 + j * BLOCK_N, 0],
+                tma.async_copy_global_to_shared(v_desc, [batch, kv_head, first_row + j * BLOCK_N, 0],
                                                 v_ready.index(s), v_smem.index(s))
+
+    @gluon.jit
+    def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
+                  v_empty, tma_b, off_h, off_hkv, start_m, n_blocks, q_row0, k_row0,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_WG: gl.constexpr,
+                  STAGES: gl.constexpr, FP8: gl.constexpr, KV_LOADER: gl.constexpr):
+        """One warp: TMA loads of each consumer's Q rows, then K and V block by block into the ring
+        (``KV_LOADER``: ``load_kv_ring`` or a learner's; in FP8 always ``load_kv_ring`` with V^T's
+        blocks). tma_b, q_row0, k_row0: the descriptors' batch coordinate and the sequence's first
+        rows (VARLEN; else 0)."""
+        for w in gl.static_range(NUM_WG):
+            mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [tma_b, off_h, q_row0 + start_m + w * BLOCK_M, 0],
+                                            q_bars.index(w), q_smem.index(w))
+        if FP8:
+            load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, tma_b, off_hkv,
+                         k_row0, n_blocks, BLOCK_N, STAGES, True)
+        else:
+            KV_LOADER(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, tma_b, off_hkv,
+                      k_row0, n_blocks, BLOCK_N, STAGES)
 
     @gluon.jit
     def _mask_scores(s, j, n_full, row0, Nq, Nk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -499,7 +513,7 @@ if _GLUON:
                         OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                         FP8: gl.constexpr, SCORE_MOD: gl.constexpr, ALIBI_SPLIT: gl.constexpr,
                         VARLEN: gl.constexpr, MAX_SEQS: gl.constexpr, FOLD: gl.constexpr,
-                        KEY_ORDER: gl.constexpr):
+                        KEY_ORDER: gl.constexpr, KV_LOADER: gl.constexpr):
         # Descale (FP8 only): float32 (3, B, Hkv), Q's, K's and V's factors, n_descale = B * Hkv.
         # ModArgs, SCORE_MOD: the score modifier's per-(batch, query head) row and function;
         # ALIBI_SPLIT: SCORE_MOD is ALiBi alone, its bias split off the diagonal (``_scores``)
@@ -590,7 +604,7 @@ if _GLUON:
                              OVERLAP, False, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, FOLD, KEY_ORDER)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                              v_ready, v_empty, tma_b, off_h, off_hkv, start_m, n_blocks, q_row0, k_row0,
-                             BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
+                             BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8, KV_LOADER)),
             ], [1], [24])
         else:
             gl.static_assert(NUM_WG == 2, "1 or 2 consumer warpgroups")
@@ -607,7 +621,7 @@ if _GLUON:
                              OVERLAP, PINGPONG, FP8, SCORE_MOD, ALIBI_SPLIT, VARLEN, FOLD, KEY_ORDER)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                              v_ready, v_empty, tma_b, off_h, off_hkv, start_m, n_blocks, q_row0, k_row0,
-                             BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8)),
+                             BLOCK_M, BLOCK_N, NUM_WG, STAGES, FP8, KV_LOADER)),
             ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -688,7 +702,7 @@ def descriptor(t, block, shape=None):
 
 
 def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None, score_mod=None, cu_seqlens=None,
-                max_seqlen=None, options=None):
+                max_seqlen=None, options=None, kv_loader=None):
     """Launch the FA3 forward kernel. Returns ``(out, lse)`` exactly as ``fa2_forward``.
 
     q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D), float16/bfloat16, D in (64, 128), on an sm90 GPU
@@ -699,13 +713,15 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None, score_mod=No
     as ``fa2_forward`` takes them, q (total_q, Hq, D), k, v (total_k, Hkv, D); out like q, lse
     (Hq, total_q) (check ``supported(q, k, v, packed=True)``). options: a
     ``runtime.KernelOptions`` (None: those in force; its ``fa3_fold_scale`` and ``fa3_smem_bytes``).
+    kv_loader: a ``@gluon.jit`` function with ``load_kv_ring``'s arguments (less V_T) that the
+    producer runs instead of it (exercise 12c's grader); None: ``load_kv_ring``.
     """
     options = runtime.OPTIONS if options is None else options
     mod_args, mod_fn, input_scale = score_mod_args(score_mod, None)
     packed = () if cu_seqlens is None else tuple(cu_seqlens)
     pointers = (q, k, v, *packed, *([] if mod_args is None else [mod_args]))
     plannable = all(isinstance(t, torch.Tensor) for t in pointers)
-    extra = (causal, scale, variant, mod_fn, input_scale, max_seqlen)
+    extra = (causal, scale, variant, mod_fn, input_scale, max_seqlen, kv_loader)
     key = plan_key(pointers, extra, options) if plannable else None
     plan = _plans.get(key)
     if plan is not None:   # a call like an earlier one: allocate and replay its launch (launch.py)
@@ -739,7 +755,7 @@ def fa3_forward(q, k, v, *, causal=False, scale=None, variant=None, score_mod=No
     config = kernel_config(variant, D, smem_bytes=options.fa3_smem_bytes)
     v_desc = descriptor(v, (1, 1, config["BLOCK_N"], D))
     launch, views = _launch(q, k, v_desc, out4, lse, causal, resolve_scale(scale, D), None, variant,
-                            config, options, score_mod, packed and (*packed, max_q, max_k))
+                            config, options, score_mod, packed and (*packed, max_q, max_k), kv_loader)
     remember(_plans, key, (launch, dense_out, lse.shape, views))
     return out, lse
 
@@ -748,10 +764,10 @@ _plans = {}   # launch.plan_key -> (Launch, out made dense?, lse's shape, (shape
 
 
 def _launch(q, k, v_desc, out, lse, causal, scale, descale, variant, config, options, score_mod=None,
-            varlen=()):
+            varlen=(), kv_loader=None):
     """Launch the kernel; returns its ``Launch`` (None on Triton's plain path) and the
     (shape, strides) of its four descriptors, for a plan. varlen: (cu_q, cu_k, max_q, max_k) of
-    packed sequences, q, k and out then their ``packed_view``s."""
+    packed sequences, q, k and out then their ``packed_view``s. kv_loader: as ``fa3_forward``'s."""
     mod_args, mod_fn, input_scale = score_mod_args(score_mod, lse)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -769,7 +785,8 @@ def _launch(q, k, v_desc, out, lse, causal, scale, descale, variant, config, opt
                          B * Hkv, out.stride(2), out.stride(1), total_q, n_seq, CAUSAL=bool(causal),
                          SCORE_MOD=mod_fn, ALIBI_SPLIT=mod_fn is alibi_bias, VARLEN=bool(varlen),
                          FOLD=_fold(mod_fn, scale) if options.fa3_fold_scale else 0,
-                         MAX_SEQS=max(128, triton.next_power_of_2(n_seq)), **config,
+                         MAX_SEQS=max(128, triton.next_power_of_2(n_seq)), KV_LOADER=kv_loader or load_kv_ring,
+                         **config,
                          **launch_options(variant), kernel_options=options)
     return launch, tuple(Descriptor.view(d) for d in descs)
 
