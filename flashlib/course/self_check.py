@@ -232,12 +232,14 @@ def _grade(exercise, *, impl, path, seed, timeout) -> bool:
     if not runtime.HAS_CUDA or runtime.INTERPRET:
         report = _run_checks_in_time(exercise, impl=impl, path=path, seed=seed, timeout=timeout)
         print(format_report(report))
+        if report.status == "passed":
+            _say_why_no_gpu_checks(exercise)
         return report.status == "passed"
     name = short(resolve(exercise))
     print(f"{name}: checking through Triton's interpreter, as on a CPU ...", flush=True)
     report = run_checks_in_child(exercise, impl=impl, path=path, seed=seed, timeout=timeout)
     print(format_report(report), flush=True)
-    if report.status != "passed" or not _has_gpu_checks(exercise):
+    if report.status != "passed" or not _has_gpu_checks(exercise) or _say_why_no_gpu_checks(exercise):
         return report.status == "passed"
     print(f"{name}: compiling your kernel for the GPU and running it at a real size (a fresh "
           "machine's first compile takes up to a minute) ...", flush=True)
@@ -249,6 +251,15 @@ def _grade(exercise, *, impl, path, seed, timeout) -> bool:
 
 def _has_gpu_checks(exercise) -> bool:
     return bool(getattr(load_grader(resolve(exercise)), "GPU_CHECKS", ()))
+
+
+def _say_why_no_gpu_checks(exercise) -> bool:
+    """For a grader whose GPU checks need a particular GPU (``gpu_checks_unavailable()``, ex12c's
+    Hopper kernel): print why they do not run on this machine; True if they do not."""
+    why = getattr(load_grader(resolve(exercise)), "gpu_checks_unavailable", lambda: None)()
+    if why is not None:
+        print(f"{short(resolve(exercise))}: its GPU check (your code compiled into a kernel on the GPU) did not run: {why}.")
+    return why is not None
 
 
 def check(exercise, *, impl="exercises", path=None, seed=None, timeout=None) -> bool:
