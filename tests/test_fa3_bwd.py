@@ -21,10 +21,9 @@ gpu = pytest.mark.skipif(DEV.type != "cuda", reason="needs a CUDA GPU")
 
 
 def test_variants_fit_shared_memory():
-    for defaults in (fa3_bwd.DEFAULT_VARIANT, fa3_bwd.DEFAULT_VARIANT_PACKED):
-        assert set(defaults) == set(fa3_bwd.HEAD_DIMS)
-        for D, name in defaults.items():
-            assert D in fa3_bwd.VARIANTS[name].head_dims
+    assert set(fa3_bwd.DEFAULT_VARIANT) == set(fa3_bwd.HEAD_DIMS)
+    for D, name in fa3_bwd.DEFAULT_VARIANT.items():
+        assert D in fa3_bwd.VARIANTS[name].head_dims
     for name, v in fa3_bwd.VARIANTS.items():
         assert v.num_wg in (1, 2) and v.block_m in (64, 128) and v.about
         for D in v.head_dims:
@@ -307,5 +306,5 @@ def test_gpu_packed_sequences(D, dtype, monkeypatch):
         check_packed(lq, lk, 8, 2, D, causal=True, dtype=dtype)
     if dtype == torch.float16:
         for variant, v in fa3_bwd.VARIANTS.items():
-            if D in v.head_dims and variant != fa3_bwd.DEFAULT_VARIANT_PACKED[D]:
+            if D in v.head_dims and variant != fa3_bwd.DEFAULT_VARIANT[D]:
                 check_packed(lengths_q, lengths_k, 8, 2, D, causal=True, dtype=dtype, variant=variant)

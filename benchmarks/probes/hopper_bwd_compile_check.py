@@ -298,11 +298,11 @@ def check_varlen(plain_spill):
     failures = 0
     print("packed sequences (cu_seqlens): compiled for the default variants, float16, then the "
           "others (dense: the kernel on dense inputs, the same modifier)")
-    cases = [(fa3_bwd.DEFAULT_VARIANT_PACKED[D], D, causal, mod)
+    cases = [(fa3_bwd.DEFAULT_VARIANT[D], D, causal, mod)
              for mod in (None, score_mod.tanh_softcap, score_mod.alibi_bias)
              for D in fa3_bwd.HEAD_DIMS for causal in (False, True)]
     cases += [(name, D, True, None) for name, v in fa3_bwd.VARIANTS.items() for D in v.head_dims
-              if name != fa3_bwd.DEFAULT_VARIANT_PACKED[D]]
+              if name != fa3_bwd.DEFAULT_VARIANT[D]]
     for name, D, causal, mod in cases:
         failures += report_spill(
             f"{name:>11} {D:>4} {causal!s:>6} {'varlen ' + (mod.__name__ if mod else 'plain'):>30} |",

@@ -147,11 +147,9 @@ VARIANTS = {
     # 128 query rows a step (FA3's d64 tile) spilled over 1 KB a thread at d64 under Triton 3.6
     # (S and dP 64 registers each beside dK, dV): removed until it is restructured
 }
-# the variant ahead at each head dim in benchmarks/probes/fa3_bwd_split_ab.py (numbers: NOTES.md);
-# packed sequences keep 2wg at d128 until the split's packed kernel has run there on a GPU (it has
-# at d64)
+# the variant ahead at each head dim, dense and packed (benchmarks/probes/fa3_bwd_split_ab.py and
+# fa3_bwd_packed_ab.py; numbers: NOTES.md)
 DEFAULT_VARIANT = {64: "2wg", 128: "2wg_split"}
-DEFAULT_VARIANT_PACKED = {64: "2wg", 128: "2wg"}
 
 
 def kernel_config(variant: str, D: int, elem_bytes: int = 2, smem_bytes: Optional[int] = None,
@@ -742,8 +740,7 @@ def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=N
     q, out, dout: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D), float16/bfloat16, D in (64, 128), on an
     sm90 GPU (check ``supported`` first); lse (B, Hq, Nq) float32 natural log (-inf: a row with no
     key). Returns ``(dq, dk, dv)`` in q's dtype; dk, dv summed over each group of query heads.
-    variant: a key of ``VARIANTS`` (default ``DEFAULT_VARIANT[D]``, packed
-    ``DEFAULT_VARIANT_PACKED[D]``). score_mod: the forward's ``kernels.score_mod.ScoreMod``
+    variant: a key of ``VARIANTS`` (default ``DEFAULT_VARIANT[D]``). score_mod: the forward's ``kernels.score_mod.ScoreMod``
     (softcap, ALiBi), None: the scores as they are.
     cu_seqlens=(cu_q, cu_k), max_seqlen=(max_q, max_k): packed sequences as ``fa3_forward`` takes
     them, q, out, dout (total_q, Hq, D), k, v (total_k, Hkv, D), lse (Hq, total_q); dq, dk, dv
@@ -792,7 +789,7 @@ def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=N
         B, Nq, Nk = q.shape[0], rows_q, rows_k
     if B * Hq == 0 or 0 in (Nq, Nk, rows_q, rows_k):
         return dq.zero_(), dk.zero_(), dv.zero_()
-    variant = variant or (DEFAULT_VARIANT_PACKED if packed else DEFAULT_VARIANT)[D]
+    variant = variant or DEFAULT_VARIANT[D]
     config = kernel_config(variant, D, smem_bytes=options.fa3_smem_bytes, dq_before_dk=options.fa3_dq_before_dk)
     BM = config["BLOCK_M"]
     # lse2, delta rows per (batch, head): dense padded to whole query blocks (lse +inf, delta 0);
