@@ -50,7 +50,7 @@ QUICK_MODULES = {
     "test_exercise_sync.py", "test_softmax.py", "test_tiled.py", "test_flash_attention.py",
     "test_launch.py", "test_versions.py", "test_schedule.py", "test_iosim.py", "test_primer.py",
     "test_decode.py", "test_varlen.py", "test_paged.py", "test_fp8.py", "test_gpt.py",
-    "test_score_mods.py",
+    "test_score_mods.py", "test_mbarrier.py",
     "test_notebooks.py", "test_mutants.py",
 }
 NOT_QUICK = (seed_sweep.TEST, *seed_sweep.GRADED, *background.EXECUTION_TESTS)
