@@ -217,7 +217,7 @@ def _grade(student, name, files, filename, deadline):
             confine=_W["mode"] == "bubblewrap", hide=_W["hide"], protect=[root],
             course=_W["copies"][name], memory=_W["memory"], env=_W["env"], nproc=sandbox.NPROC)
         student_ = sandbox.Student(box, str(Path(submissions, student, filename)), text)
-        reply = student_.load(_preload(tree))
+        reply = student_.load(_preload(tree) + list(getattr(grader, "PRELOAD", ())))
         passed = 0
         if reply["status"] == "not done":
             status = "not done"

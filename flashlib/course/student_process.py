@@ -3,8 +3,9 @@
 Run as a plain script by ``flashlib.course.sandbox`` (``python -I -B student_process.py --child
 CONFIG``), under bubblewrap when it can (``flashlib.course.bwrap``), it sets its resource limits
 (``limits``), imports the student's file and serves
-the grader's requests over two pipes (``_Child.serve``): call a function of the file, or launch
-a Triton kernel with the student's ``@triton.jit`` function plugged in. It answers with outputs,
+the grader's requests over two pipes (``_Child.serve``): call a function of the file, launch
+a Triton kernel with the student's ``@triton.jit`` function plugged in, or apply one of flashlib's
+functions to the student's objects (exercise 12c's record of a Gluon function's calls). It answers with outputs,
 never a grade, and reports every library function the file patched (``_Child._patched``).
 ``flashlib.course.sandbox``'s docstring says what is and is not prevented. Imports nothing of
 flashlib before the student's file asks for it, except ``wire.py`` beside it, loaded by path.
@@ -225,6 +226,9 @@ class _Child:
         try:
             if msg["op"] == "call":
                 fn = self._student(("student", msg["name"]))
+                reply["result"] = fn(*msg["args"], **msg["kwargs"])
+            elif msg["op"] == "apply":   # one of flashlib's functions, on the student's objects
+                fn = self._reference(tuple(msg["function"]))
                 reply["result"] = fn(*msg["args"], **msg["kwargs"])
             else:
                 kernel = self._kernel(msg["kernel"])

@@ -282,16 +282,20 @@ def record(fn, stages, nbytes, batch, kv_head, first_row, n_blocks, block_n):
     body run with stand-ins for Gluon's ``mbarrier``, ``tma`` and ``gl``: ("wait", (barrier, s),
     parity), ("expect", (barrier, s), nbytes), ("arrive", (barrier, s), count), ("copy", "k" or
     "v", coordinates, (barrier, s), (buffer, s)); barriers k_ready ... v_empty, buffers k_smem,
-    v_smem. Raises ProtocolError (kind "index" or "call") for a stage past the ring or a call
-    that is not the loop's."""
+    v_smem. A stage past the ring or a call that is not the loop's ends the log with ("error",
+    kind, message), kind "index" or "call" (plain data: the log may cross a process boundary)."""
     events = []
     swap = _stand_ins(events)
     body = getattr(fn, "fn", fn)                      # a @gluon.jit function's Python function
     scope = {name: swap.get(id(value), value) for name, value in body.__globals__.items()}
     run = types.FunctionType(body.__code__, scope, body.__name__, body.__defaults__, body.__closure__)
     rings = {name: _Indexed(name, stages) for name in BUFFERS + BARRIERS}
-    run(_Descriptor("k", nbytes), _Descriptor("v", nbytes), rings["k_smem"], rings["v_smem"], rings["k_ready"],
-        rings["k_empty"], rings["v_ready"], rings["v_empty"], batch, kv_head, first_row, n_blocks, block_n, stages)
+    try:
+        run(_Descriptor("k", nbytes), _Descriptor("v", nbytes), rings["k_smem"], rings["v_smem"],
+            rings["k_ready"], rings["k_empty"], rings["v_ready"], rings["v_empty"], batch, kv_head, first_row,
+            n_blocks, block_n, stages)
+    except ProtocolError as e:
+        events.append(("error", e.kind, str(e)))
     return events
 
 

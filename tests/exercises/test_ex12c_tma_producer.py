@@ -2,7 +2,8 @@
 loads of K and V into a ring of stages, mbarrier waits and expects; FA3 section 3.1).
 
 On any machine the learner's function's Python body runs with stand-ins for Gluon's ``mbarrier``,
-``tma`` and ``gl`` (``flashlib.teach.mbarrier.record``), which log its calls, at sizes drawn from
+``tma`` and ``gl`` (``flashlib.teach.mbarrier.record``, in the student process under `flashlib
+grade`: ``checks.beside``), which log its calls, at sizes drawn from
 the seed: 2-4 stages, 0-13 key blocks, blocks of 64 or 128 keys, the descriptors' coordinates and
 a packed sequence's first row. The log is checked as written (every block once, in order, at its
 coordinates, into stage j % STAGES, completing that stage's ready barrier, one expect of one
@@ -29,6 +30,9 @@ FLASHLIB_ALLOWED = ()          # the stub imports nothing of flashlib
 # kernel the GPU check compiles references, and a recording wrapper cannot be compiled; importing
 # it is refused before anything runs (integrity.borrowed)
 FLASHLIB_ANSWERS = ()
+# under `flashlib grade` the log is made in the student process (checks.beside): its module is
+# imported there before the student's file, as the libraries the file imports are
+PRELOAD = ("flashlib.teach.mbarrier",)
 NBYTES = {64: 16384, 128: 32768}     # one block's bytes: BLOCK_N rows of 128 float16 (stand-in descriptors)
 
 HINT_COUNT = "load each block once: for j in range(n_blocks), K_j and V_j"
@@ -66,10 +70,12 @@ def _record(impl, stages, block_n, batch, kv_head, first_row, n_blocks):
     fn = checks.function(impl, "load_kv")
     call = (f"load_kv(batch={batch}, kv_head={kv_head}, first_row={first_row}, n_blocks={n_blocks}, "
             f"BLOCK_N={block_n}, STAGES={stages})")
-    try:
-        return model.record(fn, stages, NBYTES[block_n], batch, kv_head, first_row, n_blocks, block_n), call
-    except model.ProtocolError as e:
-        checks.fail(f"{call}: {e}", HINT_STAGE if e.kind == "index" else None)
+    events = checks.beside(fn, model.record, stages, NBYTES[block_n], batch, kv_head, first_row, n_blocks,
+                           block_n)
+    if events and events[-1][0] == "error":
+        _, kind, message = events[-1]
+        checks.fail(f"{call}: {message}", HINT_STAGE if kind == "index" else None)
+    return events, call
 
 
 def _copies(events, kind):
