@@ -19,7 +19,10 @@ has the student's signature and source (read from the grader's own copy of the f
 graders' ``inspect`` checks work; any kernel launch that receives such a proxy (a grader's
 harness kernel, ``fa1_forward``, ``fa2_forward``) is routed to the student process: the grader
 resolves the grid and sends the kernel's name, and the launch runs there on copies of the
-tensors, which come back afterwards. So on the Triton exercises (ex06, ex07) the *launch* runs in
+tensors, which come back afterwards. A check that must read the student's code itself (ex12c's
+log of a Gluon function's calls) asks for one of flashlib's own functions to be applied to the
+student's objects there (``Student.apply``, ``checks.beside``); only plain data comes back.
+So on the Triton exercises (ex06, ex07) the *launch* runs in
 the student's process, with its copy of flashlib and Triton: a student who patches those could
 fake a kernel's output. The student process therefore compares, after import and at the end,
 the functions and classes of flashlib, numpy, torch and Triton's runtime with a snapshot taken
