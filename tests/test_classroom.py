@@ -343,6 +343,22 @@ def test_arrays_and_tensor_views_cross_the_wire():
     assert got_view.stride() == view.stride() and len(decoder.new_storages) == 1
 
 
+def test_only_flashlibs_own_functions_are_applied_beside_a_student():
+    """checks.beside runs a function in the student process only if it is flashlib's own, named
+    by its module (the student process resolves the name again and refuses other modules)."""
+    from flashlib.teach import mbarrier
+
+    sent = []
+    box = type("Box", (), {"request": lambda self, msg, extra=None: sent.append(msg) or {"result": [("ok",)]}})()
+    student = sandbox.Student(box, "ada/ex12c_tma_producer.py", "")
+    assert student.apply(mbarrier.record, (1, 2), {}) == [("ok",)]
+    assert sent[-1]["op"] == "apply" and sent[-1]["function"] == ("flashlib", "flashlib.teach.mbarrier", "record")
+    for foreign in (len, os.path.join, lambda x: x):
+        with pytest.raises(ValueError, match="only flashlib's own functions"):
+            student.apply(foreign, (), {})
+    assert len(sent) == 1
+
+
 def test_replies_too_large_once_rebuilt_are_refused():
     """Few bytes on the wire, gigabytes in the grader: nested shared lists, and tensor views that
     show more elements than their storage holds. A small broadcast view still crosses."""
