@@ -87,3 +87,14 @@ def test_check_says_the_kernel_check_needs_hopper(capsys, monkeypatch):
     assert self_check.check("ex12c", impl="solutions", seed=1)
     out = capsys.readouterr().out
     assert "ex12c passed" in out and "did not run: no GPU here" in out
+
+
+def test_a_triton_without_gluon_gets_a_hint_not_just_an_import_error(tmp_path, monkeypatch):
+    from flashlib.course import grading
+    file = tmp_path / "ex12c_tma_producer.py"
+    file.write_text("from triton.experimental.gluon.language.nvidia.nosuch import mbarrier\n")
+    for has_gluon, hinted in ((True, False), (False, True)):
+        monkeypatch.setattr(grading, "_has_gluon_hopper", lambda: has_gluon)
+        report = grading.run_checks("ex12c", path=file, seed=1)
+        assert report.status == "error" and "fails on import: ModuleNotFoundError" in report.problem
+        assert ("Hopper API (mbarrier, tma) this Triton" in report.problem) == hinted

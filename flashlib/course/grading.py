@@ -157,9 +157,21 @@ def _error_hint(exc, path=None) -> str:
                 "so a per-row value broadcasts against the row")
     elif isinstance(exc, TypeError) and "argument" in text:
         hint = "keep the function's signature exactly as in the stub"
+    elif isinstance(exc, ImportError) and "gluon" in text and not _has_gluon_hopper():
+        import triton
+        hint = (f"this exercise is written in Gluon, whose Hopper API (mbarrier, tma) this Triton "
+                f"({triton.__version__}) lacks: install a newer Triton (the course's GPU runs use 3.6)")
     else:
         return ""
     return f"\n    hint: {hint}"
+
+
+def _has_gluon_hopper() -> bool:
+    try:
+        from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _error_message(exc, path) -> str:
@@ -242,7 +254,7 @@ def run_checks(exercise, *, impl="exercises", path=None, seed=None, root=None, g
         report.status = "error"
         return report
     except Exception as e:
-        report.problem = f"your file fails on import: {type(e).__name__}: {e}{_where(e, file)}"
+        report.problem = f"your file fails on import: {_error_message(e, file)}"
         report.status = "error"
         return report
     why = foreign(module, allowed, root)
