@@ -258,7 +258,8 @@ def _say_why_no_gpu_checks(exercise) -> bool:
     Hopper kernel): print why they do not run on this machine; True if they do not."""
     why = getattr(load_grader(resolve(exercise)), "gpu_checks_unavailable", lambda: None)()
     if why is not None:
-        print(f"{short(resolve(exercise))}: its GPU check (your code compiled into a kernel on the GPU) did not run: {why}.")
+        print(f"{short(resolve(exercise))}: its GPU check (your code compiled into a kernel on the GPU) "
+              f"did not run: {why}.")
     return why is not None
 
 

@@ -4,11 +4,12 @@ Run as a plain script by ``flashlib.course.sandbox`` (``python -I -B student_pro
 CONFIG``), under bubblewrap when it can (``flashlib.course.bwrap``), it sets its resource limits
 (``limits``), imports the student's file and serves
 the grader's requests over two pipes (``_Child.serve``): call a function of the file, launch
-a Triton kernel with the student's ``@triton.jit`` function plugged in, or apply one of flashlib's
-functions to the student's objects (exercise 12c's record of a Gluon function's calls). It answers with outputs,
-never a grade, and reports every library function the file patched (``_Child._patched``).
-``flashlib.course.sandbox``'s docstring says what is and is not prevented. Imports nothing of
-flashlib before the student's file asks for it, except ``wire.py`` beside it, loaded by path.
+a Triton kernel with the student's ``@triton.jit`` function plugged in, or apply one of
+flashlib's functions to the student's objects (exercise 12c's record of a Gluon function's
+calls). It answers with outputs, never a grade, and reports every library function the file
+patched (``_Child._patched``). ``flashlib.course.sandbox``'s docstring says what is and is not
+prevented. Imports nothing of flashlib before the student's file asks for it (or the grader's
+``PRELOAD`` does), except ``wire.py`` beside it, loaded by path.
 """
 import inspect
 import json
