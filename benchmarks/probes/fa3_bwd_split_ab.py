@@ -8,12 +8,16 @@ in turn, so that clock drift falls on all alike. Prints medians over rounds, TFL
 forward's 4 B H N N D, halved for causal) and ratios to cuDNN. --mods softcap,alibi: the same
 for the score modifiers (softcap 20, ALiBi with per-head slopes; forward and backward with the
 modifier; checked first as the plain kernels), at d128, against the plain cuDNN backward (cuDNN
-takes no softcap): their ratio shows what the modifier costs each variant.
+takes no softcap): their ratio shows what the modifier costs each variant. --before FILE: also
+an earlier ``fa3_bwd.py`` (e.g. ``git show REV:flashlib/kernels/fa3_bwd.py > FILE``), its
+variants named ``before:NAME``; ``default`` names each head dim's default variant.
 
     PYTHONPATH=$PWD FLASHLIB_AUTOTUNE=0 python benchmarks/probes/fa3_bwd_split_ab.py
         [--variants 2wg,2wg_split] [--rounds 3] [--mods softcap,alibi]
+        [--before FILE --variants default,before:default]
 """
 import argparse
+import importlib.util
 import statistics
 
 import torch
@@ -35,12 +39,34 @@ def modifiers(name, Hq):
     return {"plain": {}, "softcap": dict(softcap=20.0), "alibi": dict(alibi_slopes=slopes)}[name]
 
 
+MODULES = {"": fa3_bwd}   # "before": the --before file's module
+
+
+def load_before(path):
+    """``path`` (an fa3_bwd.py) as the module ``flashlib.kernels.fa3_bwd_before`` (its relative
+    imports resolve in flashlib.kernels)."""
+    spec = importlib.util.spec_from_file_location("flashlib.kernels.fa3_bwd_before", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    MODULES["before"] = module
+
+
+def runs_at(variant, D):
+    """Whether ``variant`` ([before:]NAME) compiles at head dim D."""
+    where, _, name = variant.rpartition(":")
+    return name == "default" or D in MODULES[where].VARIANTS[name].head_dims
+
+
 def backward(variant, q, k, v, dout, causal, mods):
-    """(fa3_forward's out and lse, a function running ``variant``'s backward) with modifiers ``mods``."""
+    """(fa3_forward's out and lse, a function running ``variant``'s backward) with modifiers ``mods``;
+    variant: [before:]NAME, NAME ``default`` the module's default at q's head dim."""
+    where, _, name = variant.rpartition(":")
+    module = MODULES[where]
+    name = None if name == "default" else name
     mod = score_mod.make(q, score_mod.Modifiers(**mods))
     out, lse = fa3_forward(q, k, v, causal=causal, score_mod=mod if mods else None)
-    return lambda: fa3_bwd.fa3_backward(q, k, v, out, lse, dout, causal=causal, variant=variant,
-                                        score_mod=mod if mods else None)
+    return lambda: module.fa3_backward(q, k, v, out, lse, dout, causal=causal, variant=name,
+                                       score_mod=mod if mods else None)
 
 
 def check(variant, D, causal, mod="plain"):
@@ -67,27 +93,33 @@ def main():
     ap.add_argument("--variants", default="2wg,2wg_split")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--mods", default="", help="comma-separated: softcap, alibi (at d128)")
+    ap.add_argument("--before", help="an earlier fa3_bwd.py, its variants named before:NAME")
+    ap.add_argument("--head-dims", default="64,128")
     args = ap.parse_args()
+    if args.before:
+        load_before(args.before)
     variants = args.variants.split(",")
     mods = ["plain"] + [m for m in args.mods.split(",") if m]
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
-    for D in (64, 128):
+    head_dims = [int(d) for d in args.head_dims.split(",")]
+    for D in head_dims:
         for causal in (False, True):
-            for variant in variants:
-                for mod in mods if D == 128 else ["plain"]:
+            for variant in [v for v in variants if runs_at(v, D)]:
+                for mod in mods:
                     check(variant, D, causal, mod)
-    print(f"oracle checks passed: {variants} at d64/d128, causal and not (2 x 6/2 heads x 1000 x 1531); "
-          f"{', '.join(mods)} at d128")
+    print(f"oracle checks passed: {variants} at {head_dims} where they run, causal and not "
+          f"(2 x 6/2 heads x 1000 x 1531); {', '.join(mods)} at d128")
     cudnn = sdpa_backend("sdpa_cudnn")
     print(f"{'shape':32} " + " ".join(f"{v:>16}" for v in variants)
           + f" {'sdpa cudnn':>16}  (bwd TFLOP/s, ratio to cuDNN's plain backward)")
-    cases = [(D, N, causal, mod) for D in (64, 128) for N in (4096, 16384) for causal in (False, True)
-             for mod in (mods if D == 128 else ["plain"])]
+    cases = [(D, N, causal, mod) for D in head_dims for N in (4096, 16384) for causal in (False, True)
+             for mod in mods]
     for D, N, causal, mod in cases:
         B, H = 32768 // N, 2048 // D
         q, k, v, dout = (torch.randn(B, H, N, D, device="cuda", dtype=torch.float16) for _ in range(4))
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        runs = {variant: backward(variant, q, k, v, dout, causal, modifiers(mod, H)) for variant in variants}
+        runs = {variant: backward(variant, q, k, v, dout, causal, modifiers(mod, H)) for variant in variants
+                if runs_at(variant, D)}
         runs["fwd_bwd cudnn"] = lambda: torch.autograd.grad(cudnn(*leaves, causal), leaves, dout)
 
         def fwd():
@@ -104,7 +136,7 @@ def main():
         ms["sdpa cudnn"] = ms["fwd_bwd cudnn"] - ms["fwd cudnn"]
         flops = 2.5 * 4 * B * H * N * N * D / (2 if causal else 1)
         cells = []
-        for name in variants + ["sdpa cudnn"]:
+        for name in [v for v in variants if runs_at(v, D)] + ["sdpa cudnn"]:
             spread = (f" ±{(max(times[name]) - min(times[name])) / ms[name] / 2:.1%}"
                       if name in times else "")
             cells.append(f"{flops / ms[name] * 1e-9:6.0f} {ms['sdpa cudnn'] / ms[name]:.3f}x{spread}")

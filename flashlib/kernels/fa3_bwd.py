@@ -23,6 +23,14 @@ bottom-right causal, grouped heads):
   arrival per consumer a step), says both dS are stored; one more round of it at the end keeps
   dK from overwriting a K buffer the other consumer's last dQ still reads. A step then makes one
   block_m x D/2 TMA reduce-add per consumer instead of two block_m x D/2 slices each;
+- ``wide`` (the d64 default without a score modifier): one consumer of 8 warps, two warpgroups,
+  with 128 keys and 128 query rows a step. Every tile's rows are split between its warpgroups by
+  the wgmma layout itself (S and dP: query rows; dK and dV: keys), so each reads the other's P and
+  dS rows from shared memory, ordered by the compiler's bar.sync over the partition's 256 threads
+  instead of mbarriers between partitions; dQ's rows are each warpgroup's own (one reduce-add a
+  step for the CTA). A step is twice the two-consumer step's matmul work for the same per-step
+  costs (waits, barriers, loads issued, one reduce-add). At d128 it cannot fit: S, dP, dK and dV
+  take 64 registers a thread each, over the 240 a consumer thread gets;
 - dQ as FA3 accumulates it: the float32 partial goes to shared memory and one TMA reduce-add
   (``cp.reduce.async.bulk.tensor``, clipped at Nq) adds it into a float32 ``dq_accum``
   (DQ_TMA; otherwise ``atomic_add`` from registers); a last small kernel scales it and casts it.
@@ -49,9 +57,9 @@ P, dS and dQ partials are 0 and the reduce-add into the next sequence's dq_accum
 Keys past Nk are masked as ragged tails are, but their dK and dV rows are another CTA's: a
 sequence's last key block leaves by a masked store from registers, full blocks by TMA. dq_accum
 is (1, Hq, total_q, D); the preprocess and convert kernels see one batch entry of total_q rows.
-For sm90 it compiles without spills at d64; at d128 the variants spill (the default 80-96 bytes
-a thread; packed sequences' 2wg 220-236: hopper_bwd_compile_check), a few more local loads per
-step.
+For sm90 it compiles without spills at d64 (``wide`` with ALiBi: 52-256 bytes, why it is not
+the default with a modifier); at d128 the variants spill (the default 80-96 bytes a thread;
+packed sequences' 2wg 220-236: hopper_bwd_compile_check), a few more local loads per step.
 
 One CTA, producer and 2 consumers (t: step over (query head, query block); s = t % STAGES)::
 
@@ -124,7 +132,9 @@ class Variant(NamedTuple):
     without spills (hopper_bwd_compile_check); dq_split: dQ's columns divided between the two
     consumers (FA3's layout): each computes half of dQ's columns from both consumers' dS (double
     buffered in shared memory, a barrier between them a step), one TMA reduce-add of
-    block_m x D/2 each instead of block_m x D."""
+    block_m x D/2 each instead of block_m x D. block_n: keys per consumer, 16 a warp: 64 (one
+    warpgroup) or 128 (one consumer of two warpgroups, every tile's rows split between them: S and
+    dP the query rows, dK and dV the keys; its barriers between them are bar.sync, not mbarriers)."""
     num_wg: int
     block_m: int
     keys_m: bool
@@ -133,6 +143,7 @@ class Variant(NamedTuple):
     head_dims: tuple
     about: str
     dq_split: bool = False
+    block_n: int = BLOCK_N
 
 
 VARIANTS = {
@@ -144,12 +155,15 @@ VARIANTS = {
     "2wg_keys_m": Variant(2, 64, True, True, 240, (64,), "as 2wg, keys along M (P^T in registers)"),
     "2wg_split": Variant(2, 64, False, True, 240, (64, 128), "as 2wg, dQ's columns split between the consumers",
                          dq_split=True),
-    # 128 query rows a step (FA3's d64 tile) spilled over 1 KB a thread at d64 under Triton 3.6
+    "wide": Variant(1, 128, False, True, 240, (64,), "one consumer of 8 warps: 128 keys x 128 query rows a "
+                    "step (FA3's d64 tile), dQ TMA reduce", block_n=128),
+    # 128 query rows a step (FA3's d64 tile) in two consumers of 64 keys spilled over 1 KB a thread at d64 under Triton 3.6
     # (S and dP 64 registers each beside dK, dV): removed until it is restructured
 }
 # the variant ahead at each head dim, dense and packed (benchmarks/probes/fa3_bwd_split_ab.py and
-# fa3_bwd_packed_ab.py; numbers: NOTES.md)
-DEFAULT_VARIANT = {64: "2wg", 128: "2wg_split"}
+# fa3_bwd_packed_ab.py; numbers: NOTES.md); with a score modifier "wide" spills and 2wg leads
+DEFAULT_VARIANT = {64: "wide", 128: "2wg_split"}
+DEFAULT_VARIANT_MODIFIED = {64: "2wg", 128: "2wg_split"}
 
 
 def kernel_config(variant: str, D: int, elem_bytes: int = 2, smem_bytes: Optional[int] = None,
@@ -164,22 +178,26 @@ def kernel_config(variant: str, D: int, elem_bytes: int = 2, smem_bytes: Optiona
         raise ValueError(f"variant {variant!r} is for head dims {v.head_dims}, not {D}")
     dq_n = D // 2 if v.dq_split else min(D, DQ_N)
     tiles = 1 if v.keys_m else (3 if v.dq_split else 2)            # dS (twice with dq_split), P
-    fixed = (2 * D + tiles * v.block_m) * v.num_wg * BLOCK_N * elem_bytes
+    fixed = (2 * D + tiles * v.block_m) * v.num_wg * v.block_n * elem_bytes
     if v.dq_tma:
         fixed += v.num_wg * v.block_m * dq_n * 4
     smem_bytes = SMEM_BYTES if smem_bytes is None else smem_bytes
     stages = min(MAX_STAGES, (smem_bytes - SMEM_SPARE - fixed) // (2 * v.block_m * D * elem_bytes))
     if stages < 1:
         raise ValueError(f"variant {variant!r} does not fit shared memory at head dim {D}")
-    return dict(BLOCK_M=v.block_m, BLOCK_N=BLOCK_N, HEAD_D=D, NUM_WG=v.num_wg, STAGES=stages,
+    return dict(BLOCK_M=v.block_m, BLOCK_N=v.block_n, HEAD_D=D, NUM_WG=v.num_wg, STAGES=stages,
                 DQ_TMA=v.dq_tma, KEYS_M=v.keys_m, DQ_N=dq_n, CONSUMER_REGS=v.regs or 240,
                 DQ_FIRST=(dq_before_dk or v.dq_split) and not v.keys_m, DQ_SPLIT=v.dq_split)
 
 
 def launch_options(variant: str) -> dict:
-    """4 warps (the default partition is consumer 0); with one consumer a launch register count
-    that setmaxnreg moves to it from the producer, as in fa3_fwd."""
-    return dict(num_warps=4, **({"maxnreg": 128} if VARIANTS[variant].num_wg == 1 else {}))
+    """A warp per 16 keys (the default partition is consumer 0); with one consumer a launch register
+    count that setmaxnreg moves to it from the producer, as in fa3_fwd: the count times the CTA's
+    threads (the producer's warp padded to a warpgroup) is what it divides, 128 x 256 giving one
+    consumer warpgroup 232 registers a thread, 168 x 384 two 240."""
+    v = VARIANTS[variant]
+    return dict(num_warps=v.block_n // 16,
+                **({"maxnreg": 128 if v.block_n == 64 else 168} if v.num_wg == 1 else {}))
 
 
 if _GLUON:
@@ -386,7 +404,8 @@ if _GLUON:
         ``_step_keys_m``'s. Returns (dk, dv); DQ_FIRST: dV still in flight and dK not issued
         (the consumer issues it after dQ's first slice)."""
         dtype: gl.constexpr = k.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
+                                                           warps_per_cta=[BLOCK_N // 16, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         lse2, delta = _row_stats(lse2_ptr, delta_ptr, rows, n_rows, VARLEN)
@@ -457,9 +476,10 @@ if _GLUON:
         packed tensors, and a sequence's last key block leaves by masked stores into dK and dV
         (rows stride_dkm, heads stride_dkh apart)."""
         dtype: gl.constexpr = dk_desc.dtype
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+        WARPS: gl.constexpr = BLOCK_N // 16     # the consumer's, 16 keys (and query rows) each
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                              instr_shape=[16, HEAD_D, 16])
-        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                             instr_shape=[16, DQ_N, 16])
         tma_b = off_b
         q_row0 = 0
@@ -517,6 +537,9 @@ if _GLUON:
                                       DQ_FIRST)
                 ds = ds_smem.index(buf + WG)
             if DQ_SPLIT:   # this consumer's half of dQ's columns, from both consumers' dS and K
+                # the previous step's reduce has read dq_smem (it had a whole step): waited here,
+                # the barrier below tells the other threads too, and none is needed before the store
+                tma.store_wait(0)
                 gl.thread_barrier()              # every thread's dS stored (and fenced) ...
                 mbarrier.arrive(ds_ready)        # ... before the other consumer may read it
                 mbarrier.wait(ds_ready, t & 1)   # and the other's stored
@@ -527,7 +550,6 @@ if _GLUON:
                 dk = warpgroup_mma(ds.permute((1, 0)), q_smem.index(s).reshape([BLOCK_M, HEAD_D]), dk,
                                    is_async=True)
                 dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))        # dK runs under dQ's store
-                tma.store_wait(0)             # the previous reduce has read the buffer
                 dq_smem.index(WG).reshape([BLOCK_M, DQ_N]).store(dq)
                 fence_async_shared()
                 _tma_reduce_add(dqa_desc, [tma_b, off_h, q_row0 + row0, WG * DQ_N], dq_smem.index(WG))
@@ -537,6 +559,9 @@ if _GLUON:
                 if DQ_FIRST:   # dQ's first slice, then dK += dS^T Q: the slice's store and reduce below
                     # run while dK's wgmma does (wgmma groups complete in order: waiting for all but
                     # the last leaves dK in flight)
+                    if DQ_TMA:   # the previous reduce has read dq_smem: waited before the barrier
+                        tma.store_wait(0)   # that orders dS's stores before this wgmma, which
+                        #                     then also tells the other threads
                     dq_first = warpgroup_mma(ds, k.slice(0, DQ_N, dim=1),
                                              gl.zeros([BLOCK_M, DQ_N], gl.float32, dq_layout),
                                              use_acc=False, is_async=True)
@@ -560,7 +585,8 @@ if _GLUON:
                             dq = warpgroup_mma_wait(0, deps=(dq, ))
                     if DQ_TMA:   # through a (BLOCK_M, DQ_N) float32 buffer and a TMA reduce-add
                         # (VARLEN: rows past Nq add their zeros into the next sequence's)
-                        tma.store_wait(0)         # the previous reduce has read the buffer
+                        if not (DQ_FIRST and part == 0):   # (waited above)
+                            tma.store_wait(0)     # the previous reduce has read the buffer
                         dq_smem.index(WG).reshape([BLOCK_M, DQ_N]).store(dq)
                         fence_async_shared()
                         _tma_reduce_add(dqa_desc, [tma_b, off_h, q_row0 + row0, part * DQ_N],
@@ -740,7 +766,8 @@ def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=N
     q, out, dout: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D), float16/bfloat16, D in (64, 128), on an
     sm90 GPU (check ``supported`` first); lse (B, Hq, Nq) float32 natural log (-inf: a row with no
     key). Returns ``(dq, dk, dv)`` in q's dtype; dk, dv summed over each group of query heads.
-    variant: a key of ``VARIANTS`` (default ``DEFAULT_VARIANT[D]``). score_mod: the forward's ``kernels.score_mod.ScoreMod``
+    variant: a key of ``VARIANTS`` (default ``DEFAULT_VARIANT[D]``, ``DEFAULT_VARIANT_MODIFIED[D]``
+    with a modifier). score_mod: the forward's ``kernels.score_mod.ScoreMod``
     (softcap, ALiBi), None: the scores as they are.
     cu_seqlens=(cu_q, cu_k), max_seqlen=(max_q, max_k): packed sequences as ``fa3_forward`` takes
     them, q, out, dout (total_q, Hq, D), k, v (total_k, Hkv, D), lse (Hq, total_q); dq, dk, dv
@@ -789,7 +816,7 @@ def fa3_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, variant=N
         B, Nq, Nk = q.shape[0], rows_q, rows_k
     if B * Hq == 0 or 0 in (Nq, Nk, rows_q, rows_k):
         return dq.zero_(), dk.zero_(), dv.zero_()
-    variant = variant or DEFAULT_VARIANT[D]
+    variant = variant or (DEFAULT_VARIANT if mod_fn is _identity else DEFAULT_VARIANT_MODIFIED)[D]
     config = kernel_config(variant, D, smem_bytes=options.fa3_smem_bytes, dq_before_dk=options.fa3_dq_before_dk)
     BM = config["BLOCK_M"]
     # lse2, delta rows per (batch, head): dense padded to whole query blocks (lse +inf, delta 0);
