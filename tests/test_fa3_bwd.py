@@ -27,9 +27,8 @@ def test_variants_fit_shared_memory():
             assert D in fa3_bwd.VARIANTS[name].head_dims
     for name, v in fa3_bwd.VARIANTS.items():
         assert v.num_wg in (1, 2) and v.block_m in (64, 128) and v.about
-        # a warp per 16 keys; two warpgroups in one consumer only as the only consumer, and its
-        # query rows split between them as the keys are
-        assert v.block_n in (64, 128) and (v.block_n == 64 or (v.num_wg == 1 and v.block_m == v.block_n))
+        # a warp per 16 keys; two warpgroups in one consumer only as the only consumer
+        assert v.block_n in (64, 128) and (v.block_n == 64 or v.num_wg == 1)
         assert fa3_bwd.launch_options(name)["num_warps"] == v.block_n // 16
         for D in v.head_dims:
             config = fa3_bwd.kernel_config(name, D)
@@ -38,7 +37,7 @@ def test_variants_fit_shared_memory():
             kv = 2 * v.num_wg * v.block_n * D * 2
             tiles = 1 if v.keys_m else 3 if v.dq_split else 2      # dS (two buffers when split), P
             ds_p = tiles * v.num_wg * v.block_n * v.block_m * 2
-            dq_cols = D // 2 if v.dq_split else min(D, fa3_bwd.DQ_N)
+            dq_cols = D // 2 if v.dq_split else D if v.block_n == 128 else min(D, fa3_bwd.DQ_N)
             dq = v.num_wg * v.block_m * dq_cols * 4 if v.dq_tma else 0
             assert config["DQ_N"] == dq_cols and config["DQ_SPLIT"] == v.dq_split
             assert config["BLOCK_N"] == v.block_n

@@ -30,7 +30,9 @@ bottom-right causal, grouped heads):
   instead of mbarriers between partitions; dQ's rows are each warpgroup's own (one reduce-add a
   step for the CTA). A step is twice the two-consumer step's matmul work for the same per-step
   costs (waits, barriers, loads issued, one reduce-add). At d128 it cannot fit: S, dP, dK and dV
-  take 64 registers a thread each, over the 240 a consumer thread gets;
+  take 64 registers a thread each, over the 240 a consumer thread gets. ``wide_m64`` takes 64
+  query rows a step: the warpgroups split S's and dP's keys and dQ's columns instead of rows
+  (32 registers each for S and dP), and it fits at d128;
 - dQ as FA3 accumulates it: the float32 partial goes to shared memory and one TMA reduce-add
   (``cp.reduce.async.bulk.tensor``, clipped at Nq) adds it into a float32 ``dq_accum``
   (DQ_TMA; otherwise ``atomic_add`` from registers); a last small kernel scales it and casts it.
@@ -157,6 +159,10 @@ VARIANTS = {
                          dq_split=True),
     "wide": Variant(1, 128, False, True, 240, (64,), "one consumer of 8 warps: 128 keys x 128 query rows a "
                     "step (FA3's d64 tile), dQ TMA reduce", block_n=128),
+    # compiled for sm90 without spills at d64 and d128 (hopper_bwd_compile_check; 2wg_split spills
+    # 80-96 bytes at d128); not yet run on a GPU (benchmarks/probes/NOTES.md, 2026-11-29)
+    "wide_m64": Variant(1, 64, False, True, 240, (64, 128), "as wide, 64 query rows a step: S's keys and "
+                        "dQ's columns split between the two warpgroups", block_n=128),
     # 128 query rows a step (FA3's d64 tile) in two consumers of 64 keys spilled over 1 KB a thread at d64 under Triton 3.6
     # (S and dP 64 registers each beside dK, dV): removed until it is restructured
 }
@@ -176,7 +182,8 @@ def kernel_config(variant: str, D: int, elem_bytes: int = 2, smem_bytes: Optiona
     v = VARIANTS[variant]
     if D not in v.head_dims:
         raise ValueError(f"variant {variant!r} is for head dims {v.head_dims}, not {D}")
-    dq_n = D // 2 if v.dq_split else min(D, DQ_N)
+    # (two warpgroups in one consumer: dQ's columns split between them by S's layout)
+    dq_n = D // 2 if v.dq_split else D if v.block_n > BLOCK_N else min(D, DQ_N)
     tiles = 1 if v.keys_m else (3 if v.dq_split else 2)            # dS (twice with dq_split), P
     fixed = (2 * D + tiles * v.block_m) * v.num_wg * v.block_n * elem_bytes
     if v.dq_tma:
@@ -404,9 +411,13 @@ if _GLUON:
         ``_step_keys_m``'s. Returns (dk, dv); DQ_FIRST: dV still in flight and dK not issued
         (the consumer issues it after dQ's first slice)."""
         dtype: gl.constexpr = k.dtype
+        # the consumer's warps down the query rows, 16 each; two warpgroups over 64 rows split
+        # the keys instead
+        WARPS: gl.constexpr = BLOCK_N // 16
+        ACROSS: gl.constexpr = 1 if BLOCK_M >= 16 * WARPS else 16 * WARPS // BLOCK_M
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
-                                                           warps_per_cta=[BLOCK_N // 16, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
+                                                           warps_per_cta=[WARPS // ACROSS, ACROSS],
+                                                           instr_shape=[16, BLOCK_N // ACROSS, 16])
         rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         lse2, delta = _row_stats(lse2_ptr, delta_ptr, rows, n_rows, VARLEN)
         mbarrier.wait(q_bar, phase)
@@ -477,10 +488,12 @@ if _GLUON:
         (rows stride_dkm, heads stride_dkh apart)."""
         dtype: gl.constexpr = dk_desc.dtype
         WARPS: gl.constexpr = BLOCK_N // 16     # the consumer's, 16 keys (and query rows) each
+        ACROSS: gl.constexpr = 1 if BLOCK_M >= 16 * WARPS else 16 * WARPS // BLOCK_M   # as S's
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                              instr_shape=[16, HEAD_D, 16])
-        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                            instr_shape=[16, DQ_N, 16])
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
+                                                            warps_per_cta=[WARPS // ACROSS, ACROSS],
+                                                            instr_shape=[16, DQ_N // ACROSS, 16])
         tma_b = off_b
         q_row0 = 0
         k_row0 = 0
