@@ -135,8 +135,9 @@ class Variant(NamedTuple):
     consumers (FA3's layout): each computes half of dQ's columns from both consumers' dS (double
     buffered in shared memory, a barrier between them a step), one TMA reduce-add of
     block_m x D/2 each instead of block_m x D. block_n: keys per consumer, 16 a warp: 64 (one
-    warpgroup) or 128 (one consumer of two warpgroups, every tile's rows split between them: S and
-    dP the query rows, dK and dV the keys; its barriers between them are bar.sync, not mbarriers)."""
+    warpgroup) or 128 (one consumer of two warpgroups, every tile split between them: dK and dV by
+    keys, S, dP and dQ by query rows, or with 64 query rows by keys and dQ's columns; its barriers
+    between them are bar.sync, not mbarriers)."""
     num_wg: int
     block_m: int
     keys_m: bool
@@ -163,8 +164,8 @@ VARIANTS = {
     # 80-96 bytes at d128); not yet run on a GPU (benchmarks/probes/NOTES.md, 2026-11-29)
     "wide_m64": Variant(1, 64, False, True, 240, (64, 128), "as wide, 64 query rows a step: S's keys and "
                         "dQ's columns split between the two warpgroups", block_n=128),
-    # 128 query rows a step (FA3's d64 tile) in two consumers of 64 keys spilled over 1 KB a thread at d64 under Triton 3.6
-    # (S and dP 64 registers each beside dK, dV): removed until it is restructured
+    # 128 query rows a step in two consumers of 64 keys spilled over 1 KB a thread at d64 (Triton
+    # 3.6; S and dP 64 registers each beside dK, dV, and a 128-row dQ partial): "wide" instead
 }
 # the variant ahead at each head dim, dense and packed (benchmarks/probes/fa3_bwd_split_ab.py and
 # fa3_bwd_packed_ab.py; numbers: NOTES.md); with a score modifier "wide" spills and 2wg leads
@@ -175,10 +176,11 @@ DEFAULT_VARIANT_MODIFIED = {64: "2wg", 128: "2wg_split"}
 def kernel_config(variant: str, D: int, elem_bytes: int = 2, smem_bytes: Optional[int] = None,
                   dq_before_dk: bool = True) -> dict:
     """The kernel's constexprs for ``variant`` at head dim D: the Q/dO ring as deep as fits beside
-    K and V (num_wg x 64 x D each), dS (and P unless keys_m; num_wg x 64 x block_m each; dq_split:
-    two dS buffers) and, with dq_tma, a float32 dQ slice per consumer (block_m x min(D, DQ_N), with
-    dq_split D / 2), in ``smem_bytes`` (None: ``SMEM_BYTES``). dq_before_dk: dQ's first slice issued
-    before dK's wgmma (rows along M; dq_split always)."""
+    K and V (num_wg x block_n x D each), dS (and P unless keys_m; num_wg x block_n x block_m each;
+    dq_split: two dS buffers) and, with dq_tma, a float32 dQ slice per consumer (block_m x
+    min(D, DQ_N); dq_split: D / 2; two warpgroups in the consumer: D), in ``smem_bytes`` (None:
+    ``SMEM_BYTES``). dq_before_dk: dQ's first slice issued before dK's wgmma (rows along M;
+    dq_split always)."""
     v = VARIANTS[variant]
     if D not in v.head_dims:
         raise ValueError(f"variant {variant!r} is for head dims {v.head_dims}, not {D}")
