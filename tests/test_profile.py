@@ -204,7 +204,7 @@ def test_script_writes_and_merges_its_report(tmp_path):
 
 
 BACKWARD_CASES = ["fa3_bwd_2wg_d128", "fa3_bwd_2wg_split_d128", "sdpa_cudnn_bwd_d128", "fa3_bwd_2wg_d64",
-                  "sdpa_cudnn_bwd_d64"]
+                  "sdpa_cudnn_bwd_d64", "fa3_bwd_wide_d64", "fa3_bwd_wide_m64_d128"]
 
 
 def test_script_backward_cases_are_opt_in_and_counted():

@@ -26,7 +26,7 @@ N=4096, float16, not causal (lesson 07's roofline shape):
 
 Opt-in, by name (issue 57), the same for FA3's backward (``kernels.fa3_bwd.fa3_backward``, not
 causal) before (variant ``2wg``) and after (``2wg_split``: dQ's columns split between the
-consumers) beside SDPA cuDNN's. flashlib's backward is timed alone: out and lse (``fa3_forward``)
+consumers; ``wide`` and ``wide_m64``: one consumer of two warpgroups) beside SDPA cuDNN's. flashlib's backward is timed alone: out and lse (``fa3_forward``)
 and a random dout are made once; the timed call runs the backward's kernels (preprocess, main, dQ
 convert) and the zero fill of its float32 dQ accumulator. autograd reaches cuDNN's backward only
 through its forward: its time is forward + backward less the forward alone (grad enabled, as
@@ -35,7 +35,8 @@ profiles every launch of the call and reports the longest, named in the report. 
 its own, so the lessons' forward report stays as it is:
 
     python tools/profile_kernels.py benchmarks/results/h200/profile_backward --cases fa3_bwd_2wg_d128 \
-        fa3_bwd_2wg_split_d128 sdpa_cudnn_bwd_d128 fa3_bwd_2wg_d64 sdpa_cudnn_bwd_d64
+        fa3_bwd_2wg_split_d128 sdpa_cudnn_bwd_d128 fa3_bwd_2wg_d64 sdpa_cudnn_bwd_d64 fa3_bwd_wide_d64 \
+        fa3_bwd_wide_m64_d128
 
 The committed report lives in benchmarks/results/<gpu>/profile/ (h100, else h200), where lessons 05
 and 07 look for it (``flashlib.teach.profile.load_report``). Autotuning results are kept on disk
@@ -68,12 +69,15 @@ CASES = {
     "ex07b_solution_d128": dict(impl="ex07b", D=128),
     "flash_attention_d64": dict(impl="flash_attention", D=64),       # FA3 on Hopper
     "flash_attention_d128": dict(impl="flash_attention", D=128),
-    # backward (issue 57), opt-in: before and after dQ's split, and cuDNN's
+    # backward (issue 57), opt-in: before and after dQ's split, one consumer of two warpgroups
+    # (wide at d64, wide_m64 at d128), and cuDNN's
     "fa3_bwd_2wg_d128": dict(impl="fa3_backward", variant="2wg", D=128),
     "fa3_bwd_2wg_split_d128": dict(impl="fa3_backward", variant="2wg_split", D=128),
     "sdpa_cudnn_bwd_d128": dict(impl="sdpa_cudnn_backward", D=128),
     "fa3_bwd_2wg_d64": dict(impl="fa3_backward", variant="2wg", D=64),
     "sdpa_cudnn_bwd_d64": dict(impl="sdpa_cudnn_backward", D=64),
+    "fa3_bwd_wide_d64": dict(impl="fa3_backward", variant="wide", D=64),
+    "fa3_bwd_wide_m64_d128": dict(impl="fa3_backward", variant="wide_m64", D=128),
 }
 BACKWARD = ("fa3_backward", "sdpa_cudnn_backward")     # impls whose case times a backward
 FORWARD_CASES = [name for name, case in CASES.items() if case["impl"] not in BACKWARD]   # the lessons'
