@@ -159,7 +159,7 @@ VARIANTS = {
     "2wg_split": Variant(2, 64, False, True, 240, (64, 128), "as 2wg, dQ's columns split between the consumers",
                          dq_split=True),
     "wide": Variant(1, 128, False, True, 240, (64,), "one consumer of 8 warps: 128 keys x 128 query rows a "
-                    "step (FA3's d64 tile), dQ TMA reduce", block_n=128),
+                    "step, dQ TMA reduce", block_n=128),
     # compiled for sm90 without spills at d64 and d128 (hopper_bwd_compile_check; 2wg_split spills
     # 80-96 bytes at d128); not yet run on a GPU (benchmarks/probes/NOTES.md, 2026-11-29)
     "wide_m64": Variant(1, 64, False, True, 240, (64, 128), "as wide, 64 query rows a step: S's keys and "
@@ -184,7 +184,8 @@ def kernel_config(variant: str, D: int, elem_bytes: int = 2, smem_bytes: Optiona
     v = VARIANTS[variant]
     if D not in v.head_dims:
         raise ValueError(f"variant {variant!r} is for head dims {v.head_dims}, not {D}")
-    # (two warpgroups in one consumer: dQ's columns split between them by S's layout)
+    # two warpgroups in one consumer: all of D at once, split between them as S is (by query rows,
+    # or with 64 of them by columns)
     dq_n = D // 2 if v.dq_split else D if v.block_n > BLOCK_N else min(D, DQ_N)
     tiles = 1 if v.keys_m else (3 if v.dq_split else 2)            # dS (twice with dq_split), P
     fixed = (2 * D + tiles * v.block_m) * v.num_wg * v.block_n * elem_bytes
