@@ -11,8 +11,9 @@ import argparse
 import statistics
 
 import torch
-import triton.testing
+import triton
 
+from fa3_bwd_split_ab import alternate
 from flashlib.kernels import fa3_bwd
 from flashlib.kernels.fa3_fwd import fa3_forward
 
@@ -40,12 +41,7 @@ def main():
             runs = {variant: (lambda variant=variant: fa3_bwd.fa3_backward(
                 q, k, v, out, lse, dout, causal=causal, variant=variant, **packed)) for variant in variants
                 if D in fa3_bwd.VARIANTS[variant].head_dims}
-            times = {name: [] for name in runs}
-            for fn in runs.values():
-                fn()
-            for _ in range(args.rounds):
-                for name, fn in runs.items():
-                    times[name].append(triton.testing.do_bench(fn))
+            times = alternate(runs, args.rounds)
             flops = 2.5 * 4 * H * D * sum(n * n for n in lengths) / (2 if causal else 1)
             print(f"d{D} H{H} {'causal' if causal else 'full':6} " + "  ".join(
                 f"{name} {statistics.median(t):.3f} ms {flops / statistics.median(t) * 1e-9:.0f} TFLOP/s"

@@ -69,6 +69,18 @@ def backward(variant, q, k, v, dout, causal, mods):
                                        score_mod=mod if mods else None)
 
 
+def alternate(runs, rounds):
+    """{name: [do_bench ms of each round]}: every function of ``runs`` once (compile, warm up),
+    then ``rounds`` rounds timing each in turn, so that clock drift falls on all alike."""
+    times = {name: [] for name in runs}
+    for fn in runs.values():
+        fn()
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            times[name].append(triton.testing.do_bench(fn))
+    return times
+
+
 def check(variant, D, causal, mod="plain"):
     """dq, dk, dv of ``variant`` against float64 autograd through the oracle (ragged, GQA 3:1)."""
     B, Hq, Hkv, Nq, Nk = CHECK_SHAPE
@@ -126,12 +138,7 @@ def main():
             with torch.no_grad():
                 return cudnn(*leaves, causal)
         runs["fwd cudnn"] = fwd
-        times = {name: [] for name in runs}
-        for fn in runs.values():
-            fn()
-        for _ in range(args.rounds):
-            for name, fn in runs.items():
-                times[name].append(triton.testing.do_bench(fn))
+        times = alternate(runs, args.rounds)
         ms = {name: statistics.median(t) for name, t in times.items()}
         ms["sdpa cudnn"] = ms["fwd_bwd cudnn"] - ms["fwd cudnn"]
         flops = 2.5 * 4 * B * H * N * N * D / (2 if causal else 1)
