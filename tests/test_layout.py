@@ -4,10 +4,12 @@ The core (``flashlib/*.py`` and ``flashlib/kernels/``) imports nothing from the 
 it (``teach``, ``course``, ``bench``); no module imports another that imports it back, however
 indirectly (imports inside functions count: they are arrows too); no file outside
 ``flashlib/kernels/`` is over 450 lines. No private name is imported across flashlib's modules,
-no module global is assigned from outside its module, and flashlib has no backslash line
-continuations.
+no module global is assigned from outside its module, every name read from a flashlib module
+(by the package, tests, benchmarks, probes and tools) exists there, and flashlib has no backslash
+line continuations.
 """
 import ast
+import importlib
 import io
 import tokenize
 from pathlib import Path
@@ -204,6 +206,52 @@ def test_no_module_global_is_assigned_from_outside_its_module():
     assert not found, "module globals assigned from outside their module:\n" + "\n".join(found)
 
 
+def _defined_at_top(module: str) -> set:
+    """Names a flashlib module's source defines outside functions and classes, inside ``if`` and
+    ``try`` blocks too (the Gluon kernels exist only where Gluon's Hopper API does)."""
+    found, blocks = set(), [ast.parse(MODULES[module].read_text()).body]
+    while blocks:
+        for node in blocks.pop():
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                found.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    found |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+            elif isinstance(node, (ast.If, ast.Try)):
+                blocks += [node.body, node.orelse, *(getattr(h, "body", []) for h in getattr(node, "handlers", []))]
+    return found
+
+
+def _missing_attributes(path: Path, tree) -> list:
+    """``module.name`` and ``from module import name`` in ``path`` where the flashlib module has no
+    ``name``, neither once imported nor in its source."""
+    aliases, found = _module_aliases(path, tree), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and (module := _as_module(node.value, aliases)):
+            pairs = [(module, node.attr, node.lineno)]
+        elif isinstance(node, ast.ImportFrom):
+            module = _from_module(node, _package_of(path))
+            pairs = [(module, a.name, node.lineno) for a in node.names if a.name != "*"
+                     ] if module in MODULES else []
+        else:
+            continue
+        for module, name, line in pairs:
+            if (f"{module}.{name}" not in MODULES and not hasattr(importlib.import_module(module), name)
+                    and name not in _defined_at_top(module)):
+                found.append(f"{path.relative_to(ROOT)}:{line} {module}.{name}")
+    return found
+
+
+def test_every_name_read_from_a_flashlib_module_exists():
+    # a rename that misses a caller fails here on a CPU, not later on a GPU machine (the decode
+    # suite once called harness._time after it became time_ms); the GPU-only tests, benchmarks,
+    # probes and tools are read, not run
+    everywhere = [*SCANNED, *sorted((ROOT / "benchmarks" / "probes").glob("*.py")),
+                  *sorted((ROOT / "tools").glob("*.py"))]
+    found = [line for path in everywhere for line in _missing_attributes(path, ast.parse(path.read_text()))]
+    assert not found, "names flashlib's modules do not have:\n" + "\n".join(found)
+
+
 def _backslash_continuations(path: Path) -> list:
     text = path.read_text()
     in_string = set()   # lines that end inside a string (a docstring's backslash is text)
@@ -222,7 +270,7 @@ def test_no_backslash_continuations_in_flashlib():
 
 
 def test_the_scans_see_what_they_look_for(tmp_path):
-    """The three scans above must be able to fail."""
+    """The scans above must be able to fail."""
     here = PACKAGE / "kernels" / "fa3_bwd.py"
     tree = ast.parse("from .fa3_fwd import _descriptor, tma_ok\nfrom .fa3_bwd import _own\n"
                      "from flashlib.kernels import launch\nimport flashlib\nlaunch.SUPPORTED = False\n"
@@ -232,6 +280,10 @@ def test_the_scans_see_what_they_look_for(tmp_path):
                                                                             "flashlib.kernels.fa3_fwd"]]
     assert [line.split(" ", 1)[1] for line in _outside_assignments(here, tree)] == [
         "launch.SUPPORTED = ...", "flashlib.runtime.OPTIONS = ...", "setattr(launch, ...)"]
+    renamed = ast.parse("from flashlib.bench import harness as bench\nbench._time(f)\nbench.time_ms(f)\n"
+                        "from flashlib.kernels.fa3_bwd import _fa3_bwd_kernel, _no_such_kernel\n")
+    assert sorted(line.split(" ", 1)[1] for line in _missing_attributes(here, renamed)) == [
+        "flashlib.bench.harness._time", "flashlib.kernels.fa3_bwd._no_such_kernel"]
     continued = tmp_path / "continued.py"
     continued.write_text('x = 1 + \\\n    2\n"""a docstring\\\nwith a backslash"""\n# a comment \\\n')
     assert _backslash_continuations(continued) == [1]

@@ -30,7 +30,7 @@ def order():
         gb = bd.kv_bytes(bd.GQA, [L] * B, 2) / 1e9
         for name, f in fns.items():
             steps = {"check_decode": lambda: bd.check_decode(f, q, k, v, None),
-                     "do_bench": lambda: bench._time(lambda: f(q, k, v, None)),
+                     "do_bench": lambda: bench.time_ms(lambda: f(q, k, v, None)),
                      "host_time": lambda: bd.host_time(lambda: f(q, k, v, None))}
             for warm in (False, True):
                 found = []

@@ -14,7 +14,7 @@ no per-sequence lengths: in the ragged case its backends run one call per sequen
 ``flashlib.bench``, every implementation is first checked against ``attention_ref`` (float64,
 the lengths as a mask) on a slice of the very inputs it is timed on; a wrong one is not timed.
 
-Two times per implementation. ``ms``: ``bench._time`` (do_bench, eager, L2 flushed before each
+Two times per implementation. ``ms``: ``bench.time_ms`` (do_bench, eager, L2 flushed before each
 call), as every suite; a call whose host-side work (Python, launches) outlasts the GPU's shows
 that cost. ``ms_graph``: the same call replayed from a CUDA graph (how serving engines run decode
 steps) over enough copies of the inputs that every call reads from HBM: GPU time only.
@@ -167,7 +167,7 @@ def run_case(name, fn, shape, seqlens, dtype, *, ragged):
         if ok:
             torch.cuda.reset_peak_memory_stats()
             with torch.no_grad():
-                ms = bench._time(lambda: fn(q, k, v, lens))
+                ms = bench.time_ms(lambda: fn(q, k, v, lens))
             rec.update(ms=ms, peak_mem_gb=round(torch.cuda.max_memory_allocated() / 1e9, 3),
                        gbps=kv_bytes(shape, seqlens, dtype.itemsize) / ms / 1e6,
                        tflops=4 * B * Hq * Nq * Lmax * D * rec["density"] / ms / 1e9)
@@ -254,7 +254,7 @@ def copy_bandwidth(dtype, gigabytes=2):
     """GB/s of a large device-to-device ``copy_``, counting bytes read plus bytes written."""
     x = torch.randn(int(gigabytes * 1e9) // dtype.itemsize, device=runtime.DEVICE).to(dtype)
     y = torch.empty_like(x)
-    ms = bench._time(lambda: y.copy_(x))
+    ms = bench.time_ms(lambda: y.copy_(x))
     gbps = 2 * x.numel() * x.element_size() / ms / 1e6
     del x, y
     torch.cuda.empty_cache()
