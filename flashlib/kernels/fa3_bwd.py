@@ -17,7 +17,7 @@ bottom-right causal, grouped heads):
   registers (the A operand of dV); otherwise S and dP have the query rows along M (FA3's layout:
   lse and delta 2 registers a thread) and P goes through shared memory. dS always does (dK and dQ
   read it);
-- DQ_SPLIT (the ``2wg_split`` variant, the d128 default): FA3's division of dQ between the two
+- DQ_SPLIT (the ``2wg_split`` variant): FA3's division of dQ between the two
   consumers. Each computes half of dQ's columns over all 128 keys, dS_0 K_0 + dS_1 K_1, reading
   the other consumer's dS (double-buffered by step parity) and K. An mbarrier, ``ds_ready`` (one
   arrival per consumer a step), says both dS are stored; one more round of it at the end keeps
@@ -30,9 +30,9 @@ bottom-right causal, grouped heads):
   instead of mbarriers between partitions; dQ's rows are each warpgroup's own (one reduce-add a
   step for the CTA). A step is twice the two-consumer step's matmul work for the same per-step
   costs (waits, barriers, loads issued, one reduce-add). At d128 it cannot fit: S, dP, dK and dV
-  take 64 registers a thread each, over the 240 a consumer thread gets. ``wide_m64`` takes 64
-  query rows a step: the warpgroups split S's and dP's keys and dQ's columns instead of rows
-  (32 registers each for S and dP), and it fits at d128;
+  take 64 registers a thread each, over the 240 a consumer thread gets. ``wide_m64`` (the d128
+  default, with a score modifier too) takes 64 query rows a step: the warpgroups split S's and
+  dP's keys and dQ's columns instead of rows (32 registers each for S and dP), and it fits at d128;
 - dQ as FA3 accumulates it: the float32 partial goes to shared memory and one TMA reduce-add
   (``cp.reduce.async.bulk.tensor``, clipped at Nq) adds it into a float32 ``dq_accum``
   (DQ_TMA; otherwise ``atomic_add`` from registers); a last small kernel scales it and casts it.
@@ -161,16 +161,16 @@ VARIANTS = {
     "wide": Variant(1, 128, False, True, 240, (64,), "one consumer of 8 warps: 128 keys x 128 query rows a "
                     "step, dQ TMA reduce", block_n=128),
     # compiled for sm90 without spills at d64 and d128 (hopper_bwd_compile_check; 2wg_split spills
-    # 80-96 bytes at d128); not yet run on a GPU (benchmarks/probes/NOTES.md, 2026-11-29)
+    # 80-96 bytes at d128)
     "wide_m64": Variant(1, 64, False, True, 240, (64, 128), "as wide, 64 query rows a step: S's keys and "
                         "dQ's columns split between the two warpgroups", block_n=128),
     # 128 query rows a step in two consumers of 64 keys spilled over 1 KB a thread at d64 (Triton
     # 3.6; S and dP 64 registers each beside dK, dV, and a 128-row dQ partial): "wide" instead
 }
 # the variant ahead at each head dim, dense and packed (benchmarks/probes/fa3_bwd_split_ab.py and
-# fa3_bwd_packed_ab.py; numbers: NOTES.md); with a score modifier "wide" spills and 2wg leads
-DEFAULT_VARIANT = {64: "wide", 128: "2wg_split"}
-DEFAULT_VARIANT_MODIFIED = {64: "2wg", 128: "2wg_split"}
+# fa3_bwd_packed_ab.py; numbers: NOTES.md); with a score modifier at d64 "wide" spills and 2wg leads
+DEFAULT_VARIANT = {64: "wide", 128: "wide_m64"}
+DEFAULT_VARIANT_MODIFIED = {64: "2wg", 128: "wide_m64"}
 
 
 def kernel_config(variant: str, D: int, elem_bytes: int = 2, smem_bytes: Optional[int] = None,
