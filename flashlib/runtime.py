@@ -73,7 +73,9 @@ class KernelOptions:
     exp2's FFMA. fa3_dq_before_dk: FA3's backward issues dQ's first slice before dK's wgmma.
     fa3_smem_bytes: shared memory FA3's kernels size their pipelines for (None: an sm90 block's,
     ``fa3_fwd.SMEM_BYTES``). decode_append: ``KVCache.attend(q, k_new, v_new)`` writes the new
-    keys and values inside its decoding launch instead of before it.
+    keys and values inside its decoding launch instead of before it. decode_page_ids_ahead: the
+    paged decoding loop loads each key tile's page ids one tile ahead (off until measured on a GPU:
+    ``benchmarks/probes/paged_split_probe.py --ids-ahead``).
     launch_hook: None, or ``hook(kernel, grid, args, kwargs)`` called in place of every launch
     (``kernels.launch.run``), with the device checks off: it records launches for compiling
     without a GPU (``kernels/targets.py``) or profiling (``teach/profile.py``).
@@ -87,6 +89,7 @@ class KernelOptions:
     fa3_dq_before_dk: bool = True
     fa3_smem_bytes: Optional[int] = None
     decode_append: bool = True
+    decode_page_ids_ahead: bool = False
     launch_hook: Optional[Callable] = None
 
     def __hash__(self):
@@ -126,7 +129,7 @@ class KernelOptions:
 
 
 _INT_OPTIONS = ("fa3", "fa3_from_flops", "autotune", "fast_launch", "fa3_fold_scale", "fa3_dq_before_dk",
-                "decode_append")
+                "decode_append", "decode_page_ids_ahead")
 _from_op_args = {}   # KernelOptions.op_args() as a tuple -> the KernelOptions
 
 
@@ -145,7 +148,7 @@ def from_op_args(values) -> KernelOptions:
 ENVIRONMENT = {"fa3": "FLASHLIB_FA3", "autotune": "FLASHLIB_AUTOTUNE", "fast_launch": "FLASHLIB_FAST_LAUNCH"}
 _OPTION_TYPES = {"fa3": bool, "fa3_from_flops": int, "fa3_fwd_mod_head_dims": tuple, "autotune": bool,
                  "fast_launch": bool, "fa3_fold_scale": bool, "fa3_dq_before_dk": bool, "decode_append": bool,
-                 "fa3_smem_bytes": int, "launch_hook": object}
+                 "decode_page_ids_ahead": bool, "fa3_smem_bytes": int, "launch_hook": object}
 _OPTIONAL = ("fa3_smem_bytes", "launch_hook")   # may be None
 OPTIONS = KernelOptions.from_env()   # the options in force: set only by kernel_options() below
 _resolved = {}                       # (options, per-call dict's items) -> KernelOptions

@@ -32,16 +32,18 @@ def scattered(k, v, page_size, num_pages, seed=0):
     return *pools, table.to(dtype=torch.int32, device=k.device)
 
 
+@pytest.mark.parametrize("ids_ahead", [False, True])   # each tile's page ids loaded a tile ahead
 @pytest.mark.parametrize("Nq", [1, 3])
 @pytest.mark.parametrize("page_size", [16, 32, 64])   # smaller than, as long as, longer than a tile
-def test_pages_out_of_order_match_the_contiguous_cache(Nq, page_size):
+def test_pages_out_of_order_match_the_contiguous_cache(Nq, page_size, ids_ahead):
     B, Hq, Hkv, D, max_pages = 3, 6, 2, 24, 5
     q = torch.randn(B, Hq, Nq, D, device=DEV)
     k, v = (torch.randn(B, Hkv, max_pages * page_size, D, device=DEV) for _ in range(2))
     lens = torch.tensor([max_pages * page_size, 33, 2], device=DEV)
     k_pages, v_pages, table = scattered(k, v, page_size, num_pages=4 * B * max_pages)
     out, lse = flash_decode(q, k_pages, v_pages, cache_seqlens=lens, block_table=table,
-                            num_splits=3, return_lse=True)
+                            num_splits=3, return_lse=True,
+                            kernel_options={"decode_page_ids_ahead": ids_ahead})
     for b, L in enumerate(lens.tolist()):
         sl = slice(b, b + 1)
         assert_attention_close(out[sl], lse[sl], q[sl], k[sl, :, :L], v[sl, :, :L], causal=True,
@@ -50,7 +52,8 @@ def test_pages_out_of_order_match_the_contiguous_cache(Nq, page_size):
     assert torch.equal(out, contiguous[0]) and torch.equal(lse, contiguous[1])
 
 
-def test_pages_shared_between_sequences_and_score_modifiers():
+@pytest.mark.parametrize("ids_ahead", [False, True])
+def test_pages_shared_between_sequences_and_score_modifiers(ids_ahead):
     # two sequences with one common prefix page (a shared system prompt), softcap and ALiBi
     D, P = 16, 16
     pool_k, pool_v = (torch.randn(6, 2, P, D, device=DEV) for _ in range(2))
@@ -59,7 +62,8 @@ def test_pages_shared_between_sequences_and_score_modifiers():
     q = torch.randn(2, 4, 1, D, device=DEV)
     slopes = torch.rand(2, 4, device=DEV)
     out, lse = flash_decode(q, pool_k, pool_v, cache_seqlens=lens, block_table=table,
-                            softcap=5.0, alibi_slopes=slopes, return_lse=True)
+                            softcap=5.0, alibi_slopes=slopes, return_lse=True,
+                            kernel_options={"decode_page_ids_ahead": ids_ahead})
     for b, L in enumerate(lens.tolist()):
         k = pool_k[table[b].long()].transpose(0, 1).reshape(1, 2, -1, D)[:, :, :L]
         v = pool_v[table[b].long()].transpose(0, 1).reshape(1, 2, -1, D)[:, :, :L]
@@ -131,15 +135,16 @@ def test_bad_pages_name_the_argument(change, error, match):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("ids_ahead", [False, True])
 @pytest.mark.parametrize("page_size", [16, 64, 256])
-def test_gpu_real_sizes(page_size):
+def test_gpu_real_sizes(page_size, ids_ahead):
     B, Hq, Hkv, D, L = 4, 32, 8, 128, 16384
     q = torch.randn(B, Hq, 1, D, dtype=torch.float16, device=DEV)
     k, v = (torch.randn(B, Hkv, L, D, dtype=torch.float16, device=DEV) for _ in range(2))
     lens = torch.tensor([16384, 9000, 1, 4097], device=DEV)
     k_pages, v_pages, table = scattered(k, v, page_size, num_pages=2 * B * L // page_size)
     out, lse = flash_decode(q, k_pages, v_pages, cache_seqlens=lens, block_table=table,
-                            return_lse=True)
+                            return_lse=True, kernel_options={"decode_page_ids_ahead": ids_ahead})
     for b, n in enumerate(lens.tolist()):
         sl = slice(b, b + 1)
         assert_attention_close(out[sl], lse[sl], q[sl], k[sl, :, :n], v[sl, :, :n], causal=True,

@@ -9,9 +9,16 @@ h100/paged_split_probe.log: 8 splits, two programs an SM; the heuristic's ``page
 (``bench.decode.graph_time``); rounds alternate so that the spread shows. Ratio: TB/s over the
 contiguous cache at the heuristic's split count, same round.
 
+``--ids-ahead``: each paged cache also with ``KernelOptions.decode_page_ids_ahead`` (its page
+column then reads "16+", "256+"): the loop loads each tile's page ids a tile ahead, so that Triton's
+pipeline keeps two K/V tiles in flight as for a contiguous cache (the TTGIR for sm90 held one).
+``--lengths`` and ``--splits`` pick the caches and split counts (default: the short caches, every
+count; "heur" for the heuristic's alone).
+
     PYTHONPATH=$PWD FLASHLIB_AUTOTUNE=0 python benchmarks/probes/paged_split_probe.py [ROUNDS]
+        [--ids-ahead] [--lengths 512,1024,2048,16384] [--splits heur]
 """
-import sys
+import argparse
 
 import torch
 
@@ -21,8 +28,8 @@ from flashlib.bench.harness import make_inputs
 from flashlib.bench.production import page_order, to_pages
 from flashlib.decode import decode_attention
 
-CASES = [("mha", bench_decode.MHA, 512), ("mha", bench_decode.MHA, 1024), ("mha", bench_decode.MHA, 2048),
-         ("gqa", bench_decode.GQA, 512), ("gqa", bench_decode.GQA, 1024)]
+SHAPES = {"mha": bench_decode.MHA, "gqa": bench_decode.GQA}
+LENGTHS = {"mha": (512, 1024, 2048), "gqa": (512, 1024)}
 PAGES = (None, 16, 256)
 SPLITS = (None, 1, 2, 4, 8, 16)
 
@@ -40,34 +47,46 @@ def setups(shape, L, dtype=torch.float16):
     return q, k, v, out
 
 
-def main(rounds):
+def main(rounds, ids_ahead=False, lengths=None, splits_run=SPLITS):
     print(f"{'case':12}{'page':>6}{'splits':>8}{'ms graph':>10}{'TB/s':>7}{'vs contiguous':>15}  round")
-    for label, shape, L in CASES:
+    cases = [(label, shape, L) for label, shape in SHAPES.items() for L in (lengths or LENGTHS[label])]
+    for label, shape, L in cases:
         q, k, v, variants = setups(shape, L)
+        variants = [(page, caches, table, False) for page, caches, table in variants]
+        if ids_ahead:
+            variants += [(page, caches, table, True) for page, caches, table, _ in variants if page]
         seqlens = [L] * shape["B"]
         lens = bench_decode.device_lengths(tuple(seqlens), runtime.DEVICE)
         nbytes = bench_decode.kv_bytes(shape, seqlens, 2)
         for r in range(rounds):
             base = None
-            for page, caches, table in variants:
-                for splits in SPLITS:
-                    def fn(q, k, v, _, table=table, splits=splits):
+            for page, caches, table, ahead in variants:
+                for splits in splits_run:
+                    def fn(q, k, v, _, table=table, splits=splits, options={"decode_page_ids_ahead": ahead}):
                         return decode_attention(q, k, v, cache_seqlens=lens, block_table=table,
-                                                num_splits=splits, check_table=False)
+                                                num_splits=splits, check_table=False, kernel_options=options)
+                    name = f"{page}{'+' if ahead else ''}" if page else "-"
                     with torch.no_grad():
                         out = fn(q, *caches, None)
                     err, ok = bench_decode.check_decode(lambda qs, *_: out[:, :qs.shape[1]], q, k, v, seqlens)
                     if not ok:
-                        print(f"{label} L{L:<7}{page or '-':>6}{splits or 'heur':>8}  wrong: {err:.3g}")
+                        print(f"{label} L{L:<7}{name:>6}{splits or 'heur':>8}  wrong: {err:.3g}")
                         continue
                     ms = bench_decode.graph_time(fn, q, *caches, None)
                     tbs = nbytes / ms / 1e9
                     if page is None and splits is None:
                         base = tbs
                     ratio = f"{tbs / base:15.3f}" if base else f"{'-':>15}"   # the base was wrong
-                    print(f"{label} L{L:<7}{page or '-':>6}{splits or 'heur':>8}{ms:10.4f}{tbs:7.2f}"
+                    print(f"{label} L{L:<7}{name:>6}{splits or 'heur':>8}{ms:10.4f}{tbs:7.2f}"
                           f"{ratio}  {r}", flush=True)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("rounds", nargs="?", type=int, default=2)
+    ap.add_argument("--ids-ahead", action="store_true")
+    ap.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")])
+    ap.add_argument("--splits", type=lambda s: [None if x == "heur" else int(x) for x in s.split(",")],
+                    default=SPLITS)
+    args = ap.parse_args()
+    main(args.rounds, args.ids_ahead, args.lengths, args.splits)

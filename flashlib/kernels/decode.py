@@ -89,7 +89,8 @@ def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals,
                            BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, EVEN_D: tl.constexpr,
                            DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr,
                            SCORE_MOD: tl.constexpr, PAGE: tl.constexpr,
-                           APPEND: tl.constexpr = False, BLOCK_NEW: tl.constexpr = 1):
+                           APPEND: tl.constexpr = False, BLOCK_NEW: tl.constexpr = 1,
+                           PAGE_IDS_AHEAD: tl.constexpr = False):
     # 1-D grid (CUDA caps grid axes 1 and 2 at 65535): (batch x kv head, row block, split),
     # split fastest. MERGE: the last split of each row block to finish also merges them all into
     # Out and Lse (one launch instead of two); otherwise Out, Lse and Arrivals are unused.
@@ -147,7 +148,7 @@ def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals,
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, lo, n_full, L,
         L - Nq, qk_scale, offs_i, offs_n, offs_d, D, bh[:, None], ModArgs,
         False, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD,
-        pages, stride_kpage, stride_vpage, PAGE)
+        pages, stride_kpage, stride_vpage, PAGE, False, PAGE_IDS_AHEAD)
     # a branch, not only an empty loop: the loop's software-pipeline set-up alone costs GPU time
     # at short caches (benchmarks/probes/NOTES.md)
     if n_full < hi:
@@ -155,7 +156,7 @@ def _decode_partial_kernel(Q, K, V, Seqlens, OPart, LsePart, Out, Lse, Arrivals,
             acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, n_full, hi, L,
             L - Nq, qk_scale, offs_i, offs_n, offs_d, D, bh[:, None], ModArgs,
             True, CAUSAL, EVEN_D, BLOCK_N, DOT_PRECISION, TILE_UPDATE, SCORE_MOD,
-            pages, stride_kpage, stride_vpage, PAGE)
+            pages, stride_kpage, stride_vpage, PAGE, False, PAGE_IDS_AHEAD)
     out, lse = finalize(acc, m_i, l_i)                        # empty split: 0 and -inf
 
     # partials are (B, Hq, Nq, S, D) and (B, Hq, Nq, S): a group's rows are contiguous
@@ -437,7 +438,8 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
             EVEN_D=(D == block_d),
             DOT_PRECISION="ieee", TILE_UPDATE=tile_update, SCORE_MOD=mod_fn,
             PAGE=0 if block_table is None else k_cache.shape[2], APPEND=append is not None,
-            BLOCK_NEW=next_power_of_2(Nq), num_warps=warps, num_stages=stages, kernel_options=options)
+            BLOCK_NEW=next_power_of_2(Nq), PAGE_IDS_AHEAD=block_table is not None and options.decode_page_ids_ahead,
+            num_warps=warps, num_stages=stages, kernel_options=options)
     launch.remember(_plans, key, (recorded, sizes))
     return (None, None) if merge_into is not None else (o_part, lse_part)
 

@@ -46,19 +46,18 @@ def attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk
     MASKED: scores outside ``visible`` (BM, BN) become -inf. BOUNDED: loads stop at Nk (a tile
     that may reach past the last key). A full tile inside Nk skips both. Shared with block-sparse,
     whose partial tiles are masked but, when Nk fills the last block, not bounded.
-    PAGE > 0 (decode's paged KV cache): key j is row j % PAGE of page ``pages[j // PAGE]``, pages
-    ``stride_kpage`` / ``stride_vpage`` apart; otherwise row j of the cache.
+    PAGE > 0 (decode's paged KV cache): key j is row j % PAGE of page ``pages[j // PAGE - cols[0] //
+    PAGE]``, ``pages`` the tile's page ids (``tile_page_ids``), pages ``stride_kpage`` /
+    ``stride_vpage`` apart; otherwise row j of the cache.
     ALIBI_SPLIT: ALiBi alone, every key of the tile at or before every query: the bias is
     key_term (BN,) + row_term (BM,) (``attend_key_blocks``), the hook is not called.
     """
     if PAGE:
-        # one table entry loaded per page of the tile and broadcast to its keys, not one per key
-        # (PAGE < BN here: a tile inside one page takes ``attend_key_blocks``'s contiguous path);
-        # the loop's sm90 SASS at B=1 H=32 d128 page 16: 592 -> 457 instructions (contiguous 284)
+        # one table entry per page of the tile (``tile_page_ids``) broadcast to its keys, not one
+        # per key (PAGE < BN here: a tile inside one page takes ``attend_key_blocks``'s contiguous
+        # path); the loop's sm90 SASS at B=1 H=32 d128 page 16: 592 -> 457 instructions (contiguous 284)
         NP: tl.constexpr = cols.shape[0] // PAGE
-        first = tl.min(tl.reshape(cols, (NP, PAGE)), axis=1) // PAGE                    # (NP,)
-        page = tl.load(pages + first, mask=first * PAGE < Nk, other=0).to(tl.int64)      # (NP,)
-        page = tl.reshape(tl.broadcast_to(page[:, None], (NP, PAGE)), (NP * PAGE,))      # (BN,)
+        page = tl.reshape(tl.broadcast_to(pages[:, None], (NP, PAGE)), (NP * PAGE,))     # (BN,)
         k_rows = page * stride_kpage + (cols % PAGE) * stride_kn
         v_rows = page * stride_vpage + (cols % PAGE) * stride_vn
     else:
@@ -88,14 +87,31 @@ def attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk
 
 
 @triton.jit
+def tile_page_ids(pages, start_n, Nk, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
+    """The block table entries of the key tile starting at ``start_n`` (a multiple of BLOCK_N), as
+    int64: one (a scalar) where the tile lies in one page, else (BLOCK_N // PAGE,); 0 for pages at
+    or past Nk (their keys are not read)."""
+    if PAGE >= BLOCK_N:
+        return tl.load(pages + start_n // PAGE, mask=start_n < Nk, other=0).to(tl.int64)
+    else:
+        first = start_n // PAGE + tl.arange(0, BLOCK_N // PAGE)                           # (NP,)
+        return tl.load(pages + first, mask=first * PAGE < Nk, other=0).to(tl.int64)
+
+
+@triton.jit
 def attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                        lo, hi, Nk, causal_offset, qk_scale, offs_m, offs_n, offs_d, D, bh, mod_args,
                        MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
                        BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, TILE_UPDATE: tl.constexpr,
                        SCORE_MOD: tl.constexpr, pages=0, stride_kpage=0, stride_vpage=0,
-                       PAGE: tl.constexpr = 0, ALIBI_SPLIT: tl.constexpr = False):
+                       PAGE: tl.constexpr = 0, ALIBI_SPLIT: tl.constexpr = False,
+                       IDS_AHEAD: tl.constexpr = False):
     """Stream key/value blocks [lo, hi) through the tile update; MASKED for ragged/diagonal ones.
-    pages, stride_*page, PAGE: a paged cache (decode), as ``attend_tile``.
+    pages, stride_*page, PAGE: a paged cache (decode), ``pages`` this sequence's block table row.
+    IDS_AHEAD: each tile's page ids are loaded in the iteration before (its K/V addresses then
+    come from registers the loop carries). With the ids loaded in the tile's own iteration,
+    Triton 3.6's software pipeline for sm90 holds one K/V tile in flight and waits for it each
+    iteration; with them one ahead, two, as for a contiguous cache (TTGIR; NOTES.md).
     ALIBI_SPLIT (SCORE_MOD is ALiBi alone; blocks wholly at or before every row's diagonal, the
     causal unmasked ones): -slope (q - k) = slope (k - start_n) + slope (start_n - q), a key term
     the same for every block and a row term per block, anchored at the block's first key so that
@@ -105,9 +121,17 @@ def attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
     if ALIBI_SPLIT:
         slope = alibi_slope(bh, mod_args)
         key_term = offs_n.to(tl.float32) * slope                          # (BN,)
+    ids = 0
+    if PAGE and IDS_AHEAD:
+        ids = tile_page_ids(pages, lo, Nk, BLOCK_N, PAGE)                 # the first tile's
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n                                           # (BN,)
+        tile_ids = ids
+        if PAGE and IDS_AHEAD:
+            ids = tile_page_ids(pages, start_n + BLOCK_N, Nk, BLOCK_N, PAGE)  # the next tile's
+        elif PAGE:
+            tile_ids = tile_page_ids(pages, start_n, Nk, BLOCK_N, PAGE)
         visible = cols[None, :] < Nk                                      # (1, BN)
         row_term = 0.0
         if ALIBI_SPLIT:
@@ -119,17 +143,15 @@ def attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
             # per tile, and the bases shifted so that key j's row of the cache is row j of the
             # page, addressed as a contiguous cache's (per-row 64-bit addresses cost the loop
             # twice the instructions: SASS for sm90)
-            first = start_n // PAGE
-            page = tl.load(pages + first).to(tl.int64)
-            rows = (first * PAGE).to(tl.int64)
-            acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base + (page * stride_kpage - rows * stride_kn),
-                                        v_base + (page * stride_vpage - rows * stride_vn), stride_kn,
+            rows = (start_n // PAGE * PAGE).to(tl.int64)
+            acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base + (tile_ids * stride_kpage - rows * stride_kn),
+                                        v_base + (tile_ids * stride_vpage - rows * stride_vn), stride_kn,
                                         stride_vn, cols, Nk, qk_scale, offs_d, D, visible, q_pos, bh,
                                         mod_args, pages, stride_kpage, stride_vpage, MASKED, MASKED,
                                         EVEN_D, DOT_PRECISION, TILE_UPDATE, SCORE_MOD, 0)
         else:
             acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk,
-                                        qk_scale, offs_d, D, visible, q_pos, bh, mod_args, pages,
+                                        qk_scale, offs_d, D, visible, q_pos, bh, mod_args, tile_ids,
                                         stride_kpage, stride_vpage, MASKED, MASKED, EVEN_D,
                                         DOT_PRECISION, TILE_UPDATE, SCORE_MOD, PAGE, key_term,
                                         row_term, ALIBI_SPLIT)
