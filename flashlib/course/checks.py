@@ -3,9 +3,10 @@
 A check is a plain function ``check(impl, rng)`` (impl: the learner's module, rng: a seeded
 NumPy generator) that raises ``CheckFailed`` with words a learner can act on. The helpers here
 say what went wrong: ``fail`` (a message and a hint), ``expect_close`` (flashlib.testing's
-tolerance, and which entries differ), ``function`` and ``as_array`` (the learner's function and
-what it returned, or a message naming what is missing); ``inputs_kept`` gives copies of the
-inputs taken before a call (references come from them) and fails if the call changed them;
+tolerance, and which entries differ), ``function``, ``jit_kernel`` and ``as_array`` (the
+learner's function or Triton kernel and what it returned, or a message naming what is missing);
+``inputs_kept`` gives copies of the inputs taken before a call (references come from them) and
+fails if the call changed them;
 ``ReadRecorder`` with ``stream_problem`` tell one streaming pass from two, ``memory_problem`` a
 loop that keeps O(1) state from one that keeps every block. (``flashlib.course.grading``'s
 ``check_id`` and ``pytest_run`` run the checks under pytest as ``flashlib check`` runs them.)
@@ -105,6 +106,42 @@ def function(impl, name: str):
     if not callable(fn):
         fail(f"{display_path(getattr(impl, '__file__', 'your file'))} defines no function {name}: "
              "keep the name and signature from the stub")
+    return fn
+
+
+HINT_NOT_RUN = ("the grader runs the body of your @triton.jit function in every program of the "
+               "grid; keep the stub's decorator, compute in the body, and leave the kernel "
+               "object as Triton made it")
+LAUNCH_ATTRIBUTES = ("run", "__getitem__", "__call__", "rewrite", "warmup")   # what a launch goes through
+
+
+def jit_kernel(impl, name: str, exercise: str, params: int | None = None):
+    """The learner's ``@triton.jit`` function ``name``, or a CheckFailed: missing, a plain Python
+    function, not Triton's own kernel object (a class of the learner's, or a launch attribute
+    replaced: a torch one-liner behind ``kernel[grid]``; checked where ``impl`` is the learner's
+    module, under ``flashlib grade`` the grader's harness alone holds), or taking other than
+    ``params`` arguments (None: any). NotImplementedError while its source still raises it (the
+    stub)."""
+    import inspect
+    import types
+    from triton.runtime.jit import KernelInterface
+    fn = getattr(impl, name, None)
+    if fn is None:
+        fail(f"your file defines no {name}: keep the name and signature from the stub")
+    if not isinstance(fn, KernelInterface):
+        fail(f"{name} is a plain Python function: keep its @triton.jit decorator")
+    if isinstance(impl, types.ModuleType):
+        replaced = [a for a in LAUNCH_ATTRIBUTES if a in vars(fn)]
+        if type(fn).__module__.split(".")[0] != "triton" or replaced:
+            what = (f"its {', '.join(replaced)} replaced" if replaced
+                    else f"a {type(fn).__name__} of your own")
+            fail(f"your {name} does not run its body when launched ({what})", HINT_NOT_RUN)
+    body = getattr(fn, "fn", fn)
+    if "raise NotImplementedError" in inspect.getsource(body):
+        raise NotImplementedError(f"{exercise}: {name} is still the stub")
+    count = len(inspect.signature(body).parameters)
+    if params is not None and count != params:
+        fail(f"{name} takes {count} arguments; keep the stub's signature ({params})")
     return fn
 
 

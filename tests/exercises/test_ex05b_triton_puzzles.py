@@ -27,14 +27,12 @@ shape that holds only for the stub's block sizes, scores computed in float16, lo
 import contextlib
 import inspect
 import math
-import types
 
 import numpy as np
 import pytest
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.jit import KernelInterface
 
 from flashlib.course import checks, grading
 from flashlib import runtime
@@ -111,33 +109,12 @@ KERNELS = {"add_kernel": 8, "copy_tile_kernel": 10, "matmul_tile_kernel": 15,
 _READS = None     # while check_reads_inside runs: a list each launch appends (kernel, stray) to
 
 
-HINT_NOT_RUN = ("the grader runs the body of your @triton.jit function in every program of the "
-               "grid; keep the stub's decorator, compute in the body, and leave the kernel "
-               "object as Triton made it")
-_REPLACED = ("run", "__getitem__", "__call__", "rewrite", "warmup")   # what a launch goes through
 
 
 def _kernel(impl, name):
-    """The learner's @triton.jit kernel ``name``, checked to be one and not the stub."""
-    fn = getattr(impl, name, None)
-    if fn is None:
-        checks.fail(f"your file defines no {name}: keep the name and signature from the stub")
-    if not isinstance(fn, KernelInterface):
-        checks.fail(f"{name} is a plain Python function: keep its @triton.jit decorator")
-    if isinstance(impl, types.ModuleType):    # graded here (under grade the harness alone holds)
-        replaced = [a for a in _REPLACED if a in vars(fn)]
-        if type(fn).__module__.split(".")[0] != "triton" or replaced:
-            what = (f"its {', '.join(replaced)} replaced" if replaced
-                    else f"a {type(fn).__name__} of your own")
-            checks.fail(f"your {name} does not run its body when launched ({what})", HINT_NOT_RUN)
-    source = inspect.getsource(getattr(fn, "fn", fn))
-    if "raise NotImplementedError" in source:
-        raise NotImplementedError(f"ex05b: {name}'s body is not written yet")
-    params = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
-    if len(params) != KERNELS[name]:
-        checks.fail(f"{name} takes {len(params)} arguments; keep the stub's signature "
-                    f"({KERNELS[name]})")
-    return fn, params
+    """The learner's @triton.jit kernel ``name`` (``checks.jit_kernel``) and its parameters' names."""
+    fn = checks.jit_kernel(impl, name, "ex05b", KERNELS[name])
+    return fn, list(inspect.signature(getattr(fn, "fn", fn)).parameters)
 
 
 # The harnesses: the learner's kernel (KERNEL) called as Triton code from a kernel of the grader's,
@@ -206,7 +183,7 @@ def _launch(impl, name, grid, *args, **kwargs):
             torch.cuda.synchronize()
     if not bool((ran == 1).all()):
         checks.fail(f"your {name} ran in {int((ran == 1).sum())} of the {ran.numel()} programs of "
-                    f"its grid {tuple(grid)}", HINT_NOT_RUN)
+                    f"its grid {tuple(grid)}", checks.HINT_NOT_RUN)
     if loads is not None:
         _READS.append((name, _stray_loads(loads, tensors)))
 

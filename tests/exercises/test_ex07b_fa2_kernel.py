@@ -54,7 +54,6 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.jit import KernelInterface
 
 from flashlib.course import checks, grading
 from flashlib import runtime
@@ -149,33 +148,11 @@ HINT_LARGE = ("rows with large scores overflow: keep the max and the sum apart t
 # ---------------------------------------------------------------------------------------------
 # the learner's kernel and the grader's launcher
 
-HINT_NOT_RUN = ("the grader runs the body of your @triton.jit function in every program of the "
-               "grid; keep the stub's decorator, compute in the body, and leave the kernel "
-               "object as Triton made it")
-_REPLACED = ("run", "__getitem__", "__call__", "rewrite", "warmup")   # what a launch goes through
 
 
 def _kernel(impl):
-    """The learner's fa2_kernel, checked to be a @triton.jit function that is not the stub."""
-    fn = getattr(impl, "fa2_kernel", None)
-    if fn is None:
-        checks.fail("your file defines no fa2_kernel: keep the name and signature from the stub")
-    if not isinstance(fn, KernelInterface):
-        checks.fail("fa2_kernel is a plain Python function: keep its @triton.jit decorator")
-    if isinstance(impl, types.ModuleType):    # graded here (under grade the harness alone holds)
-        replaced = [a for a in _REPLACED if a in vars(fn)]
-        if type(fn).__module__.split(".")[0] != "triton" or replaced:
-            what = (f"its {', '.join(replaced)} replaced" if replaced
-                    else f"a {type(fn).__name__} of your own")
-            checks.fail(f"your fa2_kernel does not run its body when launched ({what})",
-                        HINT_NOT_RUN)
-    source = inspect.getsource(getattr(fn, "fn", fn))
-    if "raise NotImplementedError" in source:
-        raise NotImplementedError("ex07b: fa2_kernel is still the stub")
-    params = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
-    if len(params) != 28:
-        checks.fail(f"fa2_kernel takes {len(params)} arguments; keep the stub's signature (28)")
-    return fn
+    """The learner's fa2_kernel (``checks.jit_kernel``)."""
+    return checks.jit_kernel(impl, "fa2_kernel", "ex07b", 28)
 
 
 def _block_d(d):
@@ -214,7 +191,7 @@ def _launch(kernel, q, k, v, out, lse, causal, scale=None, blocks=(BM, BN)):
         torch.cuda.synchronize()
     if not bool((ran == 1).all()):
         checks.fail(f"your fa2_kernel ran in {int((ran == 1).sum())} of the {ran.numel()} "
-                    f"programs of its grid {grid}", HINT_NOT_RUN)
+                    f"programs of its grid {grid}", checks.HINT_NOT_RUN)
 
 
 def _place(x, layout="bhnd"):

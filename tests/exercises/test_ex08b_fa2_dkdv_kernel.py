@@ -29,7 +29,6 @@ with square blocks, or with one query head per K/V head, right where this one is
 hint names the mistake. Each check takes a fraction of a second through the interpreter.
 """
 import contextlib
-import inspect
 import math
 import types
 
@@ -37,7 +36,6 @@ import numpy as np
 import pytest
 import torch
 import triton
-from triton.runtime.jit import KernelInterface
 
 from flashlib import runtime
 from flashlib.course import checks, grading
@@ -114,20 +112,8 @@ HINT_OFFSETS = ("batch and head offsets: program (pid_n, bkv) owns batch bkv // 
 # the learner's kernel and the grader's launcher
 
 def _kernel(impl):
-    """The learner's dkdv_kernel, checked to be a @triton.jit function that is not the stub."""
-    fn = getattr(impl, "dkdv_kernel", None)
-    if fn is None:
-        checks.fail("your file defines no dkdv_kernel: keep the name and signature from the stub")
-    if not isinstance(fn, KernelInterface):
-        checks.fail("dkdv_kernel is a plain Python function: keep its @triton.jit decorator")
-    source = inspect.getsource(getattr(fn, "fn", fn))
-    if "raise NotImplementedError" in source:
-        raise NotImplementedError("ex08b: dkdv_kernel is still the stub")
-    params = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
-    if len(params) != N_PARAMS:
-        checks.fail(f"dkdv_kernel takes {len(params)} arguments; keep the stub's signature "
-                    f"({N_PARAMS})")
-    return fn
+    """The learner's dkdv_kernel (``checks.jit_kernel``)."""
+    return checks.jit_kernel(impl, "dkdv_kernel", "ex08b", N_PARAMS)
 
 
 def _block_d(d):

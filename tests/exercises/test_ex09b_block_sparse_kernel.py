@@ -29,7 +29,6 @@ interpreter's loads are recorded, and every address read must lie inside the vie
 and the tables. A check takes a fraction of a second.
 """
 import contextlib
-import inspect
 import math
 import types
 
@@ -37,7 +36,6 @@ import numpy as np
 import pytest
 import torch
 import triton
-from triton.runtime.jit import KernelInterface
 
 from flashlib import masks, runtime
 from flashlib.course import checks, grading
@@ -122,19 +120,8 @@ HINT_LARGE = ("rows with large scores overflow: subtract the running max before 
 # the learner's kernel and the grader's launcher
 
 def _kernel(impl):
-    """The learner's block_sparse_kernel, checked to be a @triton.jit function, not the stub."""
-    fn = getattr(impl, "block_sparse_kernel", None)
-    if fn is None:
-        checks.fail("your file defines no block_sparse_kernel: keep the stub's name and signature")
-    if not isinstance(fn, KernelInterface):
-        checks.fail("block_sparse_kernel is a plain Python function: keep its @triton.jit decorator")
-    source = inspect.getsource(getattr(fn, "fn", fn))
-    if "raise NotImplementedError" in source:
-        raise NotImplementedError("ex09b: block_sparse_kernel is still the stub")
-    params = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
-    if len(params) != N_PARAMS:
-        checks.fail(f"block_sparse_kernel takes {len(params)} arguments; keep the stub's ({N_PARAMS})")
-    return fn
+    """The learner's block_sparse_kernel (``checks.jit_kernel``)."""
+    return checks.jit_kernel(impl, "block_sparse_kernel", "ex09b", N_PARAMS)
 
 
 def _block_d(d):

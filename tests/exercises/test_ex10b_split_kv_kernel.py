@@ -1,7 +1,8 @@
 """Grader of exercise 10b (lesson 10): Flash-Decoding's split-KV kernel ``split_kv_kernel``.
 
 The grader launches the learner's ``@triton.jit`` kernel itself (its own launcher below, the
-stub's grid and arguments; the learner's ``split_kv_partials`` is not used), through Triton's
+stub's grid and arguments, the kernel called from a harness kernel of the grader's so that its
+body is what runs in every program; the learner's ``split_kv_partials`` is not used), through Triton's
 interpreter on a CPU, with 16-key blocks (32-key ones in one case: BLOCK_M = 16 rows against
 BLOCK_N = 32 keys, and 20 rows in a tile of 32 against 16-key blocks in another, so a kernel
 that takes one block size for the other is wrong one way or the other). The contract leaves the cut of [0, L) into parts to the
@@ -42,7 +43,6 @@ the reruns use fixed inputs, run once per kernel. The whole grader takes about h
 """
 import contextlib
 import functools
-import inspect
 import math
 import types
 
@@ -50,7 +50,7 @@ import numpy as np
 import pytest
 import torch
 import triton
-from triton.runtime.jit import KernelInterface
+import triton.language as tl
 
 from flashlib import runtime
 from flashlib.course import checks, grading
@@ -145,20 +145,8 @@ HINT_OFFSETS = ("batch, head and row offsets: program (split, bkv) owns batch bk
 # the learner's kernel, the grader's launcher, the cases
 
 def _kernel(impl):
-    """The learner's split_kv_kernel, checked to be a @triton.jit function that is not the stub."""
-    fn = getattr(impl, "split_kv_kernel", None)
-    if fn is None:
-        checks.fail("your file defines no split_kv_kernel: keep the name and signature from the stub")
-    if not isinstance(fn, KernelInterface):
-        checks.fail("split_kv_kernel is a plain Python function: keep its @triton.jit decorator")
-    source = inspect.getsource(getattr(fn, "fn", fn))
-    if "raise NotImplementedError" in source:
-        raise NotImplementedError("ex10b: split_kv_kernel is still the stub")
-    params = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
-    if len(params) != N_PARAMS:
-        checks.fail(f"split_kv_kernel takes {len(params)} arguments; keep the stub's signature "
-                    f"({N_PARAMS})")
-    return fn
+    """The learner's split_kv_kernel (``checks.jit_kernel``)."""
+    return checks.jit_kernel(impl, "split_kv_kernel", "ex10b", N_PARAMS)
 
 
 def _pow2(n):
@@ -184,6 +172,20 @@ def _flat(shape, fill, tail):
     return buf[:n].view(shape), buf
 
 
+@triton.jit
+def _harness(Q, K, V, Seqlens, OPart, LsePart, stride_qb, stride_qh, stride_qm, stride_kb, stride_kh,
+             stride_kn, stride_vb, stride_vh, stride_vn, Hkv, Nq, Lmax, D, qk_scale, num_splits,
+             GROUP, Ran, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+             DOT_PRECISION: tl.constexpr, KERNEL: tl.constexpr):
+    """The learner's kernel (KERNEL) called as Triton code, so that its body is what runs in this
+    program (a torch one-liner behind ``kernel[grid]`` does not); then the program marks its
+    slot of Ran."""
+    KERNEL(Q, K, V, Seqlens, OPart, LsePart, stride_qb, stride_qh, stride_qm, stride_kb, stride_kh,
+           stride_kn, stride_vb, stride_vh, stride_vn, Hkv, Nq, Lmax, D, qk_scale, num_splits, GROUP,
+           BLOCK_M, BLOCK_N, BLOCK_D, DOT_PRECISION)
+    tl.store(Ran + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), 1)
+
+
 def _run(kernel, c, *, nan_stale=True, nan_pad=True, block_n=BLOCK_N, record=False):
     """Launch the stub's grid (num_splits, B * Hkv) on case ``c``. nan_stale: positions >= L are
     NaN (else c's data); nan_pad: the buffers around the tensors are NaN (else 0). The partials
@@ -206,15 +208,20 @@ def _run(kernel, c, *, nan_stale=True, nan_pad=True, block_n=BLOCK_N, record=Fal
     # tails: room for slots BLOCK_D floats apart instead of D, and a block of rows more
     o, ob = _flat((B, Hq, Nq, c.S, D), fill, (B * Hq * Nq * c.S + 256) * _pow2(D))
     lse, lb = _flat((B, Hq, Nq, c.S), fill, 256 * c.S)
+    ran = torch.zeros(c.S * B * Hkv, dtype=torch.int32, device=DEV)
     with checks.loads_recorded() if record else contextlib.nullcontext() as loads:
-        kernel[(c.S, B * Hkv)](
+        _harness[(c.S, B * Hkv)](
             q, k, v, seqlens, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-            Hkv, Nq, Lmax, D, LOG2E / math.sqrt(D), c.S, Hq // Hkv, BLOCK_M=_pow2(Hq // Hkv * Nq),
-            BLOCK_N=block_n, BLOCK_D=_pow2(D), DOT_PRECISION="ieee", num_warps=4, num_stages=1)
+            Hkv, Nq, Lmax, D, LOG2E / math.sqrt(D), c.S, Hq // Hkv, ran, BLOCK_M=_pow2(Hq // Hkv * Nq),
+            BLOCK_N=block_n, BLOCK_D=_pow2(D), DOT_PRECISION="ieee", num_warps=4, num_stages=1,
+            KERNEL=kernel)
     stray = None if loads is None else _stray_loads(loads, c, q, (("K", k, kb), ("V", v, vb)),
                                                     seqlens)
     if DEV.type == "cuda":
         torch.cuda.synchronize()
+    if not bool((ran == 1).all()):
+        checks.fail(f"your split_kv_kernel ran in {int((ran == 1).sum())} of the {ran.numel()} "
+                    f"programs of its grid {(c.S, B * Hkv)}", checks.HINT_NOT_RUN)
     same = lambda a, b: torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())  # noqa: E731
     return types.SimpleNamespace(
         o=o.double().cpu(), lse=lse.double().cpu(), stray=stray,
