@@ -1,7 +1,8 @@
 """Grader of exercise 05 (lesson 05): the body of ``softmax_kernel``, a masked row softmax in Triton.
 
-The learner's launcher ``masked_softmax(x, out)`` runs their kernel (through Triton's interpreter
-without a GPU). There a load past the end without a mask does not fail: it returns whatever lies
+The grader launches ``softmax_kernel`` as the stub's ``masked_softmax(x, out)`` does (one program
+per row), from a harness kernel of its own so that the body is what runs in every program
+(through Triton's interpreter without a GPU). There a load past the end without a mask does not fail: it returns whatever lies
 in memory. So every input row lives inside a larger buffer, with a row stride above BLOCK, and
 the padding after each row holds large values: an unmasked load reads them (deterministically,
 inside the buffer, never past the allocation) and the row's softmax comes out wrong. The output
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import triton
+import triton.language as tl
 
 from flashlib import runtime
 from flashlib.course import checks, grading
@@ -71,17 +73,31 @@ def _kernel(impl):
     return checks.jit_kernel(impl, "softmax_kernel", "ex05")
 
 
+@triton.jit
+def _harness(out_ptr, in_ptr, in_row_stride, out_row_stride, n_cols, Ran, BLOCK: tl.constexpr,
+             KERNEL: tl.constexpr):
+    """The learner's kernel (KERNEL) called as Triton code, so that its body is what runs in this
+    program (a torch one-liner behind ``kernel[grid]`` does not); then the program marks its
+    slot of Ran."""
+    KERNEL(out_ptr, in_ptr, in_row_stride, out_row_stride, n_cols, BLOCK)
+    tl.store(Ran + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), 1)
+
+
 def _launch(kernel, x, out):
     """What flashlib's launch_row_softmax does (one program per row), with the learner's kernel;
     a stub's raise (a compile error on a GPU) becomes the NotImplementedError it stands for."""
     block = triton.next_power_of_2(x.shape[1])
+    ran = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
     try:
-        kernel[(x.shape[0],)](out, x, x.stride(0), out.stride(0), x.shape[1], BLOCK=block,
-                              num_warps=4 if block <= 2048 else 8)
+        _harness[(x.shape[0],)](out, x, x.stride(0), out.stride(0), x.shape[1], ran, BLOCK=block,
+                                num_warps=4 if block <= 2048 else 8, KERNEL=kernel)
     except Exception as e:
         if "NotImplementedError" in f"{type(e).__name__}: {e}":
             raise NotImplementedError("ex05: softmax_kernel's body is not written yet") from e
         raise
+    if not bool((ran == 1).all()):
+        checks.fail(f"your softmax_kernel ran in {int((ran == 1).sum())} of the {ran.numel()} "
+                    f"programs of its grid {(x.shape[0],)}", checks.HINT_NOT_RUN)
 
 
 def _run(impl, x, *, pad=40.0, dtype=torch.float32, seed=0):

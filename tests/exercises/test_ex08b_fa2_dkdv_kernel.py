@@ -1,7 +1,8 @@
 """Grader of exercise 08b (lesson 08): the FA2 backward's dK/dV kernel ``dkdv_kernel``.
 
 The grader launches the learner's ``@triton.jit`` kernel itself (its own launcher below, the
-stub's grid and arguments; the learner's ``attention_backward_dkdv`` is not used), through
+stub's grid and arguments, the kernel called from a harness kernel of the grader's so that its
+body is what runs in every program; the learner's ``attention_backward_dkdv`` is not used), through
 Triton's interpreter on a CPU, on small irregular shapes: blocks of 32 x 32, 16 x 32 and 32 x 16
 (BLOCK_M x BLOCK_N: a kernel that takes one for the other is wrong one way or the other), Nq !=
 Nk, N not a multiple of the block, head dim 24 (padded to 32), several batches, groups of 1, 2, 3
@@ -36,6 +37,7 @@ import numpy as np
 import pytest
 import torch
 import triton
+import triton.language as tl
 
 from flashlib import runtime
 from flashlib.course import checks, grading
@@ -120,19 +122,40 @@ def _block_d(d):
     return max(16, triton.next_power_of_2(d))
 
 
+@triton.jit
+def _harness(Q, K, V, dO, Lse, Delta, dK, dV, stride_qb, stride_qh, stride_qm, stride_kb, stride_kh,
+             stride_kn, stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+             stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, Hkv, Nq, Nk, D,
+             scale, GROUP, Ran, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr, KERNEL: tl.constexpr):
+    """The learner's kernel (KERNEL) called as Triton code, so that its body is what runs in this
+    program (a torch one-liner behind ``kernel[grid]`` does not); then the program marks its
+    slot of Ran."""
+    KERNEL(Q, K, V, dO, Lse, Delta, dK, dV, stride_qb, stride_qh, stride_qm, stride_kb, stride_kh,
+           stride_kn, stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+           stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, Hkv, Nq, Nk, D,
+           scale, GROUP, CAUSAL, BLOCK_M, BLOCK_N, BLOCK_D, DOT_PRECISION)
+    tl.store(Ran + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), 1)
+
+
 def _launch(kernel, q, k, v, do, lse, delta, dk, dv, causal, blocks=SQUARE):
     """The stub's launch: grid (cdiv(Nk, BLOCK_N), B * Hkv), blocks (BLOCK_M, BLOCK_N), ieee
     dots."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     block_m, block_n = blocks
-    kernel[(triton.cdiv(Nk, block_n), B * Hkv)](
+    grid = (triton.cdiv(Nk, block_n), B * Hkv)
+    ran = torch.zeros(math.prod(grid), dtype=torch.int32, device=DEV)
+    _harness[grid](
         q, k, v, do, lse, delta, dk, dv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
         *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], Hkv, Nq, Nk, D, 1.0 / math.sqrt(D),
-        Hq // Hkv, CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(D),
-        DOT_PRECISION="ieee", num_warps=4, num_stages=1)
+        Hq // Hkv, ran, CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(D),
+        DOT_PRECISION="ieee", num_warps=4, num_stages=1, KERNEL=kernel)
     if DEV.type == "cuda":
         torch.cuda.synchronize()
+    if not bool((ran == 1).all()):
+        checks.fail(f"your dkdv_kernel ran in {int((ran == 1).sum())} of the {ran.numel()} "
+                    f"programs of its grid {grid}", checks.HINT_NOT_RUN)
 
 
 def _place(x, layout, block):

@@ -2,7 +2,8 @@
 ``FlashAttentionFn``, the autograd.Function that ties the backward together.
 
 The kernel: the grader launches the learner's ``@triton.jit`` kernel itself (its own launcher
-below, the stub's grid and arguments), through Triton's interpreter on a CPU, on small irregular
+below, the stub's grid and arguments, the kernel called from a harness kernel of the grader's so
+that its body is what runs in every program), through Triton's interpreter on a CPU, on small irregular
 shapes: Nq != Nk, N not a multiple of the block, head dim 24 (padded to 32), several batches,
 grouped heads (groups of 1, 2 and 4), tensors laid out unlike Q, causal on and off
 (bottom-right, diagonal offset Nk - Nq not a multiple of the block; Nq > Nk gives rows with no
@@ -42,6 +43,7 @@ import numpy as np
 import pytest
 import torch
 import triton
+import triton.language as tl
 
 from flashlib import runtime
 from flashlib.course import checks, grading
@@ -149,16 +151,34 @@ def _block_d(d):
     return max(16, triton.next_power_of_2(d))
 
 
+@triton.jit
+def _harness(Q, K, V, dO, Lse, Delta, dQ, stride_qb, stride_qh, stride_qm, stride_kb, stride_kh,
+             stride_kn, stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+             stride_dqb, stride_dqh, stride_dqm, Hq, Nq, Nk, D, scale, GROUP, Ran,
+             CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr, KERNEL: tl.constexpr):
+    """The learner's kernel (KERNEL) called as Triton code, so that its body is what runs in this
+    program (a torch one-liner behind ``kernel[grid]`` does not); then the program marks its
+    slot of Ran."""
+    KERNEL(Q, K, V, dO, Lse, Delta, dQ, stride_qb, stride_qh, stride_qm, stride_kb, stride_kh,
+           stride_kn, stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+           stride_dqb, stride_dqh, stride_dqm, Hq, Nq, Nk, D, scale, GROUP, CAUSAL, BLOCK_M,
+           BLOCK_N, BLOCK_D, DOT_PRECISION)
+    tl.store(Ran + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), 1)
+
+
 def _launch(kernel, q, k, v, do, lse, delta, dq, causal, blocks):
     """The stub's launch: grid (cdiv(Nq, BLOCK_M), B * Hq), ieee dots."""
     B, Hq, Nq, D = q.shape
     Hkv = k.shape[1]
+    grid = (triton.cdiv(Nq, blocks[0]), B * Hq)
+    ran = torch.zeros(math.prod(grid), dtype=torch.int32, device=DEV)
     try:
-        kernel[(triton.cdiv(Nq, blocks[0]), B * Hq)](
+        _harness[grid](
             q, k, v, do, lse, delta, dq, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *do.stride()[:3], *dq.stride()[:3], Hq, Nq, k.shape[2], D, 1.0 / math.sqrt(D),
-            Hq // Hkv, CAUSAL=bool(causal), BLOCK_M=blocks[0], BLOCK_N=blocks[1],
-            BLOCK_D=_block_d(D), DOT_PRECISION="ieee", num_warps=4, num_stages=1)
+            Hq // Hkv, ran, CAUSAL=bool(causal), BLOCK_M=blocks[0], BLOCK_N=blocks[1],
+            BLOCK_D=_block_d(D), DOT_PRECISION="ieee", num_warps=4, num_stages=1, KERNEL=kernel)
     except Exception as e:   # the interpreter's words for a tl.dot of mismatched tiles
         text = f"{type(e).__name__}: {e}"
         if "reduction dimensions" in text or ("dot" in text.lower() and "shape" in text.lower()):
@@ -167,6 +187,9 @@ def _launch(kernel, q, k, v, do, lse, delta, dq, causal, blocks):
         raise
     if DEV.type == "cuda":
         torch.cuda.synchronize()
+    if not bool((ran == 1).all()):
+        checks.fail(f"your dq_kernel ran in {int((ran == 1).sum())} of the {ran.numel()} "
+                    f"programs of its grid {grid}", checks.HINT_NOT_RUN)
 
 
 def _place(x, layout, pad):

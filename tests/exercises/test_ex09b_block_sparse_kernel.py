@@ -1,7 +1,8 @@
 """Grader of exercise 09b (lesson 09): the block-sparse forward kernel ``block_sparse_kernel``.
 
 The grader launches the learner's ``@triton.jit`` kernel itself (its own launcher below, the
-stub's grid and arguments), through Triton's interpreter on a CPU, on ``flashlib.masks`` masks'
+stub's grid and arguments, the kernel called from a harness kernel of the grader's so that its
+body is what runs in every program), through Triton's interpreter on a CPU, on ``flashlib.masks`` masks'
 tables: bottom-right causal with Nq > Nk (an empty visit list, rows with no key: out 0, lse
 -inf), a causal sliding window (partial blocks only, rows whose first tile masks them entirely),
 packed documents, random block patterns that differ per (batch, head); N not a multiple of the
@@ -36,6 +37,7 @@ import numpy as np
 import pytest
 import torch
 import triton
+import triton.language as tl
 
 from flashlib import masks, runtime
 from flashlib.course import checks, grading
@@ -158,17 +160,38 @@ def _flat(t, guard, fill):
     return buf[:t.numel()].view(t.shape), buf
 
 
+@triton.jit
+def _harness(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmaps, stride_qb, stride_qh,
+             stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_ob,
+             stride_oh, stride_om, Hq, Nq, Nk, D, n_kblocks, qk_scale, GROUP, Ran,
+             BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+             KERNEL: tl.constexpr):
+    """The learner's kernel (KERNEL) called as Triton code, so that its body is what runs in this
+    program (a torch one-liner behind ``kernel[grid]`` does not); then the program marks its
+    slot of Ran."""
+    KERNEL(Q, K, V, Out, Lse, KvCount, KvFull, KvIndex, KvBitmap, Bitmaps, stride_qb, stride_qh,
+           stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_ob,
+           stride_oh, stride_om, Hq, Nq, Nk, D, n_kblocks, qk_scale, GROUP, BLOCK, BLOCK_D,
+           DOT_PRECISION)
+    tl.store(Ran + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), 1)
+
+
 def _launch(kernel, q, k, v, out, lse, count, full, index, bitmap, bitmaps, n_kblocks, block):
     """The stub's launch: grid (cdiv(Nq, BLOCK), B * Hq), ieee dots."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    kernel[(triton.cdiv(Nq, block), B * Hq)](
+    grid = (triton.cdiv(Nq, block), B * Hq)
+    ran = torch.zeros(math.prod(grid), dtype=torch.int32, device=DEV)
+    _harness[grid](
         q, k, v, out, lse, count, full, index, bitmap, bitmaps, *q.stride()[:3], *k.stride()[:3],
         *v.stride()[:3], *out.stride()[:3], Hq, Nq, Nk, D, n_kblocks, LOG2E / math.sqrt(D),
-        Hq // Hkv, BLOCK=block, BLOCK_D=_block_d(D), DOT_PRECISION="ieee", num_warps=4,
-        num_stages=1)
+        Hq // Hkv, ran, BLOCK=block, BLOCK_D=_block_d(D), DOT_PRECISION="ieee", num_warps=4,
+        num_stages=1, KERNEL=kernel)
     if DEV.type == "cuda":
         torch.cuda.synchronize()
+    if not bool((ran == 1).all()):
+        checks.fail(f"your block_sparse_kernel ran in {int((ran == 1).sum())} of the {ran.numel()} "
+                    f"programs of its grid {grid}", checks.HINT_NOT_RUN)
 
 
 def _run(kernel, c, *, layouts="bhnd bhnd bhnd bhnd", record=False):
