@@ -438,7 +438,8 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
             EVEN_D=(D == block_d),
             DOT_PRECISION="ieee", TILE_UPDATE=tile_update, SCORE_MOD=mod_fn,
             PAGE=0 if block_table is None else k_cache.shape[2], APPEND=append is not None,
-            BLOCK_NEW=next_power_of_2(Nq), PAGE_IDS_AHEAD=block_table is not None and options.decode_page_ids_ahead,
+            BLOCK_NEW=next_power_of_2(Nq),
+            PAGE_IDS_AHEAD=block_table is not None and options.decode_page_ids_ahead,
             num_warps=warps, num_stages=stages, kernel_options=options)
     launch.remember(_plans, key, (recorded, sizes))
     return (None, None) if merge_into is not None else (o_part, lse_part)

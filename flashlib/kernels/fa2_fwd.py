@@ -54,8 +54,8 @@ def attend_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cols, Nk
     """
     if PAGE:
         # one table entry per page of the tile (``tile_page_ids``) broadcast to its keys, not one
-        # per key (PAGE < BN here: a tile inside one page takes ``attend_key_blocks``'s contiguous
-        # path); the loop's sm90 SASS at B=1 H=32 d128 page 16: 592 -> 457 instructions (contiguous 284)
+        # per key, which cost the loop a third more instructions (sm90 SASS, NOTES.md); PAGE < BN
+        # here: a tile inside one page takes ``attend_key_blocks``'s contiguous path
         NP: tl.constexpr = cols.shape[0] // PAGE
         page = tl.reshape(tl.broadcast_to(pages[:, None], (NP, PAGE)), (NP * PAGE,))     # (BN,)
         k_rows = page * stride_kpage + (cols % PAGE) * stride_kn
