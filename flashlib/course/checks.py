@@ -17,6 +17,8 @@ tracemalloc traces in this process (Python objects and NumPy's buffers, not torc
 marked ``not_under_grade`` and left out there.
 """
 import contextlib
+import inspect
+import types
 
 import numpy as np
 
@@ -122,8 +124,6 @@ def jit_kernel(impl, name: str, exercise: str, params: int | None = None):
     module, under ``flashlib grade`` the grader's harness alone holds), or taking other than
     ``params`` arguments (None: any). NotImplementedError while its source still raises it (the
     stub)."""
-    import inspect
-    import types
     from triton.runtime.jit import KernelInterface
     fn = getattr(impl, name, None)
     if fn is None:
