@@ -73,9 +73,9 @@ class KernelOptions:
     exp2's FFMA. fa3_dq_before_dk: FA3's backward issues dQ's first slice before dK's wgmma.
     fa3_smem_bytes: shared memory FA3's kernels size their pipelines for (None: an sm90 block's,
     ``fa3_fwd.SMEM_BYTES``). decode_append: ``KVCache.attend(q, k_new, v_new)`` writes the new
-    keys and values inside its decoding launch instead of before it. decode_page_ids_ahead: the
-    paged decoding loop loads each key tile's page ids one tile ahead (off until measured on a GPU:
-    ``benchmarks/probes/paged_split_probe.py --ids-ahead``).
+    keys and values inside its decoding launch instead of before it. decode_page_ids_ahead: a
+    paged decoding launch of one wave at most loads each key tile's page ids one tile ahead
+    (``kernels.decode.page_ids_ahead``; False: never).
     launch_hook: None, or ``hook(kernel, grid, args, kwargs)`` called in place of every launch
     (``kernels.launch.run``), with the device checks off: it records launches for compiling
     without a GPU (``kernels/targets.py``) or profiling (``teach/profile.py``).
@@ -89,7 +89,7 @@ class KernelOptions:
     fa3_dq_before_dk: bool = True
     fa3_smem_bytes: Optional[int] = None
     decode_append: bool = True
-    decode_page_ids_ahead: bool = False
+    decode_page_ids_ahead: bool = True
     launch_hook: Optional[Callable] = None
 
     def __hash__(self):

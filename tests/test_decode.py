@@ -151,13 +151,25 @@ def test_heuristic_splits_fill_the_gpu_but_keep_splits_long():
     assert 1 <= pick(1, 1, 1, 10 ** 7, block_n=64, sms=132) <= kernels.MAX_SPLITS
     # lengths given (maybe ragged): more, shorter splits, so long sequences spread over idle SMs
     assert pick(8, 8, 1, 100000, block_n=64, sms=132, ragged=True) == 8 * pick(8, 8, 1, 100000, block_n=64, sms=132)
-    # a paged cache: two programs an SM where splits of 2 blocks allow it (the page ids' wait hidden)
+    # a paged cache: pages as long as a tile, one program an SM where splits of 2 blocks allow it
+    # (then its page ids a tile ahead); shorter pages, two programs an SM (they hide each other's)
     assert pick(1, 32, 1, 1024, block_n=64, sms=132, ragged=True) == 4
-    assert pick(1, 32, 1, 1024, block_n=64, sms=132, ragged=True, paged=True) == 8
-    assert pick(1, 32, 1, 128, block_n=64, sms=132, ragged=True, paged=True) == 1    # 2 blocks: one split
+    assert pick(1, 32, 1, 1024, block_n=64, sms=132, ragged=True, page=256) == 4
+    assert pick(1, 32, 1, 1024, block_n=64, sms=132, ragged=True, page=16) == 8
+    assert pick(1, 32, 1, 512, block_n=64, sms=132, ragged=True, short_cache=1024) == 1
+    assert pick(1, 32, 1, 512, block_n=64, sms=132, short_cache=1024, page=64) == 4
+    assert pick(8, 8, 1, 2048, block_n=64, sms=132, short_cache=1024, page=16) == 4
+    assert pick(8, 8, 1, 512, block_n=64, sms=132, short_cache=1024, page=256) == 1  # short, half busy
+    assert pick(1, 32, 1, 128, block_n=64, sms=132, ragged=True, page=16) == 1    # 2 blocks: one split
     for B, H, L in ((1, 32, 2048), (8, 8, 1024), (8, 8, 100000), (64, 32, 1024)):    # grid full already
-        assert pick(B, H, 1, L, block_n=64, sms=132, ragged=True, paged=True) == \
+        assert pick(B, H, 1, L, block_n=64, sms=132, ragged=True, page=16) == \
             pick(B, H, 1, L, block_n=64, sms=132, ragged=True)
+
+
+def test_paged_launch_loads_page_ids_ahead_only_in_one_wave():
+    on, off = runtime.KernelOptions(), runtime.KernelOptions(decode_page_ids_ahead=False)
+    assert kernels.page_ids_ahead(132, 132, on) and not kernels.page_ids_ahead(133, 132, on)
+    assert not kernels.page_ids_ahead(1, 132, off)
 
 
 def test_kv_cache_append_and_attend_equal_attention_over_all_keys():

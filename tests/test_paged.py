@@ -32,7 +32,7 @@ def scattered(k, v, page_size, num_pages, seed=0):
     return *pools, table.to(dtype=torch.int32, device=k.device)
 
 
-@pytest.mark.parametrize("ids_ahead", [False, True])   # each tile's page ids loaded a tile ahead
+@pytest.mark.parametrize("ids_ahead", [False, True])   # True: a one-wave grid loads its page ids a tile ahead
 @pytest.mark.parametrize("Nq", [1, 3])
 @pytest.mark.parametrize("page_size", [16, 32, 64])   # smaller than, as long as, longer than a tile
 def test_pages_out_of_order_match_the_contiguous_cache(Nq, page_size, ids_ahead):

@@ -4,13 +4,15 @@ At B=1 H=32 d128 and 1k keys the heuristic gave 4 splits of 4 key blocks (128 pr
 wave), and pages of 16 and of 256 lost alike: the page ids' loads come before the first K/V loads
 of each program (benchmarks/probes/NOTES.md). Would more programs, or fewer, hide it? (Its first log,
 h100/paged_split_probe.log: 8 splits, two programs an SM; the heuristic's ``paged`` rule since.)
-"heur" is ``kernels.decode.num_splits_heuristic``'s pick for that cache, paged or not. Every
+"heur" is ``kernels.decode.num_splits_heuristic``'s pick for that cache, paged or not, from the
+lengths on the host as ``KVCache.attend`` passes them (``host_lengths``: equal, not ragged). Every
 (case, page size, splits) is checked against the float64 oracle, then timed in a CUDA graph
 (``bench.decode.graph_time``); rounds alternate so that the spread shows. Ratio: TB/s over the
 contiguous cache at the heuristic's split count, same round.
 
-``--ids-ahead``: each paged cache also with ``KernelOptions.decode_page_ids_ahead`` (its page
-column then reads "16+", "256+"): the loop loads each tile's page ids a tile ahead, so that Triton's
+A paged cache's column reads "16", "256" with ``KernelOptions.decode_page_ids_ahead`` off (each
+tile's page ids loaded in its own iteration); with ``--ids-ahead`` also "16+", "256+", the option
+on (the default): a grid of one wave at most then loads them a tile ahead, so that Triton's
 pipeline keeps two K/V tiles in flight as for a contiguous cache (the TTGIR for sm90 held one).
 ``--lengths`` and ``--splits`` pick the caches and split counts (default: the short caches, every
 count; "heur" for the heuristic's alone).
@@ -63,8 +65,8 @@ def main(rounds, ids_ahead=False, lengths=None, splits_run=SPLITS):
             for page, caches, table, ahead in variants:
                 for splits in splits_run:
                     def fn(q, k, v, _, table=table, splits=splits, options={"decode_page_ids_ahead": ahead}):
-                        return decode_attention(q, k, v, cache_seqlens=lens, block_table=table,
-                                                num_splits=splits, check_table=False, kernel_options=options)
+                        return decode_attention(q, k, v, cache_seqlens=lens, block_table=table, num_splits=splits,
+                                                check_table=False, host_lengths=seqlens, kernel_options=options)
                     name = f"{page}{'+' if ahead else ''}" if page else "-"
                     with torch.no_grad():
                         out = fn(q, *caches, None)

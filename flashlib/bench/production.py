@@ -15,10 +15,11 @@ with a ``part`` and a ``case``. Three parts:
    sync: the suite's first call; ``inputs.read_once``).
 2. ``paged_decode``: one new token at the decode suite's cases (``decode.cases``: B=1 H=32 and
    B=8 Hq=32 Hkv=8, d128, L = 1k .. 128k, the ragged batch): ``flashlib_paged16`` / ``_paged256``
-   (``flash_decode`` with a ``block_table``, pages of 16 / 256 tokens in a fixed-seed shuffled
-   order) against ``flashlib_contiguous`` (the same call on the contiguous cache; both with
-   ``cache_seqlens``). The paged call skips the host check of the table (a device sync, which a
-   CUDA graph cannot hold), as ``PagedKVCache.attend`` does. ``gbps`` (K/V bytes read per second,
+   (``decode_attention`` with a ``block_table``, pages of 16 / 256 tokens in a fixed-seed shuffled
+   order) against ``flashlib_contiguous`` (the same call on the contiguous cache). Both are called
+   as ``KVCache.attend`` and ``PagedKVCache.attend`` call them: ``cache_seqlens`` with its values
+   on the host too (``host_lengths``: the split count sized for them), the table not checked on
+   the host (a device sync, which a CUDA graph cannot hold). ``gbps`` (K/V bytes read per second,
    eager ``do_bench``) and ``gbps_graph`` (CUDA-graph replay), as the decode suite measures them.
 3. ``score_mod``: ``flash_attention`` with ``softcap=30`` (``flashlib_softcap``) and ALiBi's
    geometric slopes (``flashlib_alibi``) against the plain kernel (``flashlib``) and FlexAttention
@@ -49,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import runtime
-from ..decode import decode_attention, flash_decode
+from ..decode import decode_attention
 from ..kernels.dispatch import attention_flops
 from ..ops import flash_attention, flash_attention_varlen
 from ..reference import attention_naive, attention_ref
@@ -291,16 +292,15 @@ def paged_record(case, impl, shape, seqlens, page_size, dtype):
         q, _, _ = make_inputs(B, Hq, Hkv, 1, 1, D, dtype, dev)
         _, k, v = make_inputs(B, 1, Hkv, 1, Lmax, D, dtype, dev)
         lens = bench_decode.device_lengths(seqlens, dev)
-        if page_size is None:
-            caches = (k, v)
-            fn = lambda q, k, v, _: flash_decode(q, k, v, cache_seqlens=lens)   # noqa: E731
-        else:
+        table, caches = None, (k, v)
+        if page_size is not None:
             order, table = page_order(B, -(-Lmax // page_size))
             table = table.to(dev)
             caches = (to_pages(k, page_size, order), to_pages(v, page_size, order))
-            # the table's entries are not read back (a device sync per call), as PagedKVCache.attend
-            fn = lambda q, k, v, _: decode_attention(q, k, v, cache_seqlens=lens, block_table=table,  # noqa: E731
-                                                     check_table=False)
+        # as KVCache.attend and PagedKVCache.attend call it: the lengths known on the host (the
+        # split count sized for them), the table's entries not read back (a device sync per call)
+        fn = lambda q, k, v, _: decode_attention(q, k, v, cache_seqlens=lens, block_table=table,  # noqa: E731
+                                                 check_table=False, host_lengths=list(seqlens))
         with torch.no_grad():
             out = fn(q, *caches, None)
         # the timed call's output, its first heads against the oracle on the contiguous cache

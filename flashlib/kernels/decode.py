@@ -66,7 +66,7 @@ INTERPRETER_BLOCK_N = 32
 MAX_ROWS = 64            # query rows per program (group x new tokens); more rows: more row blocks
 MAX_SPLITS = 128         # the heuristic's cap; an explicit num_splits may be anything >= 1
 MIN_BLOCKS_PER_SPLIT = 4  # the heuristic gives each split at least this many key blocks
-PAGED_MIN_BLOCKS = 2      # ... paged caches this many, where it takes that to fill two programs an SM
+PAGED_MIN_BLOCKS = 2      # ... paged caches this many, where it takes that to fill the SMs
 # ... and does not split a shorter cache in two (num_splits_heuristic); per GPU, from its sweep,
 # the H100's value elsewhere: the H200's bandwidth needs more SMs busy sooner
 SHORT_CACHE = {"h100": 8192, "h200": 1024}
@@ -296,7 +296,7 @@ def for_gpu(table, device) -> int:
 
 
 def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, ragged=False,
-                         short_cache=SHORT_CACHE["h100"], paged=False):
+                         short_cache=SHORT_CACHE["h100"], page=0):
     """Splits per sequence. Equal lengths: as many as fit one program per SM (one wave, each
     program streaming one long chunk through its software pipeline; the sweep's best).
     Lengths given (``ragged``): 8x that, so that the long sequences' chunks spread over the SMs
@@ -306,16 +306,20 @@ def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, 
     the SMs it adds. How short depends on the GPU (``SHORT_CACHE``, from each GPU's sweep:
     benchmarks/probes/NOTES.md).
 
-    ``paged`` (a block table): at least two programs an SM where splits of ``PAGED_MIN_BLOCKS``
-    key blocks allow it. Each program's first K/V loads wait for its page ids, and a second
-    program on the SM hides that wait (benchmarks/probes/paged_split_probe.py; its numbers in
-    NOTES.md). Where the grid already holds two programs an SM it changes nothing."""
+    ``page`` (a paged cache's page size; 0: contiguous): pages as long as a key tile fill one
+    program an SM, pages shorter than a tile two, where splits of ``PAGED_MIN_BLOCKS`` key blocks
+    allow it. A grid of one wave at most loads each tile's page ids a tile ahead
+    (``page_ids_ahead``), which keeps two K/V tiles in flight as a contiguous cache does; two
+    programs an SM hide each other's wait for the ids instead, which pages shorter than a tile
+    (several ids a tile, scattered reads) need at GQA's shapes (benchmarks/probes/
+    paged_split_probe.py; its numbers in NOTES.md)."""
     programs = max(1, batch * heads_kv * row_blocks)
     longest = cdiv(max_len, block_n * MIN_BLOCKS_PER_SPLIT)
     splits = max(1, min(sms // programs * (8 if ragged else 1), longest, MAX_SPLITS))
+    if page:
+        per_sm = 1 if page >= block_n else 2
+        splits = max(splits, min(per_sm * sms // programs, cdiv(max_len, block_n * PAGED_MIN_BLOCKS), MAX_SPLITS))
     splits = 1 if splits == 2 and max_len < short_cache else splits
-    if paged:
-        splits = max(splits, min(2 * sms // programs, cdiv(max_len, block_n * PAGED_MIN_BLOCKS), MAX_SPLITS))
     return splits
 
 
@@ -330,10 +334,24 @@ def launch_plan(q, k_cache, cache_seqlens=None, *, num_splits=None, config=None,
     B, Hq, Nq, D = q.shape
     split_length, ragged = split_sizing(cache_length(k_cache, block_table), cache_seqlens, longest, ragged)
     return _plan(B, Hq, Nq, D, k_cache.shape[1], split_length, q.element_size(), q.device,
-                 ragged, block_table is not None, num_splits, config)
+                 ragged, page_size(k_cache, block_table), num_splits, config)
 
 
 SPLIT_LENGTH_STEP = 256   # host lengths are rounded up to this: the plan changes every 256 tokens
+
+
+def page_size(k_cache, block_table=None) -> int:
+    """Positions a page holds, (num_pages, Hkv, page_size, D) with a table; 0: a contiguous cache."""
+    return 0 if block_table is None else k_cache.shape[2]
+
+
+def page_ids_ahead(grid, sms, options) -> bool:
+    """Whether a paged launch of ``grid`` programs loads each key tile's page ids a tile ahead:
+    where the grid is one wave at most, a program alone on its SM has no neighbour to hide the
+    wait for its ids, and loading them a tile ahead lets Triton's pipeline keep two K/V tiles in
+    flight. With more programs an SM, the shallower pipeline wins (its shared memory is about
+    half) and the neighbours hide the wait. ``options.decode_page_ids_ahead`` False: never."""
+    return options.decode_page_ids_ahead and grid <= sms
 
 
 def split_sizing(Lmax, cache_seqlens=None, longest=None, ragged=None):
@@ -355,7 +373,7 @@ def cache_length(k_cache, block_table=None):
 
 
 @functools.lru_cache(maxsize=4096)  # a decoding loop asks for the same plan at every step
-def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, paged, num_splits, config):
+def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, page, num_splits, config):
     rows = Hq // Hkv * Nq
     block_m = max(16, min(MAX_ROWS, next_power_of_2(rows)))
     row_blocks = cdiv(rows, block_m)
@@ -365,7 +383,7 @@ def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, paged, num_splits
     if num_splits is None:
         num_splits = num_splits_heuristic(B, Hkv, row_blocks, Lmax, block_n=config[0],
                                           sms=sm_count(device), ragged=ragged,
-                                          short_cache=for_gpu(SHORT_CACHE, device), paged=paged)
+                                          short_cache=for_gpu(SHORT_CACHE, device), page=page)
     long_split = cdiv(Lmax, num_splits) >= for_gpu(LONG_SPLIT, device)
     if (chosen and long_split and not runtime.INTERPRET
             and fits(LONG_SPLIT_KEY_BLOCK, block_d, elem_bytes, target())):
@@ -414,7 +432,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
     Hkv, Lmax = k_cache.shape[1], cache_length(k_cache, block_table)
     block_d = padded_headdim(D)
     block_m, row_blocks, (block_n, warps, stages), num_splits = _plan(
-        B, Hq, Nq, D, Hkv, split_length, q.element_size(), q.device, ragged, block_table is not None,
+        B, Hq, Nq, D, Hkv, split_length, q.element_size(), q.device, ragged, page_size(k_cache, block_table),
         num_splits, config)
     if block_table is None:   # (batch, head, row) strides; no pages
         cache_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3], 0, 0, 0)
@@ -437,9 +455,9 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
             BLOCK_S=merge_tile(num_splits, block_m, block_d) if arrivals is not None else 1,
             EVEN_D=(D == block_d),
             DOT_PRECISION="ieee", TILE_UPDATE=tile_update, SCORE_MOD=mod_fn,
-            PAGE=0 if block_table is None else k_cache.shape[2], APPEND=append is not None,
+            PAGE=page_size(k_cache, block_table), APPEND=append is not None,
             BLOCK_NEW=next_power_of_2(Nq),
-            PAGE_IDS_AHEAD=block_table is not None and options.decode_page_ids_ahead,
+            PAGE_IDS_AHEAD=block_table is not None and page_ids_ahead(grid[0], sm_count(q.device), options),
             num_warps=warps, num_stages=stages, kernel_options=options)
     launch.remember(_plans, key, (recorded, sizes))
     return (None, None) if merge_into is not None else (o_part, lse_part)
