@@ -117,6 +117,9 @@ def decode_paths(batch, calls):
     k_new, v_new = (torch.randn(batch, Hkv, 1, D, dtype=torch.float16) for _ in range(2))
     q_new = torch.randn(batch, Hq, 1, D, dtype=torch.float16)
     cache.append(*(torch.randn(batch, Hkv, prompt, D, dtype=torch.float16) for _ in range(2)))
+    # the skipped launches write no lengths: the buffer an appending launch would fill holds valid
+    # ones (the CPU path checks cache_seqlens' values)
+    cache._next_seqlens = cache.seqlens.clone()
 
     def refill():
         if cache.lengths[0] == max_len:

@@ -8,8 +8,14 @@ alternating rounds, then profiles a few steps of each with ``torch.profiler`` an
 ``teach.trace.idle_gaps``), host syncs per step (runtime calls naming Synchronize or a
 device-to-host copy), kernels per step, and the kernels that differ most in total time.
 
+``--fa3-from-flops N`` adds a third model, flashlib with ``KernelOptions.fa3_from_flops`` N (the
+FLOPs from which a call runs FA3's kernels; 1: every call), timed in the same rounds: at GPT-2's
+shapes the default runs FA2, chosen where a call alone is host-bound (``fa3_threshold_probe.py``),
+while an eager step at B8 T1024 keeps the GPU busy (24.5 of 25.4 ms), where kernel time decides.
+
     python benchmarks/probes/model_step_profile.py [--shapes 32x256,8x1024] [--modes eager,compiled]
         [--cprofile 20]   (also: the host's Python per step, cProfile of 20 steps, top functions)
+        [--fa3-from-flops 1]
 """
 import argparse
 import cProfile
@@ -22,6 +28,7 @@ import tempfile
 
 import torch
 
+from flashlib import flash_attention
 from flashlib.bench import model as M
 from flashlib.teach import trace as T
 
@@ -62,7 +69,14 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--cprofile", type=int, default=0)
+    parser.add_argument("--fa3-from-flops", type=int)
     args = parser.parse_args()
+    attention = dict(M.ATTENTION)
+    if args.fa3_from_flops is not None:
+        options = {"fa3_from_flops": args.fa3_from_flops}
+        attention[f"flashlib_fa3_from_{args.fa3_from_flops}"] = lambda q, k, v, cache=None: flash_attention(
+            q, k, v, causal=True, kernel_options=options)
+    impls = tuple(attention)
     dtype = torch.bfloat16
     cfg = M.GPT2
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
@@ -70,28 +84,30 @@ def main():
         B, Tn = map(int, shape.split("x"))
         idx, targets = M.random_tokens(cfg.vocab_size, B, Tn, 1), M.random_tokens(cfg.vocab_size, B, Tn, 2)
         for mode in args.modes.split(","):
-            models = {impl: M.build(cfg, M.ATTENTION[impl]) for impl in M.IMPLS}
-            models["sdpa_default"].load_state_dict(models["flashlib"].state_dict())
+            models = {impl: M.build(cfg, attention[impl]) for impl in impls}
+            for impl in impls[1:]:
+                models[impl].load_state_dict(models["flashlib"].state_dict())
             runners = {impl: torch.compile(m, dynamic=False) if mode == "compiled" else m
                        for impl, m in models.items()}
             opts = {impl: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True) for impl, m in models.items()}
             steps = {impl: (lambda r=runners[impl], o=opts[impl]: M.train_step(r, o, idx, targets, dtype))
-                     for impl in M.IMPLS}
-            losses = {impl: steps[impl]().item() for impl in M.IMPLS}
-            for impl in M.IMPLS:
+                     for impl in impls}
+            losses = {impl: steps[impl]().item() for impl in impls}
+            for impl in impls:
                 M.timed_calls(steps[impl], 3)
-            times = {impl: [] for impl in M.IMPLS}
+            times = {impl: [] for impl in impls}
             for _ in range(args.rounds):
-                for impl in M.IMPLS:
+                for impl in impls:
                     times[impl] += M.timed_calls(steps[impl], args.steps)
-            summaries = {impl: summarise(profile(steps[impl], 3), 3) for impl in M.IMPLS}
-            ms = {impl: statistics.median(times[impl]) for impl in M.IMPLS}
+            summaries = {impl: summarise(profile(steps[impl], 3), 3) for impl in impls}
+            ms = {impl: statistics.median(times[impl]) for impl in impls}
             print(f"\n## GPT-2 B{B} T{Tn} {mode}: first losses {losses}")
-            for impl in M.IMPLS:
+            for impl in impls:
                 s = summaries[impl]
                 print(f"{impl:13s} step {ms[impl]:7.2f} ms | GPU busy {s['busy']:6.2f} ms, idle {s['idle']:5.2f} ms"
                       f" | kernels/step {s['launches']:.0f} | syncs/step {s['syncs']} | memcpy/step {s['copies']}")
-            print(f"ratio sdpa/flashlib {ms['sdpa_default'] / ms['flashlib']:.3f}")
+            for impl in (i for i in impls if i != "sdpa_default"):
+                print(f"ratio sdpa/{impl} {ms['sdpa_default'] / ms[impl]:.3f}")
             names = set(summaries["flashlib"]["kernels"]) | set(summaries["sdpa_default"]["kernels"])
             diff = []
             for name in names:
@@ -102,7 +118,7 @@ def main():
             print("kernel (per step)                                                   flashlib n/us    sdpa n/us")
             for d, name, f, s in diff[:18]:
                 print(f"  {name[:66]:66s} {f[0]:4.0f} {f[1]:8.1f}  {s[0]:4.0f} {s[1]:8.1f}")
-            for impl in M.IMPLS if args.cprofile else ():
+            for impl in impls if args.cprofile else ():
                 prof = cProfile.Profile()
                 torch.cuda.synchronize()
                 prof.enable()
