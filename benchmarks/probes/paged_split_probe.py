@@ -15,10 +15,11 @@ tile's page ids loaded in its own iteration); with ``--ids-ahead`` also "16+", "
 on (the default): a grid of one wave at most then loads them a tile ahead, so that Triton's
 pipeline keeps two K/V tiles in flight as for a contiguous cache (the TTGIR for sm90 held one).
 ``--lengths`` and ``--splits`` pick the caches and split counts (default: the short caches, every
-count; "heur" for the heuristic's alone).
+count; "heur" for the heuristic's alone). ``--pages-in-order``: each sequence's pages one run of the
+pool instead of shuffled over it (is a page of 16's cost its scattered reads?).
 
     PYTHONPATH=$PWD FLASHLIB_AUTOTUNE=0 python benchmarks/probes/paged_split_probe.py [ROUNDS]
-        [--ids-ahead] [--lengths 512,1024,2048,16384] [--splits heur]
+        [--ids-ahead] [--lengths 512,1024,2048,16384] [--splits heur] [--pages-in-order]
 """
 import argparse
 
@@ -36,7 +37,7 @@ PAGES = (None, 16, 256)
 SPLITS = (None, 1, 2, 4, 8, 16)
 
 
-def setups(shape, L, dtype=torch.float16):
+def setups(shape, L, dtype=torch.float16, shuffled=True):
     """(page size, caches, table) for the contiguous cache and each page size, one set of inputs."""
     B, Hq, Hkv, D = shape["B"], shape["Hq"], shape["Hkv"], shape["D"]
     dev = runtime.DEVICE
@@ -44,16 +45,16 @@ def setups(shape, L, dtype=torch.float16):
     _, k, v = make_inputs(B, 1, Hkv, 1, L, D, dtype, dev)
     out = [(None, (k, v), None)]
     for page in PAGES[1:]:
-        order, table = page_order(B, -(-L // page))
+        order, table = page_order(B, -(-L // page), shuffled=shuffled)
         out.append((page, (to_pages(k, page, order), to_pages(v, page, order)), table.to(dev)))
     return q, k, v, out
 
 
-def main(rounds, ids_ahead=False, lengths=None, splits_run=SPLITS):
+def main(rounds, ids_ahead=False, lengths=None, splits_run=SPLITS, shuffled=True):
     print(f"{'case':12}{'page':>6}{'splits':>8}{'ms graph':>10}{'TB/s':>7}{'vs contiguous':>15}  round")
     cases = [(label, shape, L) for label, shape in SHAPES.items() for L in (lengths or LENGTHS[label])]
     for label, shape, L in cases:
-        q, k, v, variants = setups(shape, L)
+        q, k, v, variants = setups(shape, L, shuffled=shuffled)
         variants = [(page, caches, table, False) for page, caches, table in variants]
         if ids_ahead:
             variants += [(page, caches, table, True) for page, caches, table, _ in variants if page]
@@ -90,5 +91,6 @@ if __name__ == "__main__":
     ap.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--splits", type=lambda s: [None if x == "heur" else int(x) for x in s.split(",")],
                     default=SPLITS)
+    ap.add_argument("--pages-in-order", action="store_true")
     args = ap.parse_args()
-    main(args.rounds, args.ids_ahead, args.lengths, args.splits)
+    main(args.rounds, args.ids_ahead, args.lengths, args.splits, not args.pages_in_order)

@@ -125,10 +125,12 @@ def alibi_slopes(heads):
     return torch.tensor(geometric(n) + geometric(2 * n)[0::2][:heads - n], dtype=torch.float32)
 
 
-def page_order(batch, max_pages, *, seed=0):
-    """Shuffled pages: logical page s of sequence b is physical page order[b * max_pages + s].
-    Returns (order int64 (batch * max_pages,), block table int32 (batch, max_pages)), on the CPU."""
-    order = torch.randperm(batch * max_pages, generator=torch.Generator().manual_seed(seed))
+def page_order(batch, max_pages, *, seed=0, shuffled=True):
+    """Shuffled pages: logical page s of sequence b is physical page order[b * max_pages + s]
+    (shuffled=False: in order, each sequence's pages one run of the pool). Returns (order int64
+    (batch * max_pages,), block table int32 (batch, max_pages)), on the CPU."""
+    n = batch * max_pages
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)) if shuffled else torch.arange(n)
     return order, order.reshape(batch, max_pages).to(torch.int32)
 
 
