@@ -135,16 +135,19 @@ def test_bad_pages_name_the_argument(change, error, match):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("ids_ahead", [False, True])
+@pytest.mark.parametrize("ids_ahead, num_splits", [(False, None), (True, 2)])   # 2: 64 programs, one wave
 @pytest.mark.parametrize("page_size", [16, 64, 256])
-def test_gpu_real_sizes(page_size, ids_ahead):
+def test_gpu_real_sizes(page_size, ids_ahead, num_splits):
     B, Hq, Hkv, D, L = 4, 32, 8, 128, 16384
     q = torch.randn(B, Hq, 1, D, dtype=torch.float16, device=DEV)
     k, v = (torch.randn(B, Hkv, L, D, dtype=torch.float16, device=DEV) for _ in range(2))
     lens = torch.tensor([16384, 9000, 1, 4097], device=DEV)
     k_pages, v_pages, table = scattered(k, v, page_size, num_pages=2 * B * L // page_size)
+    options = runtime.KernelOptions(decode_page_ids_ahead=ids_ahead)
+    grid = B * Hkv * (num_splits or kernels.launch_plan(q, k_pages, lens, block_table=table)[3])
+    assert kernels.page_ids_ahead(grid, kernels.sm_count(q.device), options) == ids_ahead
     out, lse = flash_decode(q, k_pages, v_pages, cache_seqlens=lens, block_table=table,
-                            return_lse=True, kernel_options={"decode_page_ids_ahead": ids_ahead})
+                            num_splits=num_splits, return_lse=True, kernel_options=options)
     for b, n in enumerate(lens.tolist()):
         sl = slice(b, b + 1)
         assert_attention_close(out[sl], lse[sl], q[sl], k[sl, :, :n], v[sl, :, :n], causal=True,
