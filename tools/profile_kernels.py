@@ -25,14 +25,14 @@ N=4096, float16, not causal (lesson 07's roofline shape):
     python tools/profile_kernels.py OUTDIR --cases flashlib_fa2_d64   # others kept from OUTDIR's report
 
 Opt-in, by name (issue 57), the same for FA3's backward (``kernels.fa3_bwd.fa3_backward``, not
-causal) before (variant ``2wg``) and after (``2wg_split``: dQ's columns split between the
-consumers; ``wide`` and ``wide_m64``: one consumer of two warpgroups) beside SDPA cuDNN's. flashlib's backward is timed alone: out and lse (``fa3_forward``)
-and a random dout are made once; the timed call runs the backward's kernels (preprocess, main, dQ
-convert) and the zero fill of its float32 dQ accumulator. autograd reaches cuDNN's backward only
-through its forward: its time is forward + backward less the forward alone (grad enabled, as
-autograd runs it), each a do_bench mean, and its torch.profiler table and ncu see both. ncu
-profiles every launch of the call and reports the longest, named in the report. Into a folder of
-its own, so the lessons' forward report stays as it is:
+causal) before (variant ``2wg``) and after (``2wg_split``: dQ's columns split between the consumers;
+``wide`` and ``wide_m64``: one consumer of two warpgroups) beside SDPA cuDNN's. flashlib's backward
+is timed alone: out and lse (``fa3_forward``) and a random dout are made once; the timed call runs
+the backward's kernels (preprocess, main, dQ convert) and the zero fill of its float32 dQ
+accumulator. autograd reaches cuDNN's backward only through its forward: its time is forward +
+backward less the forward alone (grad enabled, as autograd runs it), each a do_bench mean, and its
+torch.profiler table and ncu see both. ncu profiles every launch of the call and reports the
+longest, named in the report. Into a folder of its own, so that the lessons' forward report stays:
 
     python tools/profile_kernels.py benchmarks/results/h200/profile_backward --cases fa3_bwd_2wg_d128 \
         fa3_bwd_2wg_split_d128 sdpa_cudnn_bwd_d128 fa3_bwd_2wg_d64 sdpa_cudnn_bwd_d64 fa3_bwd_wide_d64 \

@@ -4,7 +4,8 @@ A check is a plain function ``check(impl, rng)`` (impl: the learner's module, rn
 NumPy generator) that raises ``CheckFailed`` with words a learner can act on. The helpers here
 say what went wrong: ``fail`` (a message and a hint), ``expect_close`` (flashlib.testing's
 tolerance, and which entries differ), ``function``, ``jit_kernel`` and ``as_array`` (the
-learner's function or Triton kernel and what it returned, or a message naming what is missing);
+learner's function or Triton kernel and what it returned, or a message naming what is missing),
+``expect_every_program_ran`` (a grader's harness kernel saw the learner's body run everywhere);
 ``inputs_kept`` gives copies of the inputs taken before a call (references come from them) and
 fails if the call changed them;
 ``ReadRecorder`` with ``stream_problem`` tell one streaming pass from two, ``memory_problem`` a
@@ -143,6 +144,16 @@ def jit_kernel(impl, name: str, exercise: str, params: int | None = None):
     if params is not None and count != params:
         fail(f"{name} takes {count} arguments; keep the stub's signature ({params})")
     return fn
+
+
+def expect_every_program_ran(ran, name: str, grid):
+    """Fail unless every program of ``grid`` marked its slot of ``ran`` (a tensor of zeros, one
+    slot a program, that a grader's harness kernel sets to 1 after calling the learner's kernel
+    ``name``: a body replaced by a torch one-liner behind ``kernel[grid]`` never runs there)."""
+    done = int((ran == 1).sum())
+    if done != ran.numel():
+        fail(f"your {name} ran in {done} of the {ran.numel()} programs of its grid {tuple(grid)}",
+             HINT_NOT_RUN)
 
 
 def beside(learner_object, function, *args):

@@ -189,9 +189,7 @@ def _launch(kernel, q, k, v, out, lse, count, full, index, bitmap, bitmaps, n_kb
         num_stages=1, KERNEL=kernel)
     if DEV.type == "cuda":
         torch.cuda.synchronize()
-    if not bool((ran == 1).all()):
-        checks.fail(f"your block_sparse_kernel ran in {int((ran == 1).sum())} of the {ran.numel()} "
-                    f"programs of its grid {grid}", checks.HINT_NOT_RUN)
+    checks.expect_every_program_ran(ran, "block_sparse_kernel", grid)
 
 
 def _run(kernel, c, *, layouts="bhnd bhnd bhnd bhnd", record=False):

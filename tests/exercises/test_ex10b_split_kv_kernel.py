@@ -1,12 +1,12 @@
 """Grader of exercise 10b (lesson 10): Flash-Decoding's split-KV kernel ``split_kv_kernel``.
 
-The grader launches the learner's ``@triton.jit`` kernel itself (its own launcher below, the
-stub's grid and arguments, the kernel called from a harness kernel of the grader's so that its
-body is what runs in every program; the learner's ``split_kv_partials`` is not used), through Triton's
-interpreter on a CPU, with 16-key blocks (32-key ones in one case: BLOCK_M = 16 rows against
-BLOCK_N = 32 keys, and 20 rows in a tile of 32 against 16-key blocks in another, so a kernel
-that takes one block size for the other is wrong one way or the other). The contract leaves the cut of [0, L) into parts to the
-learner, so the checks judge what every right cut gives:
+The grader launches the learner's ``@triton.jit`` kernel itself (its own launcher below, the stub's
+grid and arguments, the kernel called from a harness kernel of the grader's so that its body is what
+runs in every program; the learner's ``split_kv_partials`` is not used), through Triton's
+interpreter on a CPU, with 16-key blocks (32-key ones in one case: BLOCK_M = 16 rows against BLOCK_N
+= 32 keys, and 20 rows in a tile of 32 against 16-key blocks in another, so a kernel that takes one
+block size for the other is wrong one way or the other). The contract leaves the cut of [0, L) into
+parts to the learner, so the checks judge what every right cut gives:
 
 - the partition probe: V is the identity (v_j = e_j, head dim 64 = the cache's length), so a
   split's partial output shows which keys it attended (its nonzero lanes) and their weights.
@@ -219,9 +219,7 @@ def _run(kernel, c, *, nan_stale=True, nan_pad=True, block_n=BLOCK_N, record=Fal
                                                     seqlens)
     if DEV.type == "cuda":
         torch.cuda.synchronize()
-    if not bool((ran == 1).all()):
-        checks.fail(f"your split_kv_kernel ran in {int((ran == 1).sum())} of the {ran.numel()} "
-                    f"programs of its grid {(c.S, B * Hkv)}", checks.HINT_NOT_RUN)
+    checks.expect_every_program_ran(ran, "split_kv_kernel", (c.S, B * Hkv))
     same = lambda a, b: torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())  # noqa: E731
     return types.SimpleNamespace(
         o=o.double().cpu(), lse=lse.double().cpu(), stray=stray,
