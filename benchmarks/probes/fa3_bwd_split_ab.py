@@ -104,7 +104,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default="2wg,2wg_split")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--mods", default="", help="comma-separated: softcap, alibi (at d128)")
+    ap.add_argument("--mods", default="", help="comma-separated: softcap, alibi (at each head dim)")
     ap.add_argument("--before", help="an earlier fa3_bwd.py, its variants named before:NAME")
     ap.add_argument("--head-dims", default="64,128")
     args = ap.parse_args()
