@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from flashlib import KVCache, PagedKVCache, flash_decode, runtime
-from flashlib.kernels import decode as kernels
+from flashlib.kernels import config, decode as kernels
 from flashlib.testing import assert_attention_close
 
 DEV = runtime.DEVICE
@@ -48,7 +48,9 @@ def test_pages_out_of_order_match_the_contiguous_cache(Nq, page_size, ids_ahead)
         sl = slice(b, b + 1)
         assert_attention_close(out[sl], lse[sl], q[sl], k[sl, :, :L], v[sl, :, :L], causal=True,
                                name=f"sequence {b} (L={L})")
-    contiguous = flash_decode(q, k, v, cache_seqlens=lens, num_splits=3, return_lse=True)
+    # bit for bit under the key tile the paged plan picked (short pages on one wave take their own)
+    tile = kernels.launch_plan(q, k_pages, lens, num_splits=3, block_table=table)[2]
+    contiguous = kernels.flash_decode_forward(q, k, v, lens, num_splits=3, config=tile)
     assert torch.equal(out, contiguous[0]) and torch.equal(lse, contiguous[1])
 
 
@@ -81,10 +83,12 @@ def test_paged_cache_holds_what_the_contiguous_one_holds():
         paged.append(k_new, v_new)
         flat.append(k_new, v_new)
         q = torch.randn(B, Hq, 1, D, device=DEV)
-        # bit for bit, at the split count the paged call picks (its heuristic may split more)
-        splits = kernels.launch_plan(q, paged.k, paged.seqlens, block_table=paged.block_table,
-                                     longest=max(paged.lengths), ragged=False)[3]
-        assert torch.equal(paged.attend(q), flat.attend(q, num_splits=splits))
+        # bit for bit, at the split count and key tile the paged call picks (its heuristic may
+        # split more; short pages on one wave take their own tile)
+        _, _, config, splits = kernels.launch_plan(q, paged.k, paged.seqlens, block_table=paged.block_table,
+                                                   longest=max(paged.lengths), ragged=False)
+        expected, _ = kernels.flash_decode_forward(q, flat.k, flat.v, flat.seqlens, num_splits=splits, config=config)
+        assert torch.equal(paged.attend(q), expected)
     assert paged.lengths == [35, 35] and paged.free_pages == 10 - 2 * 3   # 3 pages each
     paged.release(0)
     assert paged.free_pages == 7 and paged.lengths == [0, 35]
@@ -131,6 +135,27 @@ def test_bad_pages_name_the_argument(change, error, match):
     args = {name: t.to(DEV) if isinstance(t, torch.Tensor) else t for name, t in args.items()}
     with pytest.raises(error, match=match):
         flash_decode(torch.randn(1, 2, 1, 16, device=DEV), k, v, **args)
+
+
+def test_short_pages_on_one_wave_take_more_warps(monkeypatch):
+    """Pages shorter than the key tile on a grid of one wave: ``SHORT_PAGE_KEY_BLOCK``, where it
+    fits (compiled kernels; the interpreter keeps its own tile). Elsewhere the plan is the table's."""
+    monkeypatch.setattr(runtime, "INTERPRET", False)
+
+    def plan(page, B=4, Hq=32, Hkv=8, L=4096, dtype=torch.float16):
+        q = torch.empty(B, Hq, 1, 128, dtype=dtype)
+        k = torch.empty(B * L // page, Hkv, page, 128, dtype=dtype)
+        table = torch.zeros(B, L // page, dtype=torch.int32)
+        lens = torch.full((B,), L, dtype=torch.int32)
+        return kernels.launch_plan(q, k, lens, block_table=table, longest=L, ragged=False)
+
+    with config.compiling_for(config.TARGETS["h100"]):
+        for args in ({"page": 16}, {"page": 32}, {"page": 16, "B": 1, "Hkv": 32, "L": 1024}):
+            _, _, tile, splits = plan(**args)
+            assert tile == kernels.SHORT_PAGE_KEY_BLOCK and splits == 4, args      # 128 programs
+        assert plan(256)[2] != kernels.SHORT_PAGE_KEY_BLOCK                          # a page a tile
+        assert plan(16, B=64)[2:] == ((128, 4, 3), 1)                                # 512 programs
+        assert plan(16, dtype=torch.float32)[2] != kernels.SHORT_PAGE_KEY_BLOCK      # does not fit
 
 
 @gpu

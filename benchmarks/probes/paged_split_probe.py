@@ -16,10 +16,13 @@ on (the default): a grid of one wave at most then loads them a tile ahead, so th
 pipeline keeps two K/V tiles in flight as for a contiguous cache (the TTGIR for sm90 held one).
 ``--lengths`` and ``--splits`` pick the caches and split counts (default: the short caches, every
 count; "heur" for the heuristic's alone). ``--pages-in-order``: each sequence's pages one run of the
-pool instead of shuffled over it (is a page of 16's cost its scattered reads?).
+pool instead of shuffled over it (is a page of 16's cost its scattered reads?). ``--shapes``
+replaces the two cases with others, ``name=B:Hq:Hkv:D`` each (which of group size, batch and
+split count makes a one-wave grid of pages of 16 slow?).
 
     PYTHONPATH=$PWD FLASHLIB_AUTOTUNE=0 python benchmarks/probes/paged_split_probe.py [ROUNDS]
         [--ids-ahead] [--lengths 512,1024,2048,16384] [--splits heur] [--pages-in-order]
+        [--shapes mha8=8:8:8:128,gqa4=4:32:8:128]
 """
 import argparse
 
@@ -50,9 +53,19 @@ def setups(shape, L, dtype=torch.float16, shuffled=True):
     return q, k, v, out
 
 
-def main(rounds, ids_ahead=False, lengths=None, splits_run=SPLITS, shuffled=True):
+def parse_shapes(text):
+    """``name=B:Hq:Hkv:D,...`` -> {name: shape}, shapes as ``bench.decode``'s."""
+    shapes = {}
+    for item in text.split(","):
+        name, dims = item.split("=")
+        shapes[name] = dict(zip(("B", "Hq", "Hkv", "D"), map(int, dims.split(":"))))
+    return shapes
+
+
+def main(rounds, ids_ahead=False, lengths=None, splits_run=SPLITS, shuffled=True, shapes=None):
     print(f"{'case':12}{'page':>6}{'splits':>8}{'ms graph':>10}{'TB/s':>7}{'vs contiguous':>15}  round")
-    cases = [(label, shape, L) for label, shape in SHAPES.items() for L in (lengths or LENGTHS[label])]
+    cases = [(label, shape, L) for label, shape in (shapes or SHAPES).items()
+             for L in (lengths or LENGTHS.get(label, LENGTHS["gqa"]))]
     for label, shape, L in cases:
         q, k, v, variants = setups(shape, L, shuffled=shuffled)
         variants = [(page, caches, table, False) for page, caches, table in variants]
@@ -92,5 +105,6 @@ if __name__ == "__main__":
     ap.add_argument("--splits", type=lambda s: [None if x == "heur" else int(x) for x in s.split(",")],
                     default=SPLITS)
     ap.add_argument("--pages-in-order", action="store_true")
+    ap.add_argument("--shapes", type=parse_shapes)
     args = ap.parse_args()
-    main(args.rounds, args.ids_ahead, args.lengths, args.splits, not args.pages_in_order)
+    main(args.rounds, args.ids_ahead, args.lengths, args.splits, not args.pages_in_order, args.shapes)

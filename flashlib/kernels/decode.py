@@ -62,11 +62,15 @@ KEY_BLOCK_CONFIGS = [(64, 4, 3), (32, 4, 3), (64, 8, 3), (64, 4, 2), (32, 4, 2),
 # benchmarks/probes/NOTES.md)
 LONG_SPLIT_KEY_BLOCK = (128, 4, 3)
 LONG_SPLIT = {"h100": 1024, "h200": 512}
+# ... and for pages shorter than the key tile on a grid of one wave: 8 warps, two a scheduler.
+# Each key of such a tile has its own 64-bit address, computed after its page id's load; one
+# program an SM with 4 warps leaves a scheduler one warp to hide that chain with
+SHORT_PAGE_KEY_BLOCK = (128, 8, 3)
 INTERPRETER_BLOCK_N = 32
 MAX_ROWS = 64            # query rows per program (group x new tokens); more rows: more row blocks
 MAX_SPLITS = 128         # the heuristic's cap; an explicit num_splits may be anything >= 1
 MIN_BLOCKS_PER_SPLIT = 4  # the heuristic gives each split at least this many key blocks
-PAGED_MIN_BLOCKS = 2      # ... paged caches this many, where it takes that to fill the SMs
+PAGED_MIN_BLOCKS = 2      # ... paged caches this many, where it takes that to fill the SMs once
 # ... and does not split a shorter cache in two (num_splits_heuristic); per GPU, from its sweep,
 # the H100's value elsewhere: the H200's bandwidth needs more SMs busy sooner
 SHORT_CACHE = {"h100": 8192, "h200": 1024}
@@ -306,19 +310,16 @@ def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, 
     the SMs it adds. How short depends on the GPU (``SHORT_CACHE``, from each GPU's sweep:
     benchmarks/probes/NOTES.md).
 
-    ``page`` (a paged cache's page size; 0: contiguous): pages as long as a key tile fill one
-    program an SM, pages shorter than a tile two, where splits of ``PAGED_MIN_BLOCKS`` key blocks
-    allow it. A grid of one wave at most loads each tile's page ids a tile ahead
-    (``page_ids_ahead``), which keeps two K/V tiles in flight as a contiguous cache does; two
-    programs an SM hide each other's wait for the ids instead, which pages shorter than a tile
-    (several ids a tile, scattered reads) need at GQA's shapes (benchmarks/probes/
-    paged_split_probe.py; its numbers in NOTES.md)."""
+    ``page`` (a paged cache's page size; 0: contiguous): one program an SM, where splits of
+    ``PAGED_MIN_BLOCKS`` key blocks allow it. A grid of one wave at most loads each tile's page ids
+    a tile ahead (``page_ids_ahead``), which keeps two K/V tiles in flight as a contiguous cache
+    does, and pages shorter than a tile get ``SHORT_PAGE_KEY_BLOCK``'s warps (``_plan``)
+    (benchmarks/probes/paged_split_probe.py and paged_group_probe.py; their numbers in NOTES.md)."""
     programs = max(1, batch * heads_kv * row_blocks)
     longest = cdiv(max_len, block_n * MIN_BLOCKS_PER_SPLIT)
     splits = max(1, min(sms // programs * (8 if ragged else 1), longest, MAX_SPLITS))
     if page:
-        per_sm = 1 if page >= block_n else 2
-        splits = max(splits, min(per_sm * sms // programs, cdiv(max_len, block_n * PAGED_MIN_BLOCKS), MAX_SPLITS))
+        splits = max(splits, min(sms // programs, cdiv(max_len, block_n * PAGED_MIN_BLOCKS), MAX_SPLITS))
     splits = 1 if splits == 2 and max_len < short_cache else splits
     return splits
 
@@ -388,6 +389,10 @@ def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, page, num_splits,
     if (chosen and long_split and not runtime.INTERPRET
             and fits(LONG_SPLIT_KEY_BLOCK, block_d, elem_bytes, target())):
         config = LONG_SPLIT_KEY_BLOCK
+    one_wave = B * Hkv * row_blocks * num_splits <= sm_count(device)
+    if (chosen and 0 < page < config[0] and one_wave and not runtime.INTERPRET
+            and fits(SHORT_PAGE_KEY_BLOCK, block_d, elem_bytes, target())):
+        config = SHORT_PAGE_KEY_BLOCK
     return block_m, row_blocks, tuple(config), num_splits
 
 
