@@ -32,8 +32,9 @@ of FlashAttention-2's inner loop (Dao 2023, Algorithm 1):
 Layout (batch, heads, seqlen, headdim) with any strides (a last dim that is not contiguous is
 copied). Head dims up to 256, padded inside to a power of two (>= 16) and masked; float16,
 bfloat16 and float32 (exact ``ieee`` dots). Key-block configs (``KEY_BLOCK_CONFIGS``,
-``LONG_SPLIT_KEY_BLOCK``) and a split heuristic (``num_splits_heuristic``) chosen per GPU from
-sweeps (``python -m flashlib.bench.decode_tuning --sweep``; the numbers: benchmarks/probes/NOTES.md).
+``LONG_SPLIT_KEY_BLOCK``, ``SHORT_PAGE_KEY_BLOCK``) and a split heuristic (``num_splits_heuristic``)
+chosen per GPU from sweeps and probes (``python -m flashlib.bench.decode_tuning --sweep``; the
+numbers: benchmarks/probes/NOTES.md).
 Limits: lengths are clamped to [0, Lmax] inside the kernel (``flashlib.decode.flash_decode``
 checks them on the host only for CPU tensors, to keep a device sync out of every decoding step);
 within one sequence and head, key offsets (position x row stride) must fit in int32.
