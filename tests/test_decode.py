@@ -151,15 +151,17 @@ def test_heuristic_splits_fill_the_gpu_but_keep_splits_long():
     assert 1 <= pick(1, 1, 1, 10 ** 7, block_n=64, sms=132) <= kernels.MAX_SPLITS
     # lengths given (maybe ragged): more, shorter splits, so long sequences spread over idle SMs
     assert pick(8, 8, 1, 100000, block_n=64, sms=132, ragged=True) == 8 * pick(8, 8, 1, 100000, block_n=64, sms=132)
-    # a paged cache: one program an SM where splits of 2 blocks allow it (then its page ids a tile
-    # ahead), whatever the page size
+    # a paged cache: pages as long as a tile, one program an SM where splits of 2 blocks allow it
+    # (then its page ids a tile ahead); shorter pages too where the short-page tile runs them (its
+    # 8 warps hide the ids' wait), else two programs an SM (they hide each other's)
     assert pick(1, 32, 1, 1024, block_n=64, sms=132, ragged=True) == 4
-    for page in (16, 256):
-        assert pick(1, 32, 1, 1024, block_n=64, sms=132, ragged=True, page=page) == 4
+    assert pick(1, 32, 1, 1024, block_n=64, sms=132, ragged=True, page=256) == 4
+    assert pick(1, 32, 1, 1024, block_n=64, sms=132, ragged=True, page=16) == 8
+    assert pick(1, 32, 1, 1024, block_n=64, sms=132, ragged=True, page=16, short_page_tile=True) == 4
     assert pick(1, 32, 1, 512, block_n=64, sms=132, ragged=True, short_cache=1024) == 1
     assert pick(1, 32, 1, 512, block_n=64, sms=132, short_cache=1024, page=64) == 4
-    assert pick(1, 32, 1, 512, block_n=64, sms=132, short_cache=1024, page=16) == 4
-    assert pick(8, 8, 1, 2048, block_n=64, sms=132, short_cache=1024, page=16) == 2
+    assert pick(8, 8, 1, 2048, block_n=64, sms=132, short_cache=1024, page=16) == 4
+    assert pick(8, 8, 1, 2048, block_n=64, sms=132, short_cache=1024, page=16, short_page_tile=True) == 2
     assert pick(8, 8, 1, 512, block_n=64, sms=132, short_cache=1024, page=256) == 1  # short, half busy
     assert pick(1, 32, 1, 128, block_n=64, sms=132, ragged=True, page=16) == 1    # 2 blocks: one split
     for B, H, L in ((1, 32, 2048), (8, 8, 1024), (8, 8, 100000), (64, 32, 1024)):    # grid full already

@@ -301,7 +301,7 @@ def for_gpu(table, device) -> int:
 
 
 def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, ragged=False,
-                         short_cache=SHORT_CACHE["h100"], page=0):
+                         short_cache=SHORT_CACHE["h100"], page=0, short_page_tile=False):
     """Splits per sequence. Equal lengths: as many as fit one program per SM (one wave, each
     program streaming one long chunk through its software pipeline; the sweep's best).
     Lengths given (``ragged``): 8x that, so that the long sequences' chunks spread over the SMs
@@ -311,16 +311,20 @@ def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, 
     the SMs it adds. How short depends on the GPU (``SHORT_CACHE``, from each GPU's sweep:
     benchmarks/probes/NOTES.md).
 
-    ``page`` (a paged cache's page size; 0: contiguous): one program an SM, where splits of
-    ``PAGED_MIN_BLOCKS`` key blocks allow it. A grid of one wave at most loads each tile's page ids
-    a tile ahead (``page_ids_ahead``), which keeps two K/V tiles in flight as a contiguous cache
-    does, and pages shorter than a tile get ``SHORT_PAGE_KEY_BLOCK``'s warps (``_plan``)
-    (benchmarks/probes/paged_split_probe.py and paged_group_probe.py; their numbers in NOTES.md)."""
+    ``page`` (a paged cache's page size; 0: contiguous): pages as long as a key tile fill one
+    program an SM, where splits of ``PAGED_MIN_BLOCKS`` key blocks allow it; so do shorter pages
+    where ``SHORT_PAGE_KEY_BLOCK`` can run them (``short_page_tile``: ``_plan`` says so for
+    compiled kernels where it fits), else two programs an SM. A grid of one wave at most loads
+    each tile's page ids a tile ahead (``page_ids_ahead``), which keeps two K/V tiles in flight as
+    a contiguous cache does; short pages there need that tile's 8 warps, or else a second program
+    on the SM to hide the wait for the ids (benchmarks/probes/paged_split_probe.py and
+    paged_group_probe.py; their numbers in NOTES.md)."""
     programs = max(1, batch * heads_kv * row_blocks)
     longest = cdiv(max_len, block_n * MIN_BLOCKS_PER_SPLIT)
     splits = max(1, min(sms // programs * (8 if ragged else 1), longest, MAX_SPLITS))
     if page:
-        splits = max(splits, min(sms // programs, cdiv(max_len, block_n * PAGED_MIN_BLOCKS), MAX_SPLITS))
+        per_sm = 1 if page >= block_n or short_page_tile else 2
+        splits = max(splits, min(per_sm * sms // programs, cdiv(max_len, block_n * PAGED_MIN_BLOCKS), MAX_SPLITS))
     splits = 1 if splits == 2 and max_len < short_cache else splits
     return splits
 
@@ -382,17 +386,18 @@ def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, page, num_splits,
     block_d, chosen = padded_headdim(D), config is None
     if chosen:
         config = block_n_for(block_d, elem_bytes)
+    short_page_tile = bool(chosen and page and not runtime.INTERPRET
+                           and fits(SHORT_PAGE_KEY_BLOCK, block_d, elem_bytes, target()))
     if num_splits is None:
         num_splits = num_splits_heuristic(B, Hkv, row_blocks, Lmax, block_n=config[0],
                                           sms=sm_count(device), ragged=ragged,
-                                          short_cache=for_gpu(SHORT_CACHE, device), page=page)
+                                          short_cache=for_gpu(SHORT_CACHE, device), page=page,
+                                          short_page_tile=short_page_tile)
     long_split = cdiv(Lmax, num_splits) >= for_gpu(LONG_SPLIT, device)
     if (chosen and long_split and not runtime.INTERPRET
             and fits(LONG_SPLIT_KEY_BLOCK, block_d, elem_bytes, target())):
         config = LONG_SPLIT_KEY_BLOCK
-    one_wave = B * Hkv * row_blocks * num_splits <= sm_count(device)
-    if (chosen and 0 < page < config[0] and one_wave and not runtime.INTERPRET
-            and fits(SHORT_PAGE_KEY_BLOCK, block_d, elem_bytes, target())):
+    if short_page_tile and page < config[0] and B * Hkv * row_blocks * num_splits <= sm_count(device):
         config = SHORT_PAGE_KEY_BLOCK
     return block_m, row_blocks, tuple(config), num_splits
 
