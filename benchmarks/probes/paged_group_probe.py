@@ -3,7 +3,7 @@
 paged_split_probe.py --shapes (NOTES.md, thirty-first session): B4 Hkv8, 4k keys, pages of 16,
 4 splits (128 programs), ids ahead: 0.95x the contiguous cache with one query head per K/V head
 (Hq 8) and 0.83x with four (Hq 32), on the same pool, with the same main loop in the SASS for
-sm90. Two tests, each in its own process (Triton specialises an int argument equal to 1):
+sm90. Three modes, each in its own process (Triton specialises an int argument equal to 1):
 
     PYTHONPATH=$PWD python benchmarks/probes/paged_group_probe.py time [--no-specialize]
     ncu --section ... python benchmarks/probes/paged_group_probe.py once
