@@ -85,9 +85,9 @@ def test_paged_cache_holds_what_the_contiguous_one_holds():
         q = torch.randn(B, Hq, 1, D, device=DEV)
         # bit for bit, at the split count and key tile the paged call picks (its heuristic may
         # split more; short pages on one wave take their own tile)
-        _, _, config, splits = kernels.launch_plan(q, paged.k, paged.seqlens, block_table=paged.block_table,
-                                                   longest=max(paged.lengths), ragged=False)
-        expected, _ = kernels.flash_decode_forward(q, flat.k, flat.v, flat.seqlens, num_splits=splits, config=config)
+        _, _, tile, splits = kernels.launch_plan(q, paged.k, paged.seqlens, block_table=paged.block_table,
+                                                 longest=max(paged.lengths), ragged=False)
+        expected, _ = kernels.flash_decode_forward(q, flat.k, flat.v, flat.seqlens, num_splits=splits, config=tile)
         assert torch.equal(paged.attend(q), expected)
     assert paged.lengths == [35, 35] and paged.free_pages == 10 - 2 * 3   # 3 pages each
     paged.release(0)
