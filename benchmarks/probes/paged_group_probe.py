@@ -13,7 +13,7 @@ sm90. Three modes, each in its own process (Triton specialises an int argument e
 contiguous and paged, after a check against the float64 oracle; ``--no-specialize``: the kernel's
 GROUP and Nq never specialised on 1. ``once``: one paged call of each, for a profiler.
 ``configs``: pages of 16 on a one-wave grid with ids ahead under other (BLOCK_N, warps, stages)
-than the decode table's, at 1k, 4k and 8k keys, for the suite's mha (B1 H32) and gqa (B8 32/8)
+than the decode table's, at 1k-8k keys, for the suite's mha (B1 H32) and gqa (B8 32/8)
 and the two above; beside the contiguous cache and the paged call as the heuristic plans it.
 A one-wave program is 4 warps, one a scheduler: more warps, or fewer 64-bit addresses per thread
 (a shorter key tile), may hide more of each load's latency.
@@ -32,7 +32,8 @@ from flashlib.kernels import decode as kdecode
 SHAPES = {"mha4": dict(B=4, Hq=8, Hkv=8, D=128), "gqa4": dict(B=4, Hq=32, Hkv=8, D=128)}
 L, PAGE, SPLITS = 4096, 16, 4
 CONFIG_SHAPES = {"mha": (bench_decode.MHA, 4), "gqa": (bench_decode.GQA, 2), **{k: (v, 4) for k, v in SHAPES.items()}}
-CONFIGS = (None, (128, 8, 3), (64, 4, 3), (64, 8, 3), (64, 8, 4), (32, 4, 4))
+CONFIGS = (None, (128, 4, 3), (128, 8, 3), (64, 4, 3))
+CONFIG_LENGTHS = (1024, 2048, 4096, 8192)
 
 
 def case(shape, L=L):
@@ -56,7 +57,7 @@ def configs(rounds):
     options = runtime.options({"decode_page_ids_ahead": True})
     print(f"{'case':12}{'cache':>12}{'config':>14}{'us graph':>10}{'TB/s':>7}{'vs contiguous':>15}  round")
     for name, (shape, splits) in CONFIG_SHAPES.items():
-        for length in (1024, 4096, 8192):
+        for length in CONFIG_LENGTHS:
             q, k, v, (kp, vp, table), seqlens, lens = case(shape, length)
             nbytes = bench_decode.kv_bytes(shape, seqlens, 2)
             runs = [("contiguous", (k, v), None, None, None), ("paged heur", (kp, vp), table, None, None)]

@@ -65,7 +65,9 @@ LONG_SPLIT_KEY_BLOCK = (128, 4, 3)
 LONG_SPLIT = {"h100": 1024, "h200": 512}
 # ... and for pages shorter than the key tile on a grid of one wave: 8 warps, two a scheduler.
 # Each key of such a tile has its own 64-bit address, computed after its page id's load; one
-# program an SM with 4 warps leaves a scheduler one warp to hide that chain with
+# program an SM with 4 warps leaves a scheduler one warp to hide that chain with. Not for a
+# program of one query row (MHA, one new token) over long splits: its tile's work is short, and
+# 4 warps with the long-split tile kept the chain hidden there (paged_group_probe.py)
 SHORT_PAGE_KEY_BLOCK = (128, 8, 3)
 INTERPRETER_BLOCK_N = 32
 MAX_ROWS = 64            # query rows per program (group x new tokens); more rows: more row blocks
@@ -268,9 +270,8 @@ def merge_tile(num_splits, block_r, block_d):
 
 def block_n_for(block_d, elem_bytes):
     """The partial kernel's (BLOCK_N, num_warps, num_stages): the first config that fits SRAM."""
-    if runtime.INTERPRET:
-        return INTERPRETER_BLOCK_N, 4, 1
-    return _first_fitting(block_d, elem_bytes, target())
+    gpu = plan_target()
+    return (INTERPRETER_BLOCK_N, 4, 1) if gpu is None else _first_fitting(block_d, elem_bytes, gpu)
 
 
 @functools.lru_cache(maxsize=None)
@@ -316,8 +317,8 @@ def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, 
     where ``SHORT_PAGE_KEY_BLOCK`` can run them (``short_page_tile``: ``_plan`` says so for
     compiled kernels where it fits), else two programs an SM. A grid of one wave at most loads
     each tile's page ids a tile ahead (``page_ids_ahead``), which keeps two K/V tiles in flight as
-    a contiguous cache does; short pages there need that tile's 8 warps, or else a second program
-    on the SM to hide the wait for the ids (benchmarks/probes/paged_split_probe.py and
+    a contiguous cache does; short pages there need that tile's 8 warps (one query row over long
+    splits does with 4), or else a second program on the SM to hide the wait for the ids (benchmarks/probes/paged_split_probe.py and
     paged_group_probe.py; their numbers in NOTES.md)."""
     programs = max(1, batch * heads_kv * row_blocks)
     longest = cdiv(max_len, block_n * MIN_BLOCKS_PER_SPLIT)
@@ -340,7 +341,7 @@ def launch_plan(q, k_cache, cache_seqlens=None, *, num_splits=None, config=None,
     B, Hq, Nq, D = q.shape
     split_length, ragged = split_sizing(cache_length(k_cache, block_table), cache_seqlens, longest, ragged)
     return _plan(B, Hq, Nq, D, k_cache.shape[1], split_length, q.element_size(), q.device,
-                 ragged, page_size(k_cache, block_table), num_splits, config)
+                 ragged, page_size(k_cache, block_table), num_splits, config, plan_target())
 
 
 SPLIT_LENGTH_STEP = 256   # host lengths are rounded up to this: the plan changes every 256 tokens
@@ -378,26 +379,32 @@ def cache_length(k_cache, block_table=None):
     return k_cache.shape[2] * (1 if block_table is None else block_table.shape[1])
 
 
+def plan_target():
+    """What a plan is chosen for besides the shapes: the GPU configs are fitted to (``target()``),
+    or None through the interpreter. Part of ``_plan``'s memo key."""
+    return None if runtime.INTERPRET else target()
+
+
 @functools.lru_cache(maxsize=4096)  # a decoding loop asks for the same plan at every step
-def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, page, num_splits, config):
+def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, page, num_splits, config, gpu):
     rows = Hq // Hkv * Nq
     block_m = max(16, min(MAX_ROWS, next_power_of_2(rows)))
     row_blocks = cdiv(rows, block_m)
     block_d, chosen = padded_headdim(D), config is None
     if chosen:
-        config = block_n_for(block_d, elem_bytes)
-    short_page_tile = bool(chosen and page and not runtime.INTERPRET
-                           and fits(SHORT_PAGE_KEY_BLOCK, block_d, elem_bytes, target()))
+        config = block_n_for(block_d, elem_bytes)   # for gpu, the memo's key
+    short_page_tile = bool(chosen and page and gpu is not None
+                           and fits(SHORT_PAGE_KEY_BLOCK, block_d, elem_bytes, gpu))
     if num_splits is None:
         num_splits = num_splits_heuristic(B, Hkv, row_blocks, Lmax, block_n=config[0],
                                           sms=sm_count(device), ragged=ragged,
                                           short_cache=for_gpu(SHORT_CACHE, device), page=page,
                                           short_page_tile=short_page_tile)
     long_split = cdiv(Lmax, num_splits) >= for_gpu(LONG_SPLIT, device)
-    if (chosen and long_split and not runtime.INTERPRET
-            and fits(LONG_SPLIT_KEY_BLOCK, block_d, elem_bytes, target())):
+    if chosen and long_split and gpu is not None and fits(LONG_SPLIT_KEY_BLOCK, block_d, elem_bytes, gpu):
         config = LONG_SPLIT_KEY_BLOCK
-    if short_page_tile and page < config[0] and B * Hkv * row_blocks * num_splits <= sm_count(device):
+    one_wave = B * Hkv * row_blocks * num_splits <= sm_count(device)
+    if short_page_tile and page < config[0] and one_wave and not (rows == 1 and long_split):
         config = SHORT_PAGE_KEY_BLOCK
     return block_m, row_blocks, tuple(config), num_splits
 
@@ -444,7 +451,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, num_splits, scale, config, *, me
     block_d = padded_headdim(D)
     block_m, row_blocks, (block_n, warps, stages), num_splits = _plan(
         B, Hq, Nq, D, Hkv, split_length, q.element_size(), q.device, ragged, page_size(k_cache, block_table),
-        num_splits, config)
+        num_splits, config, plan_target())
     if block_table is None:   # (batch, head, row) strides; no pages
         cache_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3], 0, 0, 0)
     else:                     # pages: no batch stride, the table says where each page is
