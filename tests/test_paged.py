@@ -139,9 +139,9 @@ def test_bad_pages_name_the_argument(change, error, match):
 
 def test_short_pages_on_one_wave_take_more_warps(monkeypatch):
     """Pages shorter than the key tile on a grid of one wave: ``SHORT_PAGE_KEY_BLOCK``, where it
-    fits (compiled kernels; the interpreter keeps its own tile), except for one query row a program
-    over long splits (the long-split tile). Where it does not fit, the table's tile and two programs
-    an SM. Plans are memoised per shape and target: each target below gets its own."""
+    fits (compiled kernels; the interpreter keeps its own tile); a program of one query row takes
+    the long-split tile (128 keys, 4 warps). Where they do not fit, the table's tile and two
+    programs an SM. Plans are memoised per shape and target: each target below gets its own."""
     monkeypatch.setattr(runtime, "INTERPRET", False)
 
     def plan(page, B=4, Hq=32, Hkv=8, L=4096, dtype=torch.float16):
@@ -152,10 +152,11 @@ def test_short_pages_on_one_wave_take_more_warps(monkeypatch):
         return kernels.launch_plan(q, k, lens, block_table=table, longest=L, ragged=False)
 
     with config.compiling_for(config.TARGETS["h100"]):
-        for args in ({"page": 16}, {"page": 32}, {"page": 16, "B": 1, "Hkv": 32, "L": 1024}):
+        for args in ({"page": 16}, {"page": 32}, {"page": 16, "B": 1, "Hq": 64, "Hkv": 32, "L": 1024}):
             _, _, tile, splits = plan(**args)
             assert tile == kernels.SHORT_PAGE_KEY_BLOCK and splits == 4, args      # 128 programs
-        assert plan(16, B=1, Hkv=32, L=8192)[2:] == (kernels.LONG_SPLIT_KEY_BLOCK, 4)  # one row, long splits
+        for L in (1024, 8192):                                                       # one query row
+            assert plan(16, B=1, Hkv=32, Hq=32, L=L)[2:] == (kernels.LONG_SPLIT_KEY_BLOCK, 4), L
         assert plan(256)[2] != kernels.SHORT_PAGE_KEY_BLOCK                          # a page a tile
         assert plan(16, B=64)[2:] == ((128, 4, 3), 1)                                # 512 programs
         assert plan(16, dtype=torch.float32)[2:] == ((64, 4, 3), 8)                  # does not fit

@@ -65,9 +65,9 @@ LONG_SPLIT_KEY_BLOCK = (128, 4, 3)
 LONG_SPLIT = {"h100": 1024, "h200": 512}
 # ... and for pages shorter than the key tile on a grid of one wave: 8 warps, two a scheduler.
 # Each key of such a tile has its own 64-bit address, computed after its page id's load; one
-# program an SM with 4 warps leaves a scheduler one warp to hide that chain with. Not for a
-# program of one query row (MHA, one new token) over long splits: its tile's work is short, and
-# 4 warps with the long-split tile kept the chain hidden there (paged_group_probe.py)
+# program an SM with 4 warps leaves a scheduler one warp to hide that chain with. A program of
+# one query row (MHA, one new token) does less work a tile and hides it with 4 warps: it takes
+# LONG_SPLIT_KEY_BLOCK's 128-key tile instead (paged_group_probe.py configs; NOTES.md)
 SHORT_PAGE_KEY_BLOCK = (128, 8, 3)
 INTERPRETER_BLOCK_N = 32
 MAX_ROWS = 64            # query rows per program (group x new tokens); more rows: more row blocks
@@ -317,8 +317,8 @@ def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, 
     where ``SHORT_PAGE_KEY_BLOCK`` can run them (``short_page_tile``: ``_plan`` says so for
     compiled kernels where it fits), else two programs an SM. A grid of one wave at most loads
     each tile's page ids a tile ahead (``page_ids_ahead``), which keeps two K/V tiles in flight as
-    a contiguous cache does; short pages there need that tile's 8 warps (one query row over long
-    splits does with 4), or else a second program on the SM to hide the wait for the ids (benchmarks/probes/paged_split_probe.py and
+    a contiguous cache does; short pages there need that tile's 8 warps (a program of one query
+    row, 4), or else a second program on the SM to hide the wait for the ids (benchmarks/probes/paged_split_probe.py and
     paged_group_probe.py; their numbers in NOTES.md)."""
     programs = max(1, batch * heads_kv * row_blocks)
     longest = cdiv(max_len, block_n * MIN_BLOCKS_PER_SPLIT)
@@ -404,8 +404,8 @@ def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, page, num_splits,
     if chosen and long_split and gpu is not None and fits(LONG_SPLIT_KEY_BLOCK, block_d, elem_bytes, gpu):
         config = LONG_SPLIT_KEY_BLOCK
     one_wave = B * Hkv * row_blocks * num_splits <= sm_count(device)
-    if short_page_tile and page < config[0] and one_wave and not (rows == 1 and long_split):
-        config = SHORT_PAGE_KEY_BLOCK
+    if short_page_tile and page < config[0] and one_wave:
+        config = LONG_SPLIT_KEY_BLOCK if rows == 1 else SHORT_PAGE_KEY_BLOCK
     return block_m, row_blocks, tuple(config), num_splits
 
 
