@@ -9,12 +9,17 @@
    do_bench of the eager forward+backward, and the GPU's own kernel time (torch.profiler), for
    flashlib with FA2's kernels, flashlib with FA3's (the fa3_from_flops option at 0) and SDPA's default.
 3. cProfile's top functions of flashlib's forward+backward with FA3 at the tiny shape.
+4. ``floor`` alone: the same forward+backward through two Python autograd nodes that do less than
+   flashlib's: ``LeanAttention`` (FA2's launchers and nothing else: no checks, options or
+   dispatch) and ``EmptyAttention`` (the allocations only, no launch), beside flashlib and SDPA's
+   default: host us at the tiny shape, and do_bench ms at GPT-2's B8 H12 d64 N=256 and 1024.
 
-    PYTHONPATH=$PWD FLASHLIB_AUTOTUNE=0 python benchmarks/probes/launch_breakdown_probe.py
+    PYTHONPATH=$PWD FLASHLIB_AUTOTUNE=0 python benchmarks/probes/launch_breakdown_probe.py [floor]
 """
 import cProfile
 import io
 import pstats
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -126,9 +131,79 @@ def short_shapes():
                   f"   {cells[2][0] / cells[0][0]:7.2f}x {cells[2][0] / cells[1][0]:7.2f}x")
 
 
+class LeanAttention(torch.autograd.Function):
+    """A Python autograd node with FA2's launchers (their plans replayed) and nothing else."""
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out, lse = fa2_fwd.fa2_forward(q, k, v, causal=True)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return fa2_bwd.fa2_backward(*ctx.saved_tensors, dout, causal=True)
+
+
+class EmptyAttention(torch.autograd.Function):
+    """The same node allocating what FA2's launchers do (out, lse; dq, dk, dv, delta), launching nothing."""
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out, lse = torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        torch.empty_like(lse)
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def floors():
+    def node_step(node, q, k, v, dout):
+        return lambda: torch.autograd.grad(node.apply(q, k, v)[0], (q, k, v), dout)
+
+    def rows(q, k, v, dout):
+        fl, sdpa = steps(q, k, v, dout)
+        return {"SDPA default": sdpa, "flashlib": with_fa3(False, fl),
+                "LeanAttention (FA2 launchers only)": node_step(LeanAttention, q, k, v, dout),
+                "EmptyAttention (allocations only)": node_step(EmptyAttention, q, k, v, dout)}
+    q, k, v, dout = inputs(1, 2, 128, 64)
+    LeanAttention.apply(q, k, v)[0].backward(dout)   # flashlib's launchers checked at this shape
+    torch.testing.assert_close(torch.autograd.grad(LeanAttention.apply(q, k, v)[0], q, dout)[0],
+                               torch.autograd.grad(flashlib.flash_attention(q, k, v, causal=True), q, dout)[0])
+    print("## fwd+bwd host us per call, B=1 H=2 N=128 d=64 bfloat16 causal, 3 alternating rounds")
+    table = rows(q, k, v, dout)
+    times = {name: [] for name in table}
+    for _ in range(3):
+        for name, fn in table.items():
+            fn()
+            times[name].append(host_time(fn, calls=100, repeats=7, grad=True))
+    for name, ts in times.items():
+        print(f"  {name:40} " + " ".join(f"{t:7.1f}" for t in ts))
+    print("## fwd+bwd do_bench ms, B8 H12 d64 bfloat16 causal, 3 alternating rounds")
+    for N in (256, 1024):
+        table = rows(*inputs(8, 12, N, 64))
+        times = {name: [] for name in table}
+        for _ in range(3):
+            for name, fn in table.items():
+                fn()
+                times[name].append(triton.testing.do_bench(fn, warmup=25, rep=200))
+        for name, ts in times.items():
+            print(f"  N{N:<5} {name:40} " + " ".join(f"{t:7.3f}" for t in ts)
+                  + f"   {min(times['SDPA default']) / min(ts):5.2f}x SDPA")
+
+
 if __name__ == "__main__":
     print(f"flashlib {flashlib.__file__}; {torch.cuda.get_device_name()}; torch {torch.__version__} "
           f"triton {triton.__version__}; fast launch {launch.enabled(flashlib.runtime.OPTIONS)}; "
           f"fa3_from_flops {flashlib.runtime.OPTIONS.fa3_from_flops}")
-    host_breakdown()
-    short_shapes()
+    if sys.argv[1:] == ["floor"]:
+        floors()
+    else:
+        host_breakdown()
+        short_shapes()
