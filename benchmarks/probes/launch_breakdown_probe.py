@@ -173,7 +173,7 @@ def floors():
                 "LeanAttention (FA2 launchers only)": node_step(LeanAttention, q, k, v, dout),
                 "EmptyAttention (allocations only)": node_step(EmptyAttention, q, k, v, dout)}
     q, k, v, dout = inputs(1, 2, 128, 64)
-    LeanAttention.apply(q, k, v)[0].backward(dout)   # flashlib's launchers checked at this shape
+    LeanAttention.apply(q, k, v)[0].backward(dout)   # the same kernels as flashlib's at this shape
     torch.testing.assert_close(torch.autograd.grad(LeanAttention.apply(q, k, v)[0], q, dout)[0],
                                torch.autograd.grad(flashlib.flash_attention(q, k, v, causal=True), q, dout)[0])
     print("## fwd+bwd host us per call, B=1 H=2 N=128 d=64 bfloat16 causal, 3 alternating rounds")
@@ -196,6 +196,18 @@ def floors():
         for name, ts in times.items():
             print(f"  N{N:<5} {name:40} " + " ".join(f"{t:7.3f}" for t in ts)
                   + f"   {min(times['SDPA default']) / min(ts):5.2f}x SDPA")
+    for name in ("LeanAttention (FA2 launchers only)", "flashlib"):
+        step = rows(q, k, v, dout)[name]
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(1000):
+            step()
+        prof.disable()
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(16)
+        print(f"  cProfile of 1000 {name} fwd+bwd at the tiny shape, by own time:")
+        print("\n".join("    " + line for line in text.getvalue().splitlines()[6:24]))
 
 
 if __name__ == "__main__":
