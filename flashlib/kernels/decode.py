@@ -318,8 +318,8 @@ def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, 
     compiled kernels where it fits), else two programs an SM. A grid of one wave at most loads
     each tile's page ids a tile ahead (``page_ids_ahead``), which keeps two K/V tiles in flight as
     a contiguous cache does; short pages there need that tile's 8 warps (a program of one query
-    row, 4), or else a second program on the SM to hide the wait for the ids (benchmarks/probes/paged_split_probe.py and
-    paged_group_probe.py; their numbers in NOTES.md)."""
+    row, 4), or else a second program on the SM to hide the wait for the ids
+    (benchmarks/probes/paged_split_probe.py and paged_group_probe.py; their numbers in NOTES.md)."""
     programs = max(1, batch * heads_kv * row_blocks)
     longest = cdiv(max_len, block_n * MIN_BLOCKS_PER_SPLIT)
     splits = max(1, min(sms // programs * (8 if ragged else 1), longest, MAX_SPLITS))
