@@ -11,8 +11,9 @@
 3. cProfile's top functions of flashlib's forward+backward with FA3 at the tiny shape.
 4. ``floor`` alone: the same forward+backward through two Python autograd nodes that do less than
    flashlib's: ``LeanAttention`` (FA2's launchers and nothing else: no checks, options or
-   dispatch) and ``EmptyAttention`` (the allocations only, no launch), beside flashlib and SDPA's
-   default: host us at the tiny shape, and do_bench ms at GPT-2's B8 H12 d64 N=256 and 1024.
+   dispatch) and host_overhead_probe.py's ``EmptyAttention`` (the allocations only, no launch),
+   beside flashlib and SDPA's default: host us at the tiny shape, and do_bench ms at GPT-2's
+   B8 H12 d64 N=256 and 1024.
 
     PYTHONPATH=$PWD FLASHLIB_AUTOTUNE=0 python benchmarks/probes/launch_breakdown_probe.py [floor]
 """
@@ -30,6 +31,7 @@ from flashlib import ops
 from flashlib.bench.decode import host_time
 from flashlib.inputs import check_inputs
 from flashlib.kernels import fa2_bwd, fa2_fwd, fa3_bwd, fa3_fwd, launch
+from host_overhead_probe import EmptyAttention   # the node that only allocates (this folder's probe)
 
 
 def inputs(B, H, N, D):
@@ -102,17 +104,21 @@ def host_breakdown():
     for name, fn, grad in rows:
         fn()
         print(f"  {name:44} {host_time(fn, calls=100, repeats=7, grad=grad):7.1f}")
+    print_profile(with_fa3(True, fl), 300, "flashlib fwd+bwd with FA3", top=18)
+
+
+def print_profile(step, calls, what, top):
+    """cProfile's ``top`` functions by own time over ``calls`` calls of ``step``."""
     prof = cProfile.Profile()
-    step = with_fa3(True, fl)
     prof.enable()
-    for _ in range(300):
+    for _ in range(calls):
         step()
     prof.disable()
     torch.cuda.synchronize()
     text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
-    print("  cProfile of 300 flashlib fwd+bwd with FA3, by own time:")
-    print("\n".join("    " + line for line in text.getvalue().splitlines()[6:28]))
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    print(f"  cProfile of {calls} {what}, by own time:")
+    print("\n".join("    " + line for line in text.getvalue().splitlines()[6:top + 10]))
 
 
 def short_shapes():
@@ -144,23 +150,6 @@ class LeanAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         return fa2_bwd.fa2_backward(*ctx.saved_tensors, dout, causal=True)
-
-
-class EmptyAttention(torch.autograd.Function):
-    """The same node allocating what FA2's launchers do (out, lse; dq, dk, dv, delta), launching nothing."""
-    @staticmethod
-    def forward(ctx, q, k, v):
-        out, lse = torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        torch.empty_like(lse)
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def floors():
@@ -197,17 +186,7 @@ def floors():
             print(f"  N{N:<5} {name:40} " + " ".join(f"{t:7.3f}" for t in ts)
                   + f"   {min(times['SDPA default']) / min(ts):5.2f}x SDPA")
     for name in ("LeanAttention (FA2 launchers only)", "flashlib"):
-        step = rows(q, k, v, dout)[name]
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(1000):
-            step()
-        prof.disable()
-        torch.cuda.synchronize()
-        text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(16)
-        print(f"  cProfile of 1000 {name} fwd+bwd at the tiny shape, by own time:")
-        print("\n".join("    " + line for line in text.getvalue().splitlines()[6:24]))
+        print_profile(rows(q, k, v, dout)[name], 1000, f"{name} fwd+bwd at the tiny shape", top=16)
 
 
 if __name__ == "__main__":
