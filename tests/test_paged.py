@@ -137,7 +137,7 @@ def test_bad_pages_name_the_argument(change, error, match):
         flash_decode(torch.randn(1, 2, 1, 16, device=DEV), k, v, **args)
 
 
-def test_short_pages_on_one_wave_take_more_warps(monkeypatch):
+def test_short_pages_on_one_wave_get_their_own_tile(monkeypatch):
     """Pages shorter than the key tile on a grid of one wave: ``SHORT_PAGE_KEY_BLOCK``, where it
     fits (compiled kernels; the interpreter keeps its own tile); a program of one query row takes
     the long-split tile (128 keys, 4 warps). Where they do not fit, the table's tile and two
