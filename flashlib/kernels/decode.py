@@ -270,12 +270,14 @@ def merge_tile(num_splits, block_r, block_d):
 
 def block_n_for(block_d, elem_bytes):
     """The partial kernel's (BLOCK_N, num_warps, num_stages): the first config that fits SRAM."""
-    gpu = plan_target()
-    return (INTERPRETER_BLOCK_N, 4, 1) if gpu is None else _first_fitting(block_d, elem_bytes, gpu)
+    return _first_fitting(block_d, elem_bytes, plan_target())
 
 
 @functools.lru_cache(maxsize=None)
 def _first_fitting(block_d, elem_bytes, gpu):
+    """``block_n_for`` on ``gpu`` (a ``plan_target()``; None: the interpreter's block)."""
+    if gpu is None:
+        return INTERPRETER_BLOCK_N, 4, 1
     return next((c for c in KEY_BLOCK_CONFIGS if fits(c, block_d, elem_bytes, gpu)),
                 KEY_BLOCK_CONFIGS[-1])
 
@@ -314,8 +316,8 @@ def num_splits_heuristic(batch, heads_kv, row_blocks, max_len, *, block_n, sms, 
 
     ``page`` (a paged cache's page size; 0: contiguous): pages as long as a key tile fill one
     program an SM, where splits of ``PAGED_MIN_BLOCKS`` key blocks allow it; so do shorter pages
-    where ``SHORT_PAGE_KEY_BLOCK`` can run them (``short_page_tile``: ``_plan`` says so for
-    compiled kernels where it fits), else two programs an SM. A grid of one wave at most loads
+    where their 128-key tile can run them (``short_page_tile``: ``_plan`` says so for compiled
+    kernels where it fits), else two programs an SM. A grid of one wave at most loads
     each tile's page ids a tile ahead (``page_ids_ahead``), which keeps two K/V tiles in flight as
     a contiguous cache does; short pages there need that tile's 8 warps (a program of one query
     row, 4), or else a second program on the SM to hide the wait for the ids
@@ -392,9 +394,9 @@ def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, page, num_splits,
     row_blocks = cdiv(rows, block_m)
     block_d, chosen = padded_headdim(D), config is None
     if chosen:
-        config = block_n_for(block_d, elem_bytes)   # for gpu, the memo's key
-    short_page_tile = bool(chosen and page and gpu is not None
-                           and fits(SHORT_PAGE_KEY_BLOCK, block_d, elem_bytes, gpu))
+        config = _first_fitting(block_d, elem_bytes, gpu)
+    short_tile = LONG_SPLIT_KEY_BLOCK if rows == 1 else SHORT_PAGE_KEY_BLOCK
+    short_page_tile = bool(chosen and page and gpu is not None and fits(short_tile, block_d, elem_bytes, gpu))
     if num_splits is None:
         num_splits = num_splits_heuristic(B, Hkv, row_blocks, Lmax, block_n=config[0],
                                           sms=sm_count(device), ragged=ragged,
@@ -405,7 +407,7 @@ def _plan(B, Hq, Nq, D, Hkv, Lmax, elem_bytes, device, ragged, page, num_splits,
         config = LONG_SPLIT_KEY_BLOCK
     one_wave = B * Hkv * row_blocks * num_splits <= sm_count(device)
     if short_page_tile and page < config[0] and one_wave:
-        config = LONG_SPLIT_KEY_BLOCK if rows == 1 else SHORT_PAGE_KEY_BLOCK
+        config = short_tile
     return block_m, row_blocks, tuple(config), num_splits
 
 
